@@ -1,0 +1,3 @@
+from llmx.cli import main
+
+main()

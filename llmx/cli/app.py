@@ -1,0 +1,129 @@
+"""The ``llmx`` command: global options, error handling and exit codes. No torch import here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmx import __version__
+from llmx.cli.output import error, state
+from llmx.errors import LlmxError
+
+
+def examples(*lines: str) -> str:
+    """An epilog of copy-pasteable examples (blank-line separated so rich keeps the breaks)."""
+    return "Examples:\n\n" + "\n\n".join(f"  {line}" for line in lines)
+
+
+app = typer.Typer(
+    name="llmx",
+    help="Apply, compare and ship LLM efficiency and alignment techniques, one plugin per paper.",
+    epilog=examples(
+        "llmx methods",
+        "llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity",
+        "llmx run configs/smoke/rtn.yaml --set seed=1",
+        "llmx report runs/*",
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"llmx {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global(
+    json_: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More logging; tracebacks on error.")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr; no progress bars.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and validate, print the config, run nothing.")] = False,
+    plugins_dir: Annotated[Optional[list[Path]], typer.Option("--plugins-dir", help="Also load loose *.py plugins from this folder.")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")] = False,
+) -> None:
+    state.json, state.verbose, state.quiet, state.dry_run = json_, verbose, quiet, dry_run
+    _logging(verbose, quiet)
+    from llmx.core import plugins
+
+    plugins.configure(plugins_dir or [])
+
+
+def _logging(verbose: int, quiet: bool) -> None:
+    level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    root = logging.getLogger("llmx")
+    root.setLevel(logging.DEBUG)
+    if not any(getattr(h, "_llmx", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler._llmx = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    for h in root.handlers:
+        if getattr(h, "_llmx", False):
+            h.setLevel(level)
+    if verbose < 2:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def _register() -> None:
+    from llmx.cli import config_cmd, env_cmd, methods_cmd, report_cmd, run_cmd
+
+    for module in (run_cmd, methods_cmd, config_cmd, report_cmd, env_cmd):
+        module.register(app)
+
+
+_register()
+
+
+GLOBAL_FLAGS = ("--json", "--dry-run", "--quiet", "-q", "--verbose", "-v", "-vv", "-vvv")
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """Let global flags stand anywhere (``llmx methods --json``): move them before the command.
+    Arguments after ``--`` are left alone."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    flags = [a for a in argv[:end] if a in GLOBAL_FLAGS]
+    rest = [a for a in argv[:end] if a not in GLOBAL_FLAGS]
+    return flags + rest + argv[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: returns the exit code (0 ok, 1 failed, 2 usage, 3 missing requirement, 130 interrupted)."""
+    from typer import _click
+    from typer.main import get_command
+
+    command = get_command(app)
+    args = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    try:
+        rv = command.main(args=args, prog_name="llmx", standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except _click.exceptions.ClickException as exc:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+        return exc.exit_code
+    except typer.Abort:
+        return 130
+    except LlmxError as exc:
+        if state.verbose:
+            traceback.print_exc()
+        error(exc.lines(), exc.exit_code)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        error(["interrupted"], 130)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one message, traceback with -v
+        if state.verbose:
+            traceback.print_exc()
+        error([f"internal error: {type(exc).__name__}: {exc}", "Run with -v for the traceback."], 1)
+        return 1

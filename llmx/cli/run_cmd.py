@@ -1,0 +1,91 @@
+"""``llmx run`` and the per-stage sugar (``quantize``, ``prune``, ``train``, ``align``, ``decode``, ``eval``, ``analyze``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from llmx.cli import options as o
+from llmx.cli.app import examples
+from llmx.cli.build import apply_flags, merged_files, resolve_cli, stage_pipeline
+from llmx.cli.output import emit, state, stdout
+from llmx.core.config import ResolvedRun
+from llmx.core.spec import Stage
+
+STAGE_HELP = {
+    Stage.QUANTIZE: ("Quantize a model's weights (and activations).",
+                     "llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity"),
+    Stage.PRUNE: ("Prune a model (heads, channels, weights).", "llmx prune --method clover --model ref:llama --set ratio=0.5"),
+    Stage.TRAIN: ("Fine-tune a model.", "llmx train --method clover --model ref:llama"),
+    Stage.ALIGN: ("Align a model on preference data.", "llmx align --method pipa --model ref:llama --set data=prefs.jsonl"),
+    Stage.DECODE: ("Generate with a decoding or KV-cache method.", "llmx decode --method lexico --model ref:llama"),
+    Stage.EVAL: ("Evaluate a model.", "llmx eval --method perplexity --model tiny:llama --data stdlib"),
+    Stage.ANALYZE: ("Analyze a model without changing it.", "llmx analyze --method params --model tiny:llama"),
+}
+
+
+def execute(run: ResolvedRun) -> None:
+    """Run (or, with --dry-run, only print) a resolved pipeline and show its metrics."""
+    if state.dry_run:
+        emit({"dry_run": True, "config": run.to_dict()}, lambda: stdout().print(run.to_yaml(), highlight=False))
+        return
+    from llmx.core.pipeline import execute as run_pipeline
+
+    result = run_pipeline(run, show_progress=state.show_progress)
+    emit({"ok": True, **result.as_dict()}, lambda: _render(result.as_dict()))
+
+
+def _render(result: dict[str, Any]) -> None:
+    """One column per stage, one row per metric: before/after figures sit side by side."""
+    from llmx.cli.output import table
+
+    keys: list[str] = []
+    for s in result["stages"]:
+        keys += [k for k in s["metrics"] if k not in keys]
+    columns = ["metric"] + [f"{s['index']}:{s['method']}" for s in result["stages"]]
+    rows = [["stage"] + [s["stage"] for s in result["stages"]], ["seconds"] + [s["seconds"] for s in result["stages"]]]
+    rows += [[k] + [s["metrics"].get(k) for s in result["stages"]] for k in keys]
+    table(None, columns, rows)
+    stdout().print(f"run folder: {result['run_dir']}", highlight=False)
+
+
+def run(
+    configs: Annotated[list[str], typer.Argument(help="Run config YAML file(s), merged in order.", show_default=False)],
+    sets: o.Sets = None, model: o.Model = None, seed: o.Seed = None, device: o.Device = None, dtype: o.Dtype = None,
+    data: o.Data = None, name: o.Name = None, output_dir: o.OutputDir = None,
+) -> None:
+    """Run a pipeline from config files."""
+    from pathlib import Path
+
+    raw = apply_flags(merged_files([Path(c) for c in configs]), model=model, seed=seed, device=device, dtype=dtype,
+                      data=data, name=name, output_dir=output_dir)
+    execute(resolve_cli(raw, sets, None, source=", ".join(configs)))
+
+
+def _stage_command(stage: Stage):
+    def command(
+        method: o.Method = None, model: o.Model = None, configs: o.Configs = None, sets: o.Sets = None,
+        bits: o.Bits = None, evals: o.Evals = None, seed: o.Seed = None, device: o.Device = None,
+        dtype: o.Dtype = None, data: o.Data = None, name: o.Name = None, output_dir: o.OutputDir = None,
+    ) -> None:
+        from llmx.errors import UsageError
+
+        if bits is not None and stage is not Stage.QUANTIZE:
+            raise UsageError("--bits applies to quantize only; use --set for this stage's params")
+        raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, dtype=dtype, data=data,
+                          name=name or stage.value, output_dir=output_dir)
+        params = {"bits": bits} if bits is not None else {}
+        raw = stage_pipeline(raw, stage, method, params, evals if stage is not Stage.EVAL else None)
+        source = ", ".join(str(c) for c in configs) if configs else None
+        execute(resolve_cli(raw, sets, 0, source=source))
+
+    command.__doc__ = STAGE_HELP[stage][0] + " Builds the same RunConfig as `llmx run`; `--set KEY=VALUE` sets the method's params."
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    app.command(epilog=examples("llmx run configs/smoke/rtn.yaml", "llmx run base.yaml quant.yaml --set seed=2",
+                                "llmx --dry-run run configs/smoke/rtn.yaml"))(run)
+    for stage, (_, example) in STAGE_HELP.items():
+        app.command(stage.value, short_help=STAGE_HELP[stage][0], epilog=examples(example, f"llmx methods --stage {stage.value}"))(_stage_command(stage))

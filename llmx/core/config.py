@@ -1,0 +1,249 @@
+"""Run configuration: pydantic models, merging, ``--set`` overrides and two-pass validation.
+
+Precedence (lowest first): method defaults < ``--config`` files (deep merge, lists replace) <
+dedicated flags < ``--set key=value``. Validation is two-pass: the run, then each stage's params
+against its method's model; every problem is reported at once with its dotted path.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llmx.core.names import did_you_mean, normalize
+from llmx.core.registry import MethodRegistry
+from llmx.core.spec import MethodSpec, Params, Stage
+from llmx.errors import ConfigError, Problem, UsageError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StageConfig(_Strict):
+    """One pipeline step: a method, the stage it serves (default: its first), and its params."""
+
+    method: str = Field(description="Method name or alias (see `llmx methods`).")
+    stage: Stage | None = Field(None, description="Stage to run the method as; defaults to the method's first stage.")
+    params: dict[str, Any] = Field(default_factory=dict, description="The method's parameters.")
+
+
+class DataConfig(_Strict):
+    """The default text corpus for calibration and evaluation."""
+
+    source: str = Field("stdlib", description="Dataset name (see `llmx env`) or a local .txt/.jsonl path.")
+    split: Literal["train", "validation"] = "validation"
+    seq_len: int = Field(128, gt=0, description="Tokens per sequence.")
+    max_tokens: int | None = Field(None, gt=0, description="Cap on the tokens read from the source.")
+
+
+class RunConfig(_Strict):
+    """A whole run: where it writes, what it loads, and the stages it applies in order."""
+
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    seed: int = 0
+    device: str = Field("cpu", pattern=r"^(cpu|auto|mps|cuda(:\d+)?)$")
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    threads: int | None = Field(None, ge=1, description="torch threads; unset keeps torch's default.")
+    output_dir: str = "runs"
+    model: str | None = Field(None, description="HF id, local path, tiny:NAME or ref:NAME.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    pipeline: list[StageConfig] = Field(min_length=1)
+
+
+RUN_KEYS = tuple(RunConfig.model_fields)
+
+
+@dataclass
+class ResolvedStage:
+    index: int
+    stage: Stage
+    spec: MethodSpec
+    params: Params
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}:{self.spec.name}"
+
+
+@dataclass
+class ResolvedRun:
+    config: RunConfig
+    stages: list[ResolvedStage]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config, defaults filled in: re-runnable as is with ``llmx run``."""
+        data = self.config.model_dump(mode="json")
+        data["pipeline"] = [
+            {"method": s.spec.name, "stage": s.stage.value, "params": s.params.model_dump(mode="json")}
+            for s in self.stages
+        ]
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def digest(self) -> str:
+        """Eight hex digits of the resolved config: part of the run folder's name."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:8]
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read one config file; a missing, unparsable or non-mapping file is a UsageError."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise UsageError(f"{p}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; lists and scalars in ``override`` replace those in ``base``."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """``a.b=c=d`` -> (["a", "b"], "c=d"). Values stay strings (pydantic coerces them by field type);
+    a value starting with ``[`` or ``{`` is read as JSON so lists and mappings can be given."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+    parsed: Any = value
+    if value[:1] in ("[", "{"):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--set {key}: value is not valid JSON: {exc.msg}") from exc
+    return [k for k in key.strip().split(".")], parsed
+
+
+def apply_sets(raw: dict[str, Any], items: list[str], default_stage: int | None = None) -> dict[str, Any]:
+    """Apply ``--set`` overrides. ``METHOD.param`` addresses the first stage running METHOD; with
+    ``default_stage``, a bare key that is not a run field is a param of that stage
+    (``--set group_size=64`` means ``pipeline.N.params.group_size``)."""
+    out = copy.deepcopy(raw)
+    stages = out.get("pipeline") if isinstance(out.get("pipeline"), list) else []
+    by_method: dict[str, int] = {}
+    for i, entry in enumerate(stages):
+        if isinstance(entry, dict) and isinstance(entry.get("method"), str):
+            by_method.setdefault(normalize(entry["method"]), i)
+    for item in items:
+        path, value = parse_set(item)
+        if len(path) > 1 and path[0] not in RUN_KEYS and normalize(path[0]) in by_method:
+            path = ["pipeline", str(by_method[normalize(path[0])]), "params", *path[1:]]
+        elif default_stage is not None and path[0] not in RUN_KEYS:
+            path = ["pipeline", str(default_stage), "params", *path]
+        _assign(out, path, value, item)
+    return out
+
+
+def _assign(obj: Any, path: list[str], value: Any, item: str) -> None:
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(obj, list):
+            if not part.isdigit() or int(part) >= len(obj):
+                raise UsageError(f"--set {item}: no list item {part!r} at {'.'.join(path[:i]) or 'top'}")
+            if last:
+                obj[int(part)] = value
+            else:
+                obj = obj[int(part)]
+        elif isinstance(obj, dict):
+            if last:
+                obj[part] = value
+            else:
+                obj = obj.setdefault(part, {})
+        else:
+            raise UsageError(f"--set {item}: {'.'.join(path[:i])} is a value, not a section")
+
+
+def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = None) -> ResolvedRun:
+    """Validate the run, then each stage's params against its method; raise ConfigError with all problems."""
+    problems: list[Problem] = []
+    config = None
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems += _problems(exc, RunConfig, ())
+    raw_stages = raw.get("pipeline") if isinstance(raw.get("pipeline"), list) else []
+    broken = {p.path.split(".")[1] for p in problems if p.path.startswith("pipeline.")}
+    stages: list[ResolvedStage] = []
+    for i, raw_stage in enumerate(raw_stages):
+        if str(i) in broken or not isinstance(raw_stage, dict):
+            continue
+        stage_cfg = StageConfig.model_validate(raw_stage)
+        prefix = ("pipeline", i)
+        try:
+            spec = methods.get(stage_cfg.method, stage_cfg.stage)
+        except UsageError as exc:
+            problems.append(Problem(_dotted(prefix + ("method",)), exc.message))
+            continue
+        try:
+            params = spec.config.model_validate(stage_cfg.params)
+        except ValidationError as exc:
+            problems += _problems(exc, spec.config, prefix + ("params",))
+            continue
+        stages.append(ResolvedStage(i, stage_cfg.stage or spec.stages[0], spec, params))
+    if problems:
+        raise ConfigError(problems, source=source)
+    assert config is not None
+    return ResolvedRun(config, stages)
+
+
+def _dotted(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _problems(exc: ValidationError, model: type[BaseModel], prefix: tuple) -> list[Problem]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        path = _dotted(prefix + loc)
+        if err["type"] == "extra_forbidden":
+            allowed = _fields_at(model, loc[:-1])
+            msg = f"unknown key '{loc[-1]}'.{did_you_mean(str(loc[-1]), allowed)}"
+            if allowed:
+                msg += f" Allowed: {', '.join(allowed)}."
+        elif err["type"] == "missing":
+            msg = "required"
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            if "input" in err and not isinstance(err["input"], (dict, list)):
+                msg += f" (got {err['input']!r})"
+        out.append(Problem(path, msg))
+    return out
+
+
+def _fields_at(model: Any, loc: tuple) -> list[str]:
+    """Field names of the pydantic model reached by following ``loc`` from ``model``."""
+    for part in loc:
+        if isinstance(part, int):
+            args = get_args(model)
+            model = args[0] if args else None
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return []
+        model = model.model_fields[part].annotation
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []

@@ -1,0 +1,73 @@
+"""RunContext: what a method's implementation receives besides its params."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from llmx.core.config import ResolvedStage, RunConfig
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunContext:
+    """Shared by the stages of one run. ``state`` carries the model and tokenizer from stage to stage,
+    so ``quantize`` then ``eval`` measures the quantized model."""
+
+    config: RunConfig
+    run_dir: Path
+    log: logging.Logger
+    show_progress: bool = True
+    stage: ResolvedStage | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        if self.config.device != "auto":
+            return self.config.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _ensure_model(self) -> None:
+        if "model" not in self.state:
+            from llmx.core import models
+
+            if not self.config.model:
+                raise models.no_model_error()
+            self.log.info("loading model %s", self.config.model)
+            model, tok = models.load(self.config.model, dtype=self.config.dtype, device=self.device)
+            self.state.update(model=model, tokenizer=tok)
+
+    @property
+    def model(self) -> Any:
+        self._ensure_model()
+        return self.state["model"]
+
+    @property
+    def tokenizer(self) -> Any:
+        self._ensure_model()
+        return self.state["tokenizer"]
+
+    def set_model(self, model: Any, tokenizer: Any | None = None) -> None:
+        """Hand a transformed model to the following stages."""
+        self.state["model"] = model
+        if tokenizer is not None:
+            self.state["tokenizer"] = tokenizer
+
+    def artifact(self, name: str) -> Path:
+        """Path for an artifact of the current stage: ``artifacts/<index>_<method>/<name>``."""
+        sub = f"{self.stage.index}_{self.stage.spec.name}" if self.stage else "run"
+        path = self.run_dir / "artifacts" / sub / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def progress(self, items: Iterable[T], total: int | None = None, description: str = "") -> Iterator[T]:
+        """Iterate with a rich progress bar on stderr (hidden with -q or --json)."""
+        from llmx.core.progress import track
+
+        return track(items, total=total, description=description, enabled=self.show_progress)

@@ -1,0 +1,77 @@
+"""Text sources: named datasets from plugins (``stdlib``) or local .txt / .jsonl files, as token streams."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from llmx.core.names import did_you_mean
+from llmx.errors import UsageError
+
+VALIDATION_PERCENT = 10
+
+
+def in_validation(key: str, percent: int = VALIDATION_PERCENT) -> bool:
+    """Stable split: a document belongs to validation when the hash of its key falls in ``percent``."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100 < percent
+
+
+def documents(source: str, split: str) -> list[str]:
+    """The documents of ``split`` ('train' or 'validation') from a named dataset or a local file."""
+    from llmx.core.plugins import host
+
+    specs = host().datasets
+    if source in specs:
+        from llmx.core.spec import load_object
+
+        docs = list(load_object(specs[source].impl)(split))
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            hint = did_you_mean(source, specs)
+            raise UsageError(f"data source not found: '{source}' is neither a dataset ({', '.join(specs)}) "
+                             f"nor a file.{hint}")
+        docs = _split_file(path, split)
+    if not any(d.strip() for d in docs):
+        raise UsageError(f"data source '{source}' has no text in its {split} split")
+    return docs
+
+
+def _split_file(path: Path, split: str) -> list[str]:
+    if path.suffix == ".jsonl":
+        docs = [d for i, d in enumerate(_jsonl_texts(path)) if in_validation(f"{path.name}:{i}") == (split == "validation")]
+        return docs
+    text = path.read_text(encoding="utf-8", errors="replace")
+    cut = len(text) * (100 - VALIDATION_PERCENT) // 100
+    return [text[:cut]] if split == "train" else [text[cut:]]
+
+
+def _jsonl_texts(path: Path) -> list[str]:
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row: Any = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise UsageError(f"{path}:{n}: expected an object with a string field 'text'")
+            out.append(row["text"])
+    return out
+
+
+def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None = None):
+    """All documents of a split tokenised and joined by EOS, as one 1-D LongTensor (capped at ``max_tokens``)."""
+    import torch
+
+    ids: list[int] = []
+    for doc in documents(source, split):
+        ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+        if max_tokens and len(ids) >= max_tokens:
+            break
+    return torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long)

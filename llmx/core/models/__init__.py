@@ -1,0 +1,70 @@
+"""Model loading: named specs from plugins (``tiny:llama``), local folders, or Hugging Face ids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmx.core.names import did_you_mean
+from llmx.errors import UsageError
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def no_model_error() -> UsageError:
+    return UsageError("this pipeline needs a model: pass --model (a local folder, an HF id, tiny:llama or ref:llama)")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+    """Return ``(model, tokenizer)`` in eval mode on ``device``."""
+    from llmx.core.plugins import host
+
+    specs = host().models
+    if name in specs:
+        from llmx.core.spec import load_object
+
+        model, tok = load_object(specs[name].impl)(dtype=dtype, device=device)
+    else:
+        namespace, sep, _ = name.partition(":")
+        if sep and namespace in {s.split(":")[0] for s in specs}:
+            known = sorted(s for s in specs if s.startswith(namespace + ":"))
+            raise UsageError(f"unknown model '{name}'.{did_you_mean(name, known)}", hint=f"Known: {', '.join(known)}.")
+        model, tok = _load_pretrained(name, dtype, device)
+    return model.eval(), tok
+
+
+def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
+    path = Path(name).expanduser()
+    local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+    if local:
+        if not path.is_dir():
+            raise UsageError(f"model folder not found: {name}")
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{name} is not a model folder (no config.json)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path) if local else name, dtype=torch_dtype(dtype),
+                                                     local_files_only=local)
+        tok = AutoTokenizer.from_pretrained(str(path) if local else name, local_files_only=local)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"cannot load model '{name}': {first}") from exc
+    return model.to(device), tok
+
+
+def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
+    """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer beside it."""
+    from llmx.core import atomic
+
+    with atomic.folder(path) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+    return Path(path)

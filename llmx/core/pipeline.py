@@ -1,0 +1,103 @@
+"""Run a resolved pipeline: requirements first, then each stage in order, recording metrics as it goes."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import random
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmx.core import atomic, runs
+from llmx.core.config import ResolvedRun
+from llmx.core.context import RunContext
+from llmx.errors import LlmxError, MissingRequirement, RunFailed, UsageError
+
+
+@dataclass
+class RunResult:
+    path: Path
+    stages: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_dir": str(self.path), "stages": self.stages}
+
+
+def check_requirements(run: ResolvedRun) -> None:
+    """Exit 3 before anything is written when a stage needs what this machine lacks."""
+    for stage in run.stages:
+        for req in stage.spec.requires:
+            if req == "gpu" or (req == "cupy" and run.config.device.startswith("cuda")):
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise MissingRequirement(f"method '{stage.spec.name}' needs a CUDA GPU and none is available")
+            module = "cupy" if req == "gpu" else req
+            if req != "gpu" and importlib.util.find_spec(module) is None:
+                extra = "gpu" if module == "cupy" else module
+                raise MissingRequirement(
+                    f"method '{stage.spec.name}' needs the Python package '{module}', which is not installed",
+                    hint=f"Install it with: pip install 'llmx[{extra}]'" if module == "cupy" else f"pip install {module}",
+                )
+
+
+def seed_everything(seed: int, threads: int | None) -> None:
+    random.seed(seed)
+    if importlib.util.find_spec("numpy"):
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    if importlib.util.find_spec("torch"):
+        import torch
+
+        torch.manual_seed(seed)
+        if threads:
+            torch.set_num_threads(threads)
+
+
+def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
+    check_requirements(run)
+    path = runs.create(run)
+    result = RunResult(path)
+    log = logging.getLogger("llmx.run")
+    handler = logging.FileHandler(path / runs.LOG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    meta = runs.start_meta(run)
+    runs.write_meta(path, meta)
+    ctx = RunContext(config=run.config, run_dir=path, log=log, show_progress=show_progress)
+    try:
+        seed_everything(run.config.seed, run.config.threads)
+        for stage in run.stages:
+            ctx.stage = stage
+            log.info("stage %s: %s %s", stage.index, stage.stage.value, stage.spec.name)
+            t0 = time.perf_counter()
+            try:
+                metrics = dict(stage.spec.load()(ctx, stage.params) or {})
+            except (LlmxError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                log.error("stage %s failed:\n%s", stage.label, traceback.format_exc())
+                raise RunFailed(f"stage {stage.label} ({stage.stage.value}) failed: {type(exc).__name__}: {exc}",
+                                hint=f"Details in {path / runs.LOG}") from exc
+            result.stages.append({"index": stage.index, "stage": stage.stage.value, "method": stage.spec.name,
+                                  "seconds": round(time.perf_counter() - t0, 3), "metrics": metrics})
+            atomic.write_json(path / runs.METRICS, {"stages": result.stages})
+        runs.finish_meta(path, meta, "ok")
+        return result
+    except UsageError:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    except KeyboardInterrupt:
+        runs.finish_meta(path, meta, "interrupted")
+        raise
+    except LlmxError as exc:
+        runs.finish_meta(path, meta, "failed", error=exc.message)
+        raise
+    finally:
+        log.removeHandler(handler)
+        handler.close()

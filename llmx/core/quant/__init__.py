@@ -1,0 +1,1 @@
+"""Shared quantization primitives (formats, RTN); papers' plugins build on these."""

@@ -1,0 +1,106 @@
+"""Run folders: ``runs/<utc>_<name>_<hash8>/`` with config.yaml, meta.json, metrics.json, log.txt."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from llmx.core import atomic
+from llmx.core.config import ResolvedRun
+from llmx.errors import UsageError
+
+CONFIG, META, METRICS, LOG = "config.yaml", "meta.json", "metrics.json", "log.txt"
+
+
+def create(run: ResolvedRun) -> Path:
+    """Make a fresh run folder and write the resolved config into it."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    root = Path(run.config.output_dir)
+    path = root / f"{stamp}_{run.config.name}_{run.digest()}"
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+    except OSError as exc:
+        raise UsageError(f"cannot create run folder {path}: {exc.strerror or exc}") from exc
+    atomic.write_text(path / CONFIG, run.to_yaml())
+    return path
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("llmx", "torch", "transformers", "pydantic", "typer", "pluggy", "bitsandbytes", "cupy", "tokenizers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def git_commit() -> str | None:
+    """The commit of the llmx source tree when it is a git checkout (with ``+dirty`` if modified)."""
+    src = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def start_meta(run: ResolvedRun) -> dict[str, Any]:
+    return {
+        "status": "running",
+        "name": run.config.name,
+        "seed": run.config.seed,
+        "device": run.config.device,
+        "config_hash": run.digest(),
+        "started": datetime.now(timezone.utc).isoformat(),
+        "argv": sys.argv,
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
+                 "user": getpass.getuser()},
+        "_t0": time.time(),
+    }
+
+
+def finish_meta(path: Path, meta: dict[str, Any], status: str, error: str | None = None, **extra: Any) -> None:
+    meta = dict(meta)
+    t0 = meta.pop("_t0", time.time())
+    meta.update(status=status, finished=datetime.now(timezone.utc).isoformat(), seconds=round(time.time() - t0, 3))
+    if error:
+        meta["error"] = error
+    meta.update(extra)
+    atomic.write_json(path / META, meta)
+
+
+def write_meta(path: Path, meta: dict[str, Any]) -> None:
+    atomic.write_json(path / META, {k: v for k, v in meta.items() if not k.startswith("_")})
+
+
+def read(path: str | Path) -> dict[str, Any]:
+    """Load a finished or partial run folder for ``llmx report``."""
+    p = Path(path)
+    if not (p / CONFIG).is_file():
+        raise UsageError(f"not a run folder (no {CONFIG}): {p}")
+    out: dict[str, Any] = {"path": str(p), "meta": {}, "metrics": {}}
+    for key, name in (("meta", META), ("metrics", METRICS)):
+        f = p / name
+        if f.is_file():
+            try:
+                out[key] = json.loads(f.read_text())
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{f}: not valid JSON ({exc.msg})") from exc
+    return out

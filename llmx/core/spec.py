@@ -1,0 +1,127 @@
+"""Typed specs that plugins yield from their hooks. Importing this module never imports torch."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Stage(str, Enum):
+    """The pipeline stages a method can serve."""
+
+    QUANTIZE = "quantize"
+    PRUNE = "prune"
+    TRAIN = "train"
+    ALIGN = "align"
+    DECODE = "decode"
+    EVAL = "eval"
+    ANALYZE = "analyze"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Params(BaseModel):
+    """Base of every method's parameter model: unknown keys are errors, defaults are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def load_object(path: str) -> Any:
+    """Import ``"package.module:attr"`` lazily; the registry calls this only when a method runs."""
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a plugin declares about one technique.
+
+    ``impl`` is ``"module:callable"``, imported only when the method runs; the callable takes
+    ``(ctx: RunContext, params)`` and returns a mapping of metrics (or None).
+    ``requires`` names hard requirements checked before the run: ``gpu``, ``cupy`` or an importable
+    module name such as ``bitsandbytes``.
+    """
+
+    name: str
+    stages: tuple[Stage, ...]
+    impl: str
+    config: type[Params] = Params
+    summary: str = ""
+    paper: str = ""
+    aliases: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    plugin: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(Stage(s) for s in self.stages))
+        if not self.stages:
+            raise ValueError(f"method {self.name!r} declares no stages")
+        if ":" not in self.impl:
+            raise ValueError(f"method {self.name!r}: impl must be 'module:callable', got {self.impl!r}")
+        if not (isinstance(self.config, type) and issubclass(self.config, BaseModel)):
+            raise ValueError(f"method {self.name!r}: config must be a pydantic model class")
+
+    def load(self) -> Callable[..., Any]:
+        return load_object(self.impl)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready description, including the parameter schema."""
+        params = []
+        for fname, f in self.config.model_fields.items():
+            default = None if f.is_required() else f.get_default(call_default_factory=True)
+            params.append(
+                {
+                    "name": fname,
+                    "type": _type_name(f.annotation),
+                    "default": default if isinstance(default, (int, float, str, bool, type(None), list, dict)) else str(default),
+                    "required": f.is_required(),
+                    "help": f.description or "",
+                }
+            )
+        return {
+            "name": self.name,
+            "aliases": list(self.aliases),
+            "stages": [s.value for s in self.stages],
+            "summary": self.summary,
+            "paper": self.paper,
+            "requires": list(self.requires),
+            "plugin": self.plugin,
+            "params": params,
+        }
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A named model source (``tiny:llama``, ``ref:llama``): ``impl`` builds or loads it lazily.
+
+    The callable takes ``(dtype: str, device: str)`` and returns ``(model, tokenizer)``.
+    """
+
+    name: str
+    impl: str
+    summary: str = ""
+    plugin: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A named text source (``stdlib``): ``impl`` returns an iterable of documents for a split."""
+
+    name: str
+    impl: str
+    summary: str = ""
+    plugin: str = field(default="", compare=False)

@@ -1,0 +1,27 @@
+"""The hooks a plugin may implement. Each yields typed specs; the registries dispatch by name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pluggy
+
+from llmx.core.spec import DatasetSpec, MethodSpec, ModelSpec
+
+hookspec = pluggy.HookspecMarker("llmx")
+hookimpl = pluggy.HookimplMarker("llmx")
+
+
+@hookspec
+def llmx_methods() -> Iterable[MethodSpec]:
+    """Yield the techniques this plugin provides."""
+
+
+@hookspec
+def llmx_models() -> Iterable[ModelSpec]:
+    """Yield named model sources (for example ``tiny:llama``)."""
+
+
+@hookspec
+def llmx_datasets() -> Iterable[DatasetSpec]:
+    """Yield named text sources (for example ``stdlib``)."""

@@ -1,0 +1,7 @@
+"""Built-in plugins, one package per technique. This list is explicit: nothing is discovered by scanning."""
+
+BUILTIN = (
+    "llmx.plugins.builtin_models",
+    "llmx.plugins.rtn.plugin",
+    "llmx.plugins.perplexity.plugin",
+)
