@@ -49,8 +49,12 @@ def _global(
     verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More logging; tracebacks on error.")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr; no progress bars.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and validate, print the config, run nothing.")] = False,
-    plugins_dir: Annotated[Optional[list[Path]], typer.Option("--plugins-dir", help="Also load loose *.py plugins from this folder.")] = None,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")] = False,
+    plugins_dir: Annotated[
+        Optional[list[Path]], typer.Option("--plugins-dir", help="Also load loose *.py plugins from this folder.")
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
 ) -> None:
     state.json, state.verbose, state.quiet, state.dry_run = json_, verbose, quiet, dry_run
     _logging(verbose, quiet)

@@ -80,7 +80,8 @@ def _stage_command(stage: Stage):
         source = ", ".join(str(c) for c in configs) if configs else None
         execute(resolve_cli(raw, sets, 0, source=source))
 
-    command.__doc__ = STAGE_HELP[stage][0] + " Builds the same RunConfig as `llmx run`; `--set KEY=VALUE` sets the method's params."
+    command.__doc__ = (STAGE_HELP[stage][0] + " Builds the same RunConfig as `llmx run`;"
+                       " `--set KEY=VALUE` sets the method's params.")
     return command
 
 
@@ -88,4 +89,5 @@ def register(app: typer.Typer) -> None:
     app.command(epilog=examples("llmx run configs/smoke/rtn.yaml", "llmx run base.yaml quant.yaml --set seed=2",
                                 "llmx --dry-run run configs/smoke/rtn.yaml"))(run)
     for stage, (_, example) in STAGE_HELP.items():
-        app.command(stage.value, short_help=STAGE_HELP[stage][0], epilog=examples(example, f"llmx methods --stage {stage.value}"))(_stage_command(stage))
+        epilog = examples(example, f"llmx methods --stage {stage.value}")
+        app.command(stage.value, short_help=STAGE_HELP[stage][0], epilog=epilog)(_stage_command(stage))

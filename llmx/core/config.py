@@ -91,8 +91,8 @@ class ResolvedRun:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def digest(self) -> str:
-        """Eight hex digits of the resolved config: part of the run folder's name."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """Eight hex digits of the resolved config (where it is written excluded): part of the run folder's name."""
+        blob = json.dumps({k: v for k, v in self.to_dict().items() if k != "output_dir"}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:8]
 
 

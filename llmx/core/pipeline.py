@@ -64,7 +64,9 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     path = runs.create(run)
     result = RunResult(path)
     log = logging.getLogger("llmx.run")
+    log.setLevel(logging.DEBUG)
     handler = logging.FileHandler(path / runs.LOG)
+    handler.setLevel(logging.DEBUG)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     meta = runs.start_meta(run)
@@ -81,7 +83,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
             except (LlmxError, KeyboardInterrupt):
                 raise
             except Exception as exc:
-                log.error("stage %s failed:\n%s", stage.label, traceback.format_exc())
+                log.debug("stage %s failed:\n%s", stage.label, traceback.format_exc())
                 raise RunFailed(f"stage {stage.label} ({stage.stage.value}) failed: {type(exc).__name__}: {exc}",
                                 hint=f"Details in {path / runs.LOG}") from exc
             result.stages.append({"index": stage.index, "stage": stage.stage.value, "method": stage.spec.name,

@@ -13,7 +13,14 @@ def track(items: Iterable[T], total: int | None = None, description: str = "", e
         yield from items
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]

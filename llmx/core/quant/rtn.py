@@ -49,7 +49,8 @@ def quantize(w: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tenso
     """Integer codes (same shape as ``w``), scale and zero."""
     scale, zero = scales(w, fmt)
     q = torch.clamp(torch.round(_grouped(w.float(), fmt.group_size) / scale) + zero, fmt.qmin, fmt.qmax)
-    return q.reshape(w.shape).to(torch.int8 if fmt.bits <= 8 else torch.int32), scale, zero
+    dtype = (torch.int8 if fmt.symmetric else torch.uint8) if fmt.bits <= 8 else torch.int32
+    return q.reshape(w.shape).to(dtype), scale, zero
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int | None) -> torch.Tensor:

@@ -14,7 +14,7 @@ class PerplexityParams(Params):
     batch_size: int = Field(8, gt=0)
 
     @model_validator(mode="after")
-    def _stride(self) -> "PerplexityParams":
+    def _stride(self) -> PerplexityParams:
         if self.stride and self.seq_len and self.stride > self.seq_len:
             raise ValueError("stride must not exceed seq_len")
         return self

@@ -12,15 +12,16 @@ from llmx.plugins.perplexity.config import PerplexityParams
 
 
 def windows(n: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
-    """``(begin, end, first_scored)`` per window; scored target positions tile ``[1, n)`` exactly once."""
-    out, prev_end = [], 1
-    for begin in range(0, n, stride):
+    """``(begin, end, first_scored)`` per window; scored target positions tile ``[1, n)`` exactly once.
+    Consecutive windows overlap by at least one token, so no target lacks context."""
+    out, begin, first = [], 0, 1
+    while True:
         end = min(begin + seq_len, n)
-        out.append((begin, end, max(prev_end, begin + 1)))
-        prev_end = end
-        if end == n:
-            break
-    return out
+        out.append((begin, end, first))
+        if end >= n:
+            return out
+        first = end
+        begin = min(begin + stride, end - 1)
 
 
 @torch.inference_mode()

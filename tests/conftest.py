@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+TESTKIT = FIXTURES / "plugins"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """Each test gets a fresh plugin host, its own cwd, and no inherited LLMX_* variables."""
+    for key in [k for k in os.environ if k.startswith("LLMX_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.syspath_prepend(str(TESTKIT))
+    monkeypatch.chdir(tmp_path)
+    from llmx.core import plugins
+
+    plugins.configure([])
+    yield
+    plugins.configure([])
+
+
+class Result:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    def json(self):
+        import json
+
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``llmx`` in-process: ``cli("methods", "--json")`` -> Result(code, out, err)."""
+    from llmx.cli.app import main
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMX_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env, cwd=cwd or ROOT,
+                          timeout=120)

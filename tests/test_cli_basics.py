@@ -1,0 +1,77 @@
+"""CLI start-up, listing, --json documents and help examples."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from conftest import ROOT, TESTKIT, run_subprocess
+
+
+def test_help_is_fast_and_imports_no_torch():
+    code = (
+        "import sys, time; t = time.perf_counter()\n"
+        "from llmx.cli.app import main\n"
+        "for argv in (['--help'], ['methods', '--json'], ['plugins', '--json']):\n"
+        "    rc = main(argv); assert rc == 0, (argv, rc)\n"
+        "heavy = [m for m in ('torch', 'transformers', 'bitsandbytes') if m in sys.modules]\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    t0 = time.perf_counter()
+    proc = run_subprocess("-c", code)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stderr
+    assert elapsed < 5.0, f"llmx --help took {elapsed:.2f}s"
+
+
+def test_console_script_and_module_entry_points():
+    proc = run_subprocess("-m", "llmx", "--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("llmx ")
+
+
+def test_methods_json_lists_builtins_with_stages(cli):
+    r = cli("methods", "--json")
+    assert r.code == 0
+    data = {m["name"]: m for m in r.json()}
+    assert data["rtn"]["stages"] == ["quantize"]
+    assert data["perplexity"]["stages"] == ["eval"]
+
+
+def test_methods_stage_filter_and_show(cli):
+    r = cli("--json", "methods", "--stage", "eval")
+    assert {m["name"] for m in r.json()} == {"perplexity"}
+    shown = cli("--json", "methods", "show", "PPL").json()
+    assert shown["name"] == "perplexity"
+    assert {p["name"] for p in shown["params"]} >= {"seq_len", "stride", "max_tokens"}
+    bad = cli("methods", "--stage", "quantise")
+    assert bad.code == 2 and "unknown stage" in bad.err
+
+
+def test_every_command_help_has_examples(cli):
+    from llmx.core.spec import Stage
+
+    commands = [[], ["run"], ["methods"], ["methods", "show"], ["plugins"], ["config", "show"], ["config", "validate"],
+                ["config", "init"], ["report"], ["env"]] + [[s.value] for s in Stage]
+    for cmd in commands:
+        r = cli(*cmd, "--help")
+        assert r.code == 0, cmd
+        assert "Examples:" in r.out and "llmx " in r.out.split("Examples:")[1], cmd
+
+
+def test_json_documents_parse(cli, tmp_path):
+    for args in (["methods"], ["plugins"], ["env"], ["config", "init", "--method", "rtn"],
+                 ["config", "show", str(ROOT / "configs/smoke/rtn.yaml")],
+                 ["--plugins-dir", str(TESTKIT), "analyze", "--method", "echo", "-o", str(tmp_path)]):
+        r = cli("--json", *args)
+        assert r.code == 0, (args, r.err)
+        json.loads(r.out)  # exactly one document
+    err = cli("--json", "quantize", "--method", "nope", "--model", "tiny:llama")
+    assert err.code == 2 and json.loads(err.out)["ok"] is False
+
+
+def test_global_flags_anywhere():
+    from llmx.cli.app import hoist_global_flags
+
+    assert hoist_global_flags(["methods", "--json"]) == ["--json", "methods"]
+    assert hoist_global_flags(["run", "a.yaml", "-q", "--", "--json"]) == ["-q", "run", "a.yaml", "--", "--json"]

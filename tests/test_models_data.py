@@ -1,0 +1,91 @@
+"""Model sources and text sources: tiny specs, local folders, stdlib split, files, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llmx.core import data, models
+from llmx.errors import UsageError
+
+
+@pytest.mark.parametrize("name", ["tiny:llama", "tiny:mamba", "tiny:mamba2", "tiny:moe"])
+def test_tiny_models_build_and_run(name):
+    model, tok = models.load(name)
+    ids = tok("def f(x):\n    return x", return_tensors="pt")["input_ids"]
+    out = model(input_ids=ids)
+    assert out.logits.shape == (1, ids.shape[1], len(tok))
+    assert all(p.shape[-1] % 64 == 0 for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n
+               and "lm_head" not in n and p.shape[-1] >= 64)
+
+
+def test_tiny_models_are_deterministic():
+    a, _ = models.load("tiny:llama")
+    b, _ = models.load("tiny:llama")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_bad_model_paths(tmp_path):
+    with pytest.raises(UsageError, match="model folder not found"):
+        models.load(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no config.json"):
+        models.load(str(tmp_path / "empty"))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(UsageError, match="cannot load model"):
+        models.load(str(tmp_path / "broken"))
+
+
+def test_saved_model_reloads_with_identical_outputs(tmp_path):
+    model, tok = models.load("tiny:llama")
+    models.save(model, tok, tmp_path / "m")
+    again, tok2 = models.load(str(tmp_path / "m"))
+    ids = torch.tensor([[1, 50, 60, 70]])
+    assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)
+    assert tok2("abc")["input_ids"] == tok("abc")["input_ids"]
+
+
+def test_quantized_run_artifact_reloads_and_evaluates_the_same(cli, tmp_path):
+    r = cli("--json", "quantize", "--method", "rtn", "--model", "tiny:llama", "--set", "save=true", "--set", "group_size=32",
+            "--eval", "perplexity", "--set", "perplexity.max_tokens=256", "-o", tmp_path / "a")
+    assert r.code == 0, r.err
+    doc = r.json()
+    saved = next((tmp_path / "a").glob("*/artifacts/0_rtn/model"))
+    r2 = cli("--json", "eval", "--method", "perplexity", "--model", saved, "--set", "max_tokens=256", "-o", tmp_path / "b")
+    assert r2.code == 0, r2.err
+    assert r2.json()["stages"][0]["metrics"]["nll"] == pytest.approx(doc["stages"][1]["metrics"]["nll"], rel=1e-6)
+
+
+def test_stdlib_split_is_stable_disjoint_and_skips_tests():
+    from llmx.core.data import stdlib
+
+    names = [p.as_posix() for p in stdlib.files()]
+    assert names and not any("/test/" in n or "/tests/" in n for n in names)
+    train, val = data.documents("stdlib", "train"), data.documents("stdlib", "validation")
+    assert len(val) > 10 and len(train) > 5 * len(val)
+    assert not set(train) & set(val)
+    assert data.documents("stdlib", "validation") == val
+
+
+def test_text_and_jsonl_files(tmp_path):
+    txt = tmp_path / "a.txt"
+    txt.write_text("x" * 90 + "y" * 10)
+    assert data.documents(str(txt), "validation") == ["y" * 10]
+    rows = tmp_path / "r.jsonl"
+    rows.write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in range(50)) + "\n")
+    assert len(data.documents(str(rows), "train")) + len(data.documents(str(rows), "validation")) == 50
+    rows.write_text('{"text": "ok"}\n{"txt": "bad"}\n')
+    with pytest.raises(UsageError, match=r"r.jsonl:2: expected an object with a string field 'text'"):
+        data.documents(str(rows), "train")
+
+
+def test_empty_or_missing_data_is_exit_2(cli, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", empty, "-o", tmp_path / "runs")
+    assert r.code == 2 and "has no text" in r.err
+    r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", "stdlb", "-o", tmp_path / "runs")
+    assert r.code == 2 and "Did you mean 'stdlib'?" in r.err

@@ -1,0 +1,61 @@
+"""Round-to-nearest: exact round trips, monotone error in bits, group scales, --bits parsing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmx.core.quant.bits import parse_bits
+from llmx.core.quant.rtn import IntFormat, dequantize, fake_quantize, quantize
+from llmx.errors import UsageError
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_codes_in_range_and_grid_values_round_trip(bits, symmetric):
+    torch.manual_seed(0)
+    fmt = IntFormat(bits, group_size=16, symmetric=symmetric)
+    w = torch.randn(8, 64)
+    q, scale, zero = quantize(w, fmt)
+    assert q.min() >= fmt.qmin and q.max() <= fmt.qmax
+    grid = dequantize(q, scale, zero, 16)
+    q2, scale2, zero2 = quantize(grid, fmt)
+    assert torch.allclose(dequantize(q2, scale2, zero2, 16), grid, atol=1e-6)
+
+
+def test_error_decreases_with_bits_and_smaller_groups():
+    torch.manual_seed(0)
+    w = torch.randn(64, 256) * torch.linspace(0.1, 3, 256)  # per-input-channel spread, as in real layers
+    errs = [(fake_quantize(w, IntFormat(b, 128)) - w).norm().item() for b in (2, 3, 4, 8)]
+    assert errs == sorted(errs, reverse=True)
+    per_channel = (fake_quantize(w, IntFormat(4, None)) - w).norm()
+    grouped = (fake_quantize(w, IntFormat(4, 32)) - w).norm()
+    assert grouped < per_channel
+
+
+def test_symmetric_scale_maps_absmax_to_qmax():
+    w = torch.tensor([[0.6, -1.0, 0.25, 0.0]])
+    q, scale, _ = quantize(w, IntFormat(4, None))
+    assert q.tolist() == [[4, -7, 2, 0]] and torch.isclose(scale.flatten(), torch.tensor([1 / 7])).all()
+
+
+def test_group_size_must_divide_width():
+    with pytest.raises(ValueError, match="multiple of group size"):
+        quantize(torch.randn(4, 48), IntFormat(4, 32))
+
+
+def test_parse_bits():
+    allowed = ("w8a16", "w4a16")
+    assert parse_bits("W4A16", allowed).weight == 4
+    with pytest.raises(UsageError, match="valid: w8a16, w4a16"):
+        parse_bits("w4a8", allowed)
+    with pytest.raises(UsageError, match="expected w<N>a<M>"):
+        parse_bits("int4", allowed)
+
+
+def test_rtn_method_changes_only_selected_layers_and_cli_rejects_bad_bits(cli, tmp_path):
+    r = cli("quantize", "--method", "rtn", "--bits", "w4a8", "--model", "tiny:llama", "-o", tmp_path)
+    assert r.code == 2 and "valid: w8a16, w4a16, w3a16, w2a16" in r.err
+    r = cli("quantize", "--method", "rtn", "--bits", "4bit", "--model", "tiny:llama", "-o", tmp_path)
+    assert r.code == 2 and "expected w<N>a<M>" in r.err
+    assert list(tmp_path.iterdir()) == []
