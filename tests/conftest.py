@@ -12,11 +12,18 @@ FIXTURES = ROOT / "tests" / "fixtures"
 TESTKIT = FIXTURES / "plugins"
 
 
+@pytest.fixture(scope="session")
+def zoo_cache(tmp_path_factory) -> Path:
+    """One reference-model cache for the whole session: ``ref:*-test`` models are built once."""
+    return tmp_path_factory.mktemp("llmx-cache")
+
+
 @pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """Each test gets a fresh plugin host, its own cwd, and no inherited LLMX_* variables."""
+def _isolated(monkeypatch, tmp_path, zoo_cache):
+    """Each test gets a fresh plugin host, its own cwd, no inherited LLMX_* variables and the session's cache."""
     for key in [k for k in os.environ if k.startswith("LLMX_")]:
         monkeypatch.delenv(key)
+    monkeypatch.setenv("LLMX_CACHE_DIR", str(zoo_cache))
     monkeypatch.syspath_prepend(str(TESTKIT))
     monkeypatch.chdir(tmp_path)
     from llmx.core import plugins
@@ -51,7 +58,7 @@ def cli(capsys):
 
 
 def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMX_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("LLMX_") or k == "LLMX_CACHE_DIR"}
     full_env.update(env or {})
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env, cwd=cwd or ROOT,
                           timeout=120)

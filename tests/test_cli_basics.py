@@ -35,12 +35,12 @@ def test_methods_json_lists_builtins_with_stages(cli):
     assert r.code == 0
     data = {m["name"]: m for m in r.json()}
     assert data["rtn"]["stages"] == ["quantize"]
-    assert data["perplexity"]["stages"] == ["eval"]
+    assert data["perplexity"]["stages"] == ["eval"] and data["memory"]["stages"] == ["eval", "analyze"]
 
 
 def test_methods_stage_filter_and_show(cli):
     r = cli("--json", "methods", "--stage", "eval")
-    assert {m["name"] for m in r.json()} == {"perplexity"}
+    assert {m["name"] for m in r.json()} == {"perplexity", "speed", "memory", "generate"}
     shown = cli("--json", "methods", "show", "PPL").json()
     assert shown["name"] == "perplexity"
     assert {p["name"] for p in shown["params"]} >= {"seq_len", "stride", "max_tokens"}

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from llmx.plugins.perplexity.method import sequence_nll, windows
+from llmx.core.evaluation import sequence_nll, windows
 
 
 @pytest.mark.parametrize("n,seq_len,stride", [(100, 16, 8), (100, 16, 16), (17, 16, 5), (5, 16, 8), (64, 16, 3)])
@@ -20,7 +20,7 @@ def test_windows_score_every_target_exactly_once(n, seq_len, stride):
 
 
 def test_matches_direct_loss_on_one_and_two_windows():
-    from llmx.core.models.tiny import build
+    from llmx.core.models.archs import build_random as build
 
     model, _ = build("llama")
     torch.manual_seed(1)

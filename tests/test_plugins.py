@@ -29,7 +29,7 @@ def test_disable_plugins_by_name(cli, monkeypatch):
     monkeypatch.setenv("LLMX_DISABLE_PLUGINS", "testkit,rtn")
     r = cli("--json", "--plugins-dir", TESTKIT, "plugins")
     status = {p["name"]: p["status"] for p in r.json()}
-    assert status["testkit"] == "disabled" and status["rtn"] == "disabled" and status["perplexity"] == "ok"
+    assert status["testkit"] == "disabled" and status["rtn"] == "disabled" and status["evals"] == "ok"
     assert "echo" not in {m["name"] for m in cli("--json", "methods").json()}
 
 

@@ -39,9 +39,14 @@ def test_symmetric_scale_maps_absmax_to_qmax():
     assert q.tolist() == [[4, -7, 2, 0]] and torch.isclose(scale.flatten(), torch.tensor([1 / 7])).all()
 
 
-def test_group_size_must_divide_width():
-    with pytest.raises(ValueError, match="multiple of group size"):
-        quantize(torch.randn(4, 48), IntFormat(4, 32))
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_ragged_last_group_is_quantized_on_its_own(symmetric):
+    torch.manual_seed(0)
+    w = torch.randn(4, 48)
+    whole = fake_quantize(w, IntFormat(4, 32, symmetric))
+    head = fake_quantize(w[:, :32], IntFormat(4, 32, symmetric))
+    tail = fake_quantize(w[:, 32:], IntFormat(4, 16, symmetric))
+    assert torch.equal(whole, torch.cat([head, tail], dim=1))
 
 
 def test_parse_bits():

@@ -63,14 +63,22 @@ def _global(
     plugins.configure(plugins_dir or [])
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record (it may have been replaced since)."""
+
+    _llmx = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def _logging(verbose: int, quiet: bool) -> None:
     level = logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     root = logging.getLogger("llmx")
     root.setLevel(logging.DEBUG)
     if not any(getattr(h, "_llmx", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler._llmx = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
+        root.addHandler(_StderrHandler())
     for h in root.handlers:
         if getattr(h, "_llmx", False):
             h.setLevel(level)
@@ -80,9 +88,9 @@ def _logging(verbose: int, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from llmx.cli import config_cmd, env_cmd, methods_cmd, report_cmd, run_cmd
+    from llmx.cli import config_cmd, env_cmd, methods_cmd, report_cmd, run_cmd, zoo_cmd
 
-    for module in (run_cmd, methods_cmd, config_cmd, report_cmd, env_cmd):
+    for module in (run_cmd, methods_cmd, config_cmd, report_cmd, zoo_cmd, env_cmd):
         module.register(app)
 
 

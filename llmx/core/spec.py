@@ -109,7 +109,7 @@ def _type_name(annotation: Any) -> str:
 class ModelSpec:
     """A named model source (``tiny:llama``, ``ref:llama``): ``impl`` builds or loads it lazily.
 
-    The callable takes ``(dtype: str, device: str)`` and returns ``(model, tokenizer)``.
+    The callable takes ``(name: str, dtype: str, device: str)`` and returns ``(model, tokenizer)``.
     """
 
     name: str

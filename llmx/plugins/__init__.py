@@ -3,5 +3,5 @@
 BUILTIN = (
     "llmx.plugins.builtin_models",
     "llmx.plugins.rtn.plugin",
-    "llmx.plugins.perplexity.plugin",
+    "llmx.plugins.evals.plugin",
 )

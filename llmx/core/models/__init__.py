@@ -29,7 +29,7 @@ def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, A
     if name in specs:
         from llmx.core.spec import load_object
 
-        model, tok = load_object(specs[name].impl)(dtype=dtype, device=device)
+        model, tok = load_object(specs[name].impl)(name, dtype=dtype, device=device)
     else:
         namespace, sep, _ = name.partition(":")
         if sep and namespace in {s.split(":")[0] for s in specs}:
@@ -59,12 +59,23 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
     return model.to(device), tok
 
 
-def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
-    """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer beside it."""
+METADATA = "llmx.json"
+
+
+def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
+    """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer and ``llmx.json``
+    (llmx version and what produced the model) beside it."""
+    import json
+
+    from transformers.utils import logging as hf_logging
+
+    from llmx import __version__
     from llmx.core import atomic
 
+    hf_logging.disable_progress_bar()
     with atomic.folder(path) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        (tmp / METADATA).write_text(json.dumps({"llmx": __version__, **(metadata or {})}, indent=2, default=str) + "\n")
     return Path(path)

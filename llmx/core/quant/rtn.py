@@ -25,11 +25,18 @@ class IntFormat:
 
 
 def _grouped(w: torch.Tensor, group_size: int | None) -> torch.Tensor:
+    """``[rows, groups, g]``; a ragged last group is zero-padded, which changes neither its absmax nor,
+    since the range always includes 0, its asymmetric min/max."""
     rows, cols = w.shape
     g = cols if group_size is None else group_size
-    if cols % g:
-        raise ValueError(f"input width {cols} is not a multiple of group size {g}")
-    return w.reshape(rows, cols // g, g)
+    pad = -cols % g
+    if pad:
+        w = torch.nn.functional.pad(w, (0, pad))
+    return w.reshape(rows, (cols + pad) // g, g)
+
+
+def _ungrouped(wg: torch.Tensor, cols: int) -> torch.Tensor:
+    return wg.reshape(wg.shape[0], -1)[:, :cols]
 
 
 def scales(w: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,11 +57,11 @@ def quantize(w: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tenso
     scale, zero = scales(w, fmt)
     q = torch.clamp(torch.round(_grouped(w.float(), fmt.group_size) / scale) + zero, fmt.qmin, fmt.qmax)
     dtype = (torch.int8 if fmt.symmetric else torch.uint8) if fmt.bits <= 8 else torch.int32
-    return q.reshape(w.shape).to(dtype), scale, zero
+    return _ungrouped(q, w.shape[1]).to(dtype), scale, zero
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int | None) -> torch.Tensor:
-    return ((_grouped(q.float(), group_size) - zero) * scale).reshape(q.shape)
+    return _ungrouped((_grouped(q.float(), group_size) - zero) * scale, q.shape[1])
 
 
 def fake_quantize(w: torch.Tensor, fmt: IntFormat) -> torch.Tensor:

@@ -29,6 +29,7 @@ def run(ctx: RunContext, p: RTNParams) -> dict:
         w.copy_(q)
         n_params += w.numel()
     if p.save:
-        models.save(ctx.model, ctx.tokenizer, ctx.artifact("model"))
+        models.save(ctx.model, ctx.tokenizer, ctx.artifact("model"),
+                    {"source": ctx.config.model, "method": "rtn", "params": p.model_dump()})
     return {"bits": str(bits), "layers": len(layers), "quantized_params": n_params,
             "mean_rel_weight_error": err_sum / max(len(layers), 1)}

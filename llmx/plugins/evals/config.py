@@ -18,3 +18,23 @@ class PerplexityParams(Params):
         if self.stride and self.seq_len and self.stride > self.seq_len:
             raise ValueError("stride must not exceed seq_len")
         return self
+
+
+class SpeedParams(Params):
+    prompt_len: int = Field(128, gt=0, description="Prompt tokens (taken from the run's data).")
+    new_tokens: int = Field(64, gt=1, description="Tokens generated greedily per repeat.")
+    batch_size: int = Field(1, gt=0)
+    repeats: int = Field(5, gt=0, description="Timed repeats; the median is reported.")
+    warmup: int = Field(1, ge=0, description="Untimed repeats first.")
+
+
+class MemoryParams(Params):
+    context_len: int = Field(512, gt=0, description="Tokens in the prompt whose cache is measured.")
+
+
+class GenerateParams(Params):
+    prompt: str = Field("def ", description="Prompt text.")
+    max_new_tokens: int = Field(64, gt=0)
+    samples: int = Field(1, gt=0)
+    temperature: float = Field(0.0, ge=0, description="0 means greedy.")
+    top_p: float = Field(0.95, gt=0, le=1)

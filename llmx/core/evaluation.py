@@ -1,14 +1,8 @@
-"""Sliding-window perplexity: each token is scored once, with up to ``seq_len - stride`` tokens of context."""
+"""Language-model scoring shared by the perplexity method and the reference zoo."""
 
 from __future__ import annotations
 
-import math
-
 import torch
-
-from llmx.core.context import RunContext
-from llmx.core.data import token_stream
-from llmx.plugins.perplexity.config import PerplexityParams
 
 
 def windows(n: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
@@ -27,7 +21,7 @@ def windows(n: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
 @torch.inference_mode()
 def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, stride: int, batch_size: int,
                  progress=lambda x, **_: x) -> tuple[float, int]:
-    """Summed NLL (nats) of ``tokens[1:]`` and the number of tokens scored."""
+    """Summed NLL (nats) of ``tokens[1:]`` under a sliding window, and the number of tokens scored."""
     device = next(model.parameters()).device
     total, count = 0.0, 0
     spans = windows(len(tokens), seq_len, stride)
@@ -46,13 +40,9 @@ def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
     return total, count
 
 
-def run(ctx: RunContext, p: PerplexityParams) -> dict:
-    seq_len = p.seq_len or ctx.config.data.seq_len
-    stride = p.stride or max(seq_len // 2, 1)
-    tok = ctx.tokenizer
-    tokens = token_stream(tok, p.source or ctx.config.data.source, p.split, p.max_tokens)
-    total, count = sequence_nll(ctx.model, tokens, seq_len, stride, p.batch_size, ctx.progress)
-    n_bytes = len(tok.decode(tokens[1:].tolist(), skip_special_tokens=True).encode("utf-8"))
-    nll = total / max(count, 1)
-    return {"perplexity": math.exp(nll), "nll": nll, "bits_per_byte": total / math.log(2) / max(n_bytes, 1),
-            "tokens": count, "seq_len": seq_len, "stride": stride}
+def unigram_nll(train: torch.Tensor, test: torch.Tensor, vocab_size: int) -> float:
+    """Mean NLL (nats) of ``test[1:]`` under add-one-smoothed unigram frequencies of ``train``: the floor a
+    language model must beat."""
+    counts = torch.bincount(train, minlength=vocab_size).double() + 1.0
+    logp = torch.log(counts / counts.sum())
+    return float(-logp[test[1:]].mean())

@@ -1,0 +1,49 @@
+"""Reference-model presets: what a trained ``ref:`` model is made of. Every field enters the cache key."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden: int
+    layers: int
+    vocab: int
+    seq_len: int
+    batch: int
+    max_steps: int
+    lr: float
+    warmup: int = 50
+    eval_every: int = 50
+    patience: int = 4
+    eval_windows: int = 48
+    corpus_chars: int | None = None  # cap on the training text (None: the whole train split)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ``small`` is the default ``ref:NAME``: minutes on one CPU thread. ``bench`` trains longer so that methods can be
+# told apart (3-bit RTN costs little on an under-trained model). ``test`` builds in seconds for the test suite.
+_SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=500, lr=2e-3)
+PRESETS: dict[str, dict[str, Preset]] = {
+    "small": {
+        "llama": _SMALL,
+        "moe": _SMALL,
+        "mamba2": replace(_SMALL, max_steps=400),
+        "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=300),  # mambapy scan: ~0.7 s a step at this width
+    },
+    "bench": {
+        "llama": replace(_SMALL, max_steps=1500, patience=6),
+        "moe": replace(_SMALL, max_steps=1500, patience=6),
+        "mamba2": replace(_SMALL, max_steps=1200, patience=6),
+        "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=800, patience=6),
+    },
+    "test": {
+        arch: Preset(hidden=64, layers=2, vocab=512, seq_len=64, batch=8, max_steps=60 if arch == "mamba" else 150,
+                     lr=3e-3, warmup=10, eval_every=25, patience=2, eval_windows=16, corpus_chars=400_000)
+        for arch in ("llama", "moe", "mamba2", "mamba")
+    },
+}
+DEFAULT_PRESET = "small"

@@ -1,0 +1,22 @@
+"""Sliding-window perplexity: each token is scored once, with up to ``seq_len - stride`` tokens of context."""
+
+from __future__ import annotations
+
+import math
+
+from llmx.core.context import RunContext
+from llmx.core.data import token_stream
+from llmx.core.evaluation import sequence_nll
+from llmx.plugins.evals.config import PerplexityParams
+
+
+def run(ctx: RunContext, p: PerplexityParams) -> dict:
+    seq_len = p.seq_len or ctx.config.data.seq_len
+    stride = p.stride or max(seq_len // 2, 1)
+    tok = ctx.tokenizer
+    tokens = token_stream(tok, p.source or ctx.config.data.source, p.split, p.max_tokens)
+    total, count = sequence_nll(ctx.model, tokens, seq_len, stride, p.batch_size, ctx.progress)
+    n_bytes = len(tok.decode(tokens[1:].tolist(), skip_special_tokens=True).encode("utf-8"))
+    nll = total / max(count, 1)
+    return {"perplexity": math.exp(nll), "nll": nll, "bits_per_byte": total / math.log(2) / max(n_bytes, 1),
+            "tokens": count, "seq_len": seq_len, "stride": stride}
