@@ -91,7 +91,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
             atomic.write_json(path / runs.METRICS, {"stages": result.stages})
         runs.finish_meta(path, meta, "ok")
         return result
-    except UsageError:
+    except (UsageError, MissingRequirement):  # bad input or a missing extra: not a run, leave nothing behind
         shutil.rmtree(path, ignore_errors=True)
         raise
     except KeyboardInterrupt:

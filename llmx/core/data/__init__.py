@@ -23,7 +23,9 @@ def documents(source: str, split: str) -> list[str]:
     from llmx.core.plugins import host
 
     specs = host().datasets
-    if source in specs:
+    if source.startswith("hf:"):
+        docs = _hub_dataset(source.removeprefix("hf:"), split)
+    elif source in specs:
         from llmx.core.spec import load_object
 
         docs = list(load_object(specs[source].impl)(split))
@@ -37,6 +39,26 @@ def documents(source: str, split: str) -> list[str]:
     if not any(d.strip() for d in docs):
         raise UsageError(f"data source '{source}' has no text in its {split} split")
     return docs
+
+
+def _hub_dataset(name: str, split: str) -> list[str]:
+    """``hf:NAME[:CONFIG]`` through the optional ``datasets`` package (needs it installed and a network)."""
+    import importlib.util
+
+    from llmx.errors import MissingRequirement
+
+    if importlib.util.find_spec("datasets") is None:
+        raise MissingRequirement(f"data source 'hf:{name}' needs the 'datasets' package", hint="pip install datasets")
+    import datasets
+
+    path, _, config = name.partition(":")
+    hub_split = "validation" if split == "validation" else "train"
+    try:
+        rows = datasets.load_dataset(path, config or None, split=hub_split)
+    except Exception as exc:  # noqa: BLE001 - the hub raises many types; the user needs one line
+        raise UsageError(f"cannot load dataset 'hf:{name}' ({hub_split}): {exc}") from exc
+    column = "text" if "text" in rows.column_names else rows.column_names[0]
+    return [r for r in rows[column] if isinstance(r, str)]
 
 
 def _split_file(path: Path, split: str) -> list[str]:

@@ -15,6 +15,13 @@ def no_model_error() -> UsageError:
     return UsageError("this pipeline needs a model: pass --model (a local folder, an HF id, tiny:llama or ref:llama)")
 
 
+def quiet_transformers() -> None:
+    """No tqdm bars from transformers' own loading and saving: llmx draws its own progress on stderr."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def torch_dtype(name: str):
     import torch
 
@@ -49,6 +56,7 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
             raise UsageError(f"{name} is not a model folder (no config.json)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    quiet_transformers()
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path) if local else name, dtype=torch_dtype(dtype),
                                                      local_files_only=local)
@@ -67,12 +75,10 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
     (llmx version and what produced the model) beside it."""
     import json
 
-    from transformers.utils import logging as hf_logging
-
     from llmx import __version__
     from llmx.core import atomic
 
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     with atomic.folder(path) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:

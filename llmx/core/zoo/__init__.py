@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from llmx.core import atomic
-from llmx.core.zoo.presets import DEFAULT_PRESET, PRESETS, Preset
 from llmx.core.names import did_you_mean
+from llmx.core.zoo.presets import DEFAULT_PRESET, PRESETS, Preset
 from llmx.errors import UsageError
 
 ZOO_VERSION = 1
@@ -119,6 +119,7 @@ def build(req: RefRequest, show_progress: bool | None = None) -> Path:
     from transformers import AutoModelForCausalLM
 
     from llmx.core.evaluation import sequence_nll, unigram_nll
+    from llmx.core.models import quiet_transformers
     from llmx.core.models.archs import config
     from llmx.core.progress import track
     from llmx.core.tokenizer import train_bpe
@@ -154,9 +155,7 @@ def build(req: RefRequest, show_progress: bool | None = None) -> Path:
         }
     finally:
         torch.set_num_threads(threads)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     with atomic.folder(target) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -218,8 +217,9 @@ def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, A
     """The ``ref:NAME`` model source: verified from the cache, built first if needed."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llmx.core.models import torch_dtype
+    from llmx.core.models import quiet_transformers, torch_dtype
 
+    quiet_transformers()
     path = ensure(parse_name(name.removeprefix("ref:")))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), local_files_only=True)
     return model.to(device), AutoTokenizer.from_pretrained(path, local_files_only=True)
