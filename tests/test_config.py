@@ -49,8 +49,8 @@ def test_precedence_defaults_files_flags_set(cli, tmp_path):
     b.write_text(yaml.safe_dump({"seed": 2, "pipeline": [{"method": "rtn", "params": {"bits": "w3a16"}}]}))
     shown = cli("--json", "config", "show", a, b).json()
     assert shown["seed"] == 2
-    assert shown["pipeline"][0]["params"] == {"bits": "w3a16", "group_size": 128, "symmetric": True,
-                                              "skip": ["lm_head"], "save": False}  # lists replace: a's params gone
+    params = shown["pipeline"][0]["params"]
+    assert params["bits"] == "w3a16" and params["group_size"] is None  # lists replace: a's params are gone
     shown = cli("--json", "config", "show", a, "--seed", "5").json()
     assert shown["seed"] == 5 and shown["pipeline"][0]["params"]["group_size"] == 32
     shown = cli("--json", "config", "show", a, "--seed", "5", "--set", "seed=7", "--set", "rtn.group_size=64").json()
@@ -85,6 +85,8 @@ def test_three_mistakes_reported_at_once_with_paths(cli, tmp_path):
 def test_unknown_method_did_you_mean_and_stage_mismatch(cli):
     r = cli("quantize", "--method", "rnt", "--model", "tiny:llama")
     assert r.code == 2 and "Did you mean 'rtn'?" in r.err
+    r = cli("quantize", "--method", "qptq", "--model", "tiny:llama")
+    assert r.code == 2 and "Did you mean 'gptq'?" in r.err
     r = cli("align", "--method", "rtn", "--model", "tiny:llama")
     assert r.code == 2 and "does not support stage 'align'" in r.err
 
@@ -105,7 +107,7 @@ def test_registry_did_you_mean_qptq_suggests_gptq():
 
 def test_problems_are_config_errors_with_dotted_paths():
     with pytest.raises(ConfigError) as info:
-        resolve({"pipeline": [{"method": "rtn", "params": {"group_size": 0}}, {"methd": "x"}]}, methods())
+        resolve({"pipeline": [{"method": "rtn", "params": {"group_size": -2}}, {"methd": "x"}]}, methods())
     paths = [p.path for p in info.value.problems]
     assert "pipeline.0.params.group_size" in paths and "pipeline.1.methd" in paths and "pipeline.1.method" in paths
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmx.core.quant.bits import parse_bits
-from llmx.core.quant.rtn import IntFormat, dequantize, fake_quantize, quantize
+from llmx.core.quant.formats import IntFormat, dequantize, fake_quantize, quantize
 from llmx.errors import UsageError
 
 

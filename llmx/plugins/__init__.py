@@ -3,5 +3,7 @@
 BUILTIN = (
     "llmx.plugins.builtin_models",
     "llmx.plugins.rtn.plugin",
+    "llmx.plugins.gptq.plugin",
+    "llmx.plugins.bnb.plugin",
     "llmx.plugins.evals.plugin",
 )

@@ -57,9 +57,15 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
+    meta = read_metadata(path) if local else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path) if local else name, dtype=torch_dtype(dtype),
-                                                     local_files_only=local)
+        if "quantized_layers" in meta:
+            from llmx.core.quant import storage
+
+            model = storage.load(path, meta, torch_dtype(dtype), device)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path) if local else name, dtype=torch_dtype(dtype),
+                                                         local_files_only=local)
         tok = AutoTokenizer.from_pretrained(str(path) if local else name, local_files_only=local)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -70,6 +76,19 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
 METADATA = "llmx.json"
 
 
+def read_metadata(path: Path) -> dict[str, Any]:
+    """``llmx.json`` of a saved model folder ({} when absent); unreadable is a usage error."""
+    import json
+
+    f = Path(path) / METADATA
+    if not f.is_file():
+        return {}
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{f}: not valid JSON ({exc.msg})") from exc
+
+
 def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
     """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer and ``llmx.json``
     (llmx version and what produced the model) beside it."""
@@ -77,11 +96,16 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
 
     from llmx import __version__
     from llmx.core import atomic
+    from llmx.core.quant.storage import layer_specs
 
     quiet_transformers()
+    meta = {"llmx": __version__, **(metadata or {})}
+    specs = layer_specs(model)
+    if specs:
+        meta["quantized_layers"] = specs
     with atomic.folder(path) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        (tmp / METADATA).write_text(json.dumps({"llmx": __version__, **(metadata or {})}, indent=2, default=str) + "\n")
+        (tmp / METADATA).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return Path(path)

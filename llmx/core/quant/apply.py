@@ -1,0 +1,65 @@
+"""Glue shared by weight-quantization methods: pick the layers, swap in QuantLinear, measure and save."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from llmx.core.context import RunContext
+from llmx.core.quant.formats import IntFormat
+from llmx.core.quant.params import WeightQuantParams
+from llmx.core.quant.qlinear import QuantLinear, replace_module
+
+
+def target_linears(model: torch.nn.Module, skip: list[str]) -> dict[str, torch.nn.Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not any(s in n for s in skip)}
+
+
+def install(model: torch.nn.Module, name: str, linear: torch.nn.Linear, codes: torch.Tensor, scale: torch.Tensor,
+            zero: torch.Tensor, fmt: IntFormat, p: WeightQuantParams, act_absmax: float | None) -> QuantLinear:
+    act = p.bitspec.act
+    act_scale = act_absmax / (2 ** (act - 1) - 1) if (act < 16 and p.act_scale == "static") else None
+    q = QuantLinear.from_codes(linear, codes, scale, zero, fmt, act, act_scale)
+    replace_module(model, name, q)
+    return q
+
+
+def needs_calibration(p: WeightQuantParams) -> bool:
+    return p.bitspec.act < 16 and p.act_scale == "static"
+
+
+def calibration(ctx: RunContext, p: WeightQuantParams) -> torch.Tensor:
+    from llmx.core.quant.calibration import calibration_batches
+
+    return calibration_batches(ctx.tokenizer, p.calib_source or ctx.config.data.source, p.calib_samples,
+                               p.calib_seq_len, seed=ctx.config.seed)
+
+
+def finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """Size figures of the quantized layers, and the saved model (stored bytes measured from its files)."""
+    from llmx.core import models
+    from llmx.core.quant.storage import weight_file_bytes
+
+    qlayers = [m for m in ctx.model.modules() if isinstance(m, QuantLinear)]
+    params = sum(m.in_features * m.out_features for m in qlayers)
+    packed = sum(b.numel() * b.element_size() for m in qlayers for b in m.buffers())
+    out = {"bits": p.bits, "layers": len(qlayers), "quantized_params": params, "quantized_bytes": packed,
+           "quantized_bytes_vs_fp16": packed / max(2 * params, 1), **extra}
+    if p.save:
+        path = models.save(ctx.model, ctx.tokenizer, ctx.artifact("model"),
+                           {"source": ctx.config.model, "method": method, "params": p.model_dump()})
+        out.update(model_dir=str(path), stored_weight_bytes=weight_file_bytes(path),
+                   fp16_model_bytes=2 * _float_param_count(ctx.model))
+    return out
+
+
+def _float_param_count(model: torch.nn.Module) -> int:
+    """Parameters of the model as if unquantized (QuantLinear counted at its full in x out size)."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            n += m.in_features * m.out_features + (m.out_features if m.bias is not None else 0)
+        else:
+            n += sum(p.numel() for p in m.parameters(recurse=False))
+    return n

@@ -1,0 +1,112 @@
+"""GPTQ (Frantar et al., 2023): column-by-column quantization with second-order error compensation.
+
+Minimises ``||W X - Q X||^2 = tr((W - Q) H (W - Q)^T)`` with ``H = X X^T`` from calibration inputs. The Hessian is an
+argument, so other methods (GuidedQuant) can pass their own. Steps as in the paper / reference code: dead inputs
+zeroed, optional activation order, dampening ``percdamp * mean(diag H)``, the upper Cholesky factor of ``H^-1``, and
+lazy block updates (``block_size`` columns at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmx.core.quant.formats import IntFormat, range_to_scale
+
+
+@dataclass
+class GPTQResult:
+    codes: torch.Tensor  # int16, shape of W, original column order
+    scale: torch.Tensor  # [rows, groups, 1]
+    zero: torch.Tensor
+    weight: torch.Tensor  # the dequantized weight
+
+    def objective(self, w: torch.Tensor, h: torch.Tensor) -> float:
+        return layer_objective(w, self.weight, h)
+
+
+def layer_objective(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
+    """``tr((W - Q) H (W - Q)^T)``: the layer output error summed over calibration tokens."""
+    d = (w.double() - q.double())
+    return float(torch.einsum("ij,jk,ik->", d, h.double(), d))
+
+
+def _group_range(cols: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero for a block of columns, one per row (``[rows, 1]``), or one overall for per-tensor."""
+    if fmt.group_size == 0:
+        lo, hi = cols.min().reshape(1, 1), cols.max().reshape(1, 1)
+    else:
+        lo, hi = cols.amin(dim=1, keepdim=True), cols.amax(dim=1, keepdim=True)
+    return range_to_scale(lo, hi, fmt)
+
+
+def _cholesky_inverse_upper(h: torch.Tensor, percdamp: float) -> torch.Tensor:
+    """Upper Cholesky factor of ``(H + damp I)^-1``; the damping grows tenfold until the factorisation succeeds."""
+    damp = percdamp * torch.mean(torch.diag(h))
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    for _ in range(8):
+        try:
+            lower = torch.linalg.cholesky(h + damp * eye)
+            return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+        except torch.linalg.LinAlgError:
+            damp = damp * 10 if damp > 0 else torch.tensor(1e-6, dtype=h.dtype)
+    raise torch.linalg.LinAlgError("Hessian is not positive definite even after damping")
+
+
+def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128, percdamp: float = 0.01,
+         actorder: bool = False, static_groups: bool = False) -> GPTQResult:
+    """Quantize ``w`` ([out, in]) against the Hessian ``h`` ([in, in]).
+
+    With ``actorder`` and groups, scales are fixed before the permutation (``static_groups``), so every group stays
+    a contiguous run of input channels in storage (llm-compressor's ``actorder: static``).
+    """
+    rows, cols = w.shape
+    g = fmt.group_size
+    if actorder and g:
+        static_groups = True
+    W = w.detach().clone().float()
+    H = h.detach().clone().float()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+
+    n_groups = 1 if not g else -(-cols // g)
+    scale_rows = 1 if g == 0 else rows
+    scale = torch.empty(scale_rows, n_groups, 1)
+    zero = torch.empty(scale_rows, n_groups, 1)
+    if not g:  # per-channel or per-tensor: one range for the whole row / tensor, from the original weights
+        scale[:, 0], zero[:, 0] = _group_range(W, fmt)
+    elif static_groups:
+        for k in range(n_groups):
+            scale[:, k], zero[:, k] = _group_range(W[:, k * g:(k + 1) * g], fmt)
+
+    perm = torch.argsort(torch.diag(H), descending=True) if actorder else torch.arange(cols)
+    W, H = W[:, perm], H[perm][:, perm]
+    U = _cholesky_inverse_upper(H, percdamp)
+
+    Q = torch.zeros_like(W)
+    codes = torch.zeros(rows, cols, dtype=torch.int16)
+    for i1 in range(0, cols, block_size):
+        i2 = min(i1 + block_size, cols)
+        W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]
+        Err1 = torch.zeros_like(W1)
+        for i in range(i2 - i1):
+            col = i1 + i
+            group = int(perm[col]) // g if g else 0
+            if g and not static_groups and col % g == 0:
+                upcoming = torch.cat([W1[:, i:], W[:, i2:]], dim=1)[:, :g]
+                scale[:, group], zero[:, group] = _group_range(upcoming, fmt)
+            s, z = scale[:, group], zero[:, group]
+            c = torch.clamp(torch.round(W1[:, i:i + 1] / s) + z, fmt.qmin, fmt.qmax)
+            q = ((c - z) * s).flatten()
+            codes[:, col] = c.flatten().to(torch.int16)
+            Q[:, col] = q
+            err = (W1[:, i] - q) / U1[i, i]
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+
+    inv = torch.argsort(perm)
+    Q, codes = Q[:, inv], codes[:, inv]
+    return GPTQResult(codes=codes, scale=scale, zero=zero, weight=Q.to(w.dtype))

@@ -1,0 +1,56 @@
+"""Parameters shared by the weight-quantization methods (RTN, GPTQ, and the papers' methods built on them).
+No torch import here: method listings load this module."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from llmx.core.quant.bits import BitSpec, parse_bits
+from llmx.core.spec import Params
+from llmx.errors import UsageError
+
+
+class WeightQuantParams(Params):
+    BITS: ClassVar[tuple[str, ...]] = ("w8a16", "w4a16", "w3a16", "w2a16", "w8a8")
+
+    bits: str = Field("w4a16", description="w<N>a<M>: weight bits, activation bits (16 = not quantized).")
+    group_size: int | None = Field(None, ge=-1, description="Input channels per scale; -1 per output channel, 0 per "
+                                   "tensor. Default: 128 for weight-only, per channel for W8A8.")
+    symmetric: bool = Field(True, description="Symmetric codes (no zero point).")
+    act_scale: Literal["dynamic", "static"] = Field("dynamic", description="A8: per-token scales at run time, or one "
+                                                    "per-tensor scale calibrated offline.")
+    skip: list[str] = Field(["lm_head"], description="Linear layers whose name contains any of these stay in float.")
+    calib_samples: int = Field(64, gt=0, description="Calibration windows (GPTQ Hessians, static activation scales).")
+    calib_seq_len: int = Field(256, gt=1)
+    calib_source: str | None = Field(None, description="Calibration text; defaults to the run's data.source (train split).")
+    save: bool = Field(True, description="Save the packed model as a run artifact (reloadable with --model).")
+
+    @field_validator("bits")
+    @classmethod
+    def _bits(cls, v: str) -> str:
+        try:
+            return str(parse_bits(v, cls.BITS))
+        except UsageError as exc:
+            raise ValueError(exc.message) from None
+
+    @model_validator(mode="after")
+    def _w8a8(self) -> WeightQuantParams:
+        if self.bitspec.act == 8 and (self.group_size not in (None, -1) or not self.symmetric):
+            raise ValueError("W8A8 uses symmetric per-channel weights: leave group_size unset (or -1), symmetric true")
+        return self
+
+    @property
+    def bitspec(self) -> BitSpec:
+        return parse_bits(self.bits, self.BITS)
+
+    def format(self, in_features: int):
+        """The ``IntFormat`` for a layer of this width (a group larger than the layer becomes per channel)."""
+        from llmx.core.quant.formats import IntFormat
+
+        g = self.group_size
+        if g is None:
+            g = -1 if self.bitspec.act == 8 else 128
+        group = None if g == -1 or g >= in_features else g
+        return IntFormat(self.bitspec.weight, group, self.symmetric)

@@ -1,0 +1,120 @@
+"""QuantLinear: a Linear that really stores packed integer weights, for weight-only and W8A8 inference.
+
+Weights: ``bits``-bit codes packed densely along the input dim (int4: two per byte, low nibble first; int8 stored as
+int8), fp16 scales per group / channel / tensor, uint8 zero points when asymmetric. W8A8 (8-bit symmetric
+per-channel weights, 8-bit activations) runs through an integer matmul (``torch._int_mm``) with int32 accumulation;
+other activation widths are simulated (quantize-dequantize) around a float matmul.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from llmx.core.quant.formats import IntFormat, dequantize
+from llmx.core.quant.packing import pack, unpack
+
+
+def quantize_activation(x: torch.Tensor, bits: int, static_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric integer activations: per token (dynamic) or one calibrated scale (static). Returns (codes, scale)."""
+    qmax = 2 ** (bits - 1) - 1
+    if static_scale is None:
+        scale = (x.abs().amax(dim=-1, keepdim=True) / qmax).clamp(min=1e-8)
+    else:
+        scale = static_scale.to(x.dtype)
+    return torch.clamp(torch.round(x / scale), -qmax - 1, qmax), scale
+
+
+class QuantLinear(torch.nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, fmt: IntFormat, act_bits: int = 16,
+                 static_act: bool = False, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if act_bits == 8 and not (fmt.bits == 8 and fmt.symmetric and fmt.group_size is None):
+            raise ValueError("W8A8 needs 8-bit symmetric per-channel weights")
+        self.in_features, self.out_features, self.fmt, self.act_bits = in_features, out_features, fmt, act_bits
+        groups = 1 if fmt.group_size == 0 else 1 if fmt.group_size is None else -(-in_features // fmt.group_size)
+        rows = 1 if fmt.group_size == 0 else out_features
+        if fmt.bits == 8 and fmt.symmetric:
+            self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        else:
+            self.register_buffer("qweight", torch.zeros(out_features, -(-in_features // 8) * fmt.bits, dtype=torch.uint8))
+        self.register_buffer("scales", torch.ones(rows, groups, dtype=torch.float16))
+        self.register_buffer("zeros", torch.zeros(rows, groups, dtype=torch.uint8) if not fmt.symmetric else None)
+        self.register_buffer("act_scale", torch.ones((), dtype=torch.float32) if static_act else None)
+        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+
+    @property
+    def offset(self) -> int:
+        return 2 ** (self.fmt.bits - 1) if self.fmt.symmetric else 0
+
+    @classmethod
+    def from_codes(cls, linear: torch.nn.Linear, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                   fmt: IntFormat, act_bits: int = 16, act_scale: float | None = None) -> QuantLinear:
+        """Build from integer codes (shape of the weight) and grouped ``[rows, groups, 1]`` scales / zeros."""
+        q = cls(linear.in_features, linear.out_features, linear.bias is not None, fmt, act_bits,
+                static_act=act_scale is not None, dtype=linear.weight.dtype)
+        if fmt.bits == 8 and fmt.symmetric:
+            q.qweight.copy_(codes.to(torch.int8))
+        else:
+            q.qweight.copy_(pack(codes, fmt.bits, q.offset))
+        q.scales.copy_(scale.reshape(q.scales.shape).to(torch.float16))
+        if q.zeros is not None:
+            q.zeros.copy_(zero.reshape(q.zeros.shape).to(torch.uint8))
+        if act_scale is not None:
+            q.act_scale.fill_(act_scale)
+        if linear.bias is not None:
+            q.bias.data.copy_(linear.bias.data)
+        return q.to(linear.weight.device)
+
+    def codes(self) -> torch.Tensor:
+        if self.qweight.dtype == torch.int8:
+            return self.qweight.to(torch.int16)
+        return unpack(self.qweight, self.fmt.bits, self.in_features, self.offset)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        zero = self.zeros.float()[..., None] if self.zeros is not None else torch.zeros(1, device=self.scales.device)
+        w = dequantize(self.codes(), self.scales.float()[..., None], zero, self.fmt.group_size)
+        return w.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_bits == 8:
+            return self._int8_forward(x)
+        if self.act_bits < 16:
+            codes, s = quantize_activation(x, self.act_bits, self.act_scale)
+            x = codes * s
+        return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
+
+    def _int8_forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        xq, sx = quantize_activation(x2.float(), 8, self.act_scale)
+        acc = torch._int_mm(xq.to(torch.int8), self.qweight.t())
+        out = acc.float() * sx.reshape(-1, 1) * self.scales.float().reshape(1, -1)
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def llmx_spec(self) -> dict[str, Any]:
+        """What :func:`llmx.core.quant.storage.load` needs to rebuild this layer."""
+        return {"builder": "llmx.core.quant.qlinear:QuantLinear.rebuild", "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
+                "act_bits": self.act_bits, "static_act": self.act_scale is not None,
+                "in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
+
+    @classmethod
+    def rebuild(cls, spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype) -> QuantLinear:
+        """Inverse of :meth:`llmx_spec` plus the layer's stored tensors (the storage loader's builder)."""
+        fmt = IntFormat(spec["bits"], spec["group_size"], spec["symmetric"])
+        layer = cls(spec["in_features"], spec["out_features"], spec["bias"], fmt, spec["act_bits"], spec["static_act"], dtype)
+        layer.load_state_dict(state, strict=True)
+        return layer
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, {self.fmt.describe()}, a{self.act_bits}"
+
+
+def replace_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)

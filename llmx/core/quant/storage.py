@@ -1,0 +1,53 @@
+"""Saving and loading models whose Linear layers are QuantLinear: weights packed in safetensors, the layer specs in
+``llmx.json`` (``quantized_layers``), the base architecture in ``config.json``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmx.core.quant.qlinear import replace_module
+from llmx.errors import UsageError
+
+KEY = "quantized_layers"
+
+
+def layer_specs(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Every layer that knows how to describe its stored form (``llmx_spec()``), by module name."""
+    return {name: m.llmx_spec() for name, m in model.named_modules() if callable(getattr(m, "llmx_spec", None))}
+
+
+def weight_file_bytes(path: str | Path) -> int:
+    """Bytes of the weight files in a saved model folder, as stored on disk."""
+    files = list(Path(path).glob("*.safetensors")) + list(Path(path).glob("*.bin"))
+    return sum(f.stat().st_size for f in files)
+
+
+def load(path: Path, meta: dict[str, Any], dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """Rebuild the architecture from config.json, rebuild each quantized layer from its stored tensors with the
+    builder its spec names, then load the remaining tensors."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llmx.core.spec import load_object
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # real init: non-persistent buffers (RoPE) need it
+    state: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    for name, spec in meta[KEY].items():
+        prefix = name + "."
+        local = {k[len(prefix):]: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
+        replace_module(model, name, load_object(spec["builder"])(spec, local, dtype))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    quantized = tuple(n + "." for n in meta[KEY])
+    tied = set(getattr(model, "_tied_weights_keys", None) or ()) if getattr(config, "tie_word_embeddings", False) else set()
+    missing = [k for k in missing if k not in tied and not k.startswith(quantized)]
+    if missing or unexpected:
+        what = f"missing {', '.join(missing[:4])}" if missing else f"unexpected {', '.join(unexpected[:4])}"
+        raise UsageError(f"{path}: the weight files do not match the quantized architecture ({what})")
+    model.tie_weights()
+    return model.to(device)

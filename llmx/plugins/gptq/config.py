@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from llmx.core.quant.params import WeightQuantParams
+
+
+class GPTQParams(WeightQuantParams):
+    block_size: int = Field(128, gt=0, description="Columns per lazy-update block.")
+    percdamp: float = Field(0.01, ge=0, description="Dampening, as a fraction of mean(diag H).")
+    actorder: bool = Field(False, description="Quantize columns by descending diag(H); with groups, scales are static.")
+    static_groups: bool = Field(False, description="Fix group scales from the original weights before the updates.")
+    propagate: Literal["quantized", "fp"] = Field("quantized", description="Hessians from inputs that pass through the "
+                                                  "already-quantized blocks (GPTQ, Quamba) or through the FP model.")
