@@ -104,7 +104,13 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
     if specs:
         meta["quantized_layers"] = specs
     with atomic.folder(path) as tmp:
-        model.save_pretrained(tmp)
+        if specs:  # packed layers: write the tensors exactly as they are (save_pretrained may recast them)
+            from safetensors.torch import save_model
+
+            model.config.save_pretrained(tmp)
+            save_model(model, str(tmp / "model.safetensors"))
+        else:
+            model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / METADATA).write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from llmx.core import kernels
+from llmx.core.kernels import ops
 from llmx.core.quant.formats import IntFormat, dequantize
 from llmx.core.quant.packing import pack, unpack
 
@@ -81,15 +83,25 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.act_bits == 8:
             return self._int8_forward(x)
+        if self.fmt.bits == 4 and self.act_bits == 16 and self.fmt.group_size != 0 and kernels.use_kernel(x):
+            return self._int4_kernel_forward(x)
         if self.act_bits < 16:
             codes, s = quantize_activation(x, self.act_bits, self.act_scale)
             x = codes * s
         return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
 
+    def _int4_kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        group = self.fmt.group_size or self.in_features
+        out = ops.int4_gemm(x.reshape(-1, x.shape[-1]), self.qweight, self.scales, self.zeros, self.bias, group, self.offset)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
     def _int8_forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        xq, sx = quantize_activation(x2.float(), 8, self.act_scale)
+        if self.act_scale is None:
+            xq, sx = ops.quantize_rows_int8(x2)
+        else:
+            xq, sx = quantize_activation(x2.float(), 8, self.act_scale)
         acc = torch._int_mm(xq.to(torch.int8), self.qweight.t())
         out = acc.float() * sx.reshape(-1, 1) * self.scales.float().reshape(1, -1)
         if self.bias is not None:

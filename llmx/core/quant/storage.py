@@ -41,7 +41,12 @@ def load(path: Path, meta: dict[str, Any], dtype: torch.dtype, device: str) -> t
     for name, spec in meta[KEY].items():
         prefix = name + "."
         local = {k[len(prefix):]: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
-        replace_module(model, name, load_object(spec["builder"])(spec, local, dtype))
+        try:
+            layer = load_object(spec["builder"])(spec, local, dtype)
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            first = str(exc).strip().splitlines()[-1]
+            raise UsageError(f"{path}: layer {name} does not match its stored spec ({first})") from exc
+        replace_module(model, name, layer)
     missing, unexpected = model.load_state_dict(state, strict=False)
     quantized = tuple(n + "." for n in meta[KEY])
     tied = set(getattr(model, "_tied_weights_keys", None) or ()) if getattr(config, "tie_word_embeddings", False) else set()

@@ -1,4 +1,4 @@
-"""Round-to-nearest: exact round trips, monotone error in bits, group scales, --bits parsing."""
+"""Integer formats and round to nearest: exact round trips, monotone error in bits, group scales, --bits parsing."""
 
 from __future__ import annotations
 
@@ -58,9 +58,19 @@ def test_parse_bits():
         parse_bits("int4", allowed)
 
 
-def test_rtn_method_changes_only_selected_layers_and_cli_rejects_bad_bits(cli, tmp_path):
+def test_per_tensor_has_one_scale():
+    w = torch.randn(8, 32)
+    q, scale, _ = quantize(w, IntFormat(4, 0))
+    assert scale.numel() == 1 and q.abs().max() == 7
+
+
+def test_cli_rejects_bad_bits_with_the_valid_list(cli, tmp_path):
     r = cli("quantize", "--method", "rtn", "--bits", "w4a8", "--model", "tiny:llama", "-o", tmp_path)
-    assert r.code == 2 and "valid: w8a16, w4a16, w3a16, w2a16" in r.err
+    assert r.code == 2 and "valid: w8a16, w4a16, w3a16, w2a16, w8a8" in r.err
+    r = cli("quantize", "--method", "gptq", "--bits", "w8a8", "--set", "group_size=64", "--model", "tiny:llama", "-o", tmp_path)
+    assert r.code == 2 and "W8A8 uses symmetric per-channel weights" in r.err
+    r = cli("quantize", "--method", "bnb", "--bits", "w3a16", "--model", "tiny:llama", "-o", tmp_path)
+    assert r.code == 2 and "valid: w4a16, w8a8" in r.err
     r = cli("quantize", "--method", "rtn", "--bits", "4bit", "--model", "tiny:llama", "-o", tmp_path)
     assert r.code == 2 and "expected w<N>a<M>" in r.err
     assert list(tmp_path.iterdir()) == []
