@@ -84,6 +84,5 @@ def test_below_rtn_on_every_layer_of_a_trained_model(fmt):
     layers = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
     stats = collect(model, layers, calibration_batches(tok, "stdlib", 16, 128))
     for name, layer in layers.items():
-        h = stats[name].hessian
-        res = gptq(layer.weight.data, h.float(), fmt)
-        assert res.objective(layer.weight.data, h) < layer_objective(layer.weight.data, fake_quantize(layer.weight.data, fmt), h), name
+        w, h = layer.weight.data, stats[name].hessian
+        assert gptq(w, h.float(), fmt).objective(w, h) < layer_objective(w, fake_quantize(w, fmt), h), name

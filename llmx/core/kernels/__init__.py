@@ -42,7 +42,7 @@ def use_kernel(*tensors: Any) -> bool:
     return all(getattr(t, "is_cuda", False) for t in tensors) and available()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def module(path: str, options: tuple[str, ...] = ("-std=c++17",)) -> Any:
     """The compiled ``cupy.RawModule`` for a source file (compiled on first use, then cached by CuPy on disk too)."""
     import cupy

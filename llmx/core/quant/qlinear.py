@@ -110,7 +110,8 @@ class QuantLinear(torch.nn.Module):
 
     def llmx_spec(self) -> dict[str, Any]:
         """What :func:`llmx.core.quant.storage.load` needs to rebuild this layer."""
-        return {"builder": "llmx.core.quant.qlinear:QuantLinear.rebuild", "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
+        return {"builder": "llmx.core.quant.qlinear:QuantLinear.rebuild",
+                "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
                 "act_bits": self.act_bits, "static_act": self.act_scale is not None,
                 "in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
 

@@ -1,0 +1,49 @@
+"""Helpers for the benchmark scripts: run llmx pipelines in-process and write result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_pipeline(model: str, stages: list[dict[str, Any]], **run: Any) -> list[dict[str, Any]]:
+    """Resolve and execute a pipeline (run folders go to a temporary directory); return each stage's metrics."""
+    from llmx.core.config import resolve
+    from llmx.core.pipeline import execute
+    from llmx.core.plugins import host
+
+    with tempfile.TemporaryDirectory() as out:
+        raw = {"model": model, "output_dir": out, "pipeline": stages, **run}
+        result = execute(resolve(raw, host().methods), show_progress=False)
+        return [s["metrics"] for s in result.stages]
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def write(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return path
+
+
+def markdown(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
