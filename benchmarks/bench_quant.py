@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     from llmx.core import zoo
     from llmx.core.models import load
-    from llmx.core.quant.storage import weight_file_bytes
+    from llmx.core.models.storage import weight_file_bytes
 
     for model in args.models:
         fp_params = sum(p.numel() for p in load(model)[0].parameters())

@@ -81,7 +81,7 @@ def test_corrupted_quantized_folder_is_a_usage_error(cli, tmp_path):
 
     meta = Path(folder) / "llmx.json"
     data = json.loads(meta.read_text())
-    data["quantized_layers"]["model.layers.0.mlp.up_proj"]["bits"] = 3  # spec no longer matches the tensors
+    data["llmx_modules"]["model.layers.0.mlp.up_proj"]["bits"] = 3  # spec no longer matches the tensors
     meta.write_text(json.dumps(data))
     bad = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
     assert bad.code == 2 and "does not match its stored spec" in bad.err

@@ -5,5 +5,6 @@ BUILTIN = (
     "llmx.plugins.rtn.plugin",
     "llmx.plugins.gptq.plugin",
     "llmx.plugins.bnb.plugin",
+    "llmx.plugins.clover.plugin",
     "llmx.plugins.evals.plugin",
 )

@@ -9,6 +9,7 @@ ARCH_SUMMARY = {
     "mamba": "Mamba1 (mambapy parallel scan)",
     "mamba2": "Mamba2",
     "moe": "Mixtral-style MoE, 4 experts top-2",
+    "opt": "OPT (learned positions, biases: no RoPE)",
 }
 PRESET_SUMMARY = {
     "": "trained on standard-library code, minutes on a CPU (small preset)",

@@ -59,9 +59,9 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
     quiet_transformers()
     meta = read_metadata(path) if local else {}
     try:
-        if "quantized_layers" in meta:
-            from llmx.core.quant import storage
+        from llmx.core.models import storage
 
+        if storage.KEY in meta:
             model = storage.load(path, meta, torch_dtype(dtype), device)
         else:
             model = AutoModelForCausalLM.from_pretrained(str(path) if local else name, dtype=torch_dtype(dtype),
@@ -96,13 +96,13 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
 
     from llmx import __version__
     from llmx.core import atomic
-    from llmx.core.quant.storage import layer_specs
+    from llmx.core.models.storage import KEY, layer_specs
 
     quiet_transformers()
     meta = {"llmx": __version__, **(metadata or {})}
     specs = layer_specs(model)
     if specs:
-        meta["quantized_layers"] = specs
+        meta[KEY] = specs
     with atomic.folder(path) as tmp:
         if specs:  # packed layers: write the tensors exactly as they are (save_pretrained may recast them)
             from safetensors.torch import save_model

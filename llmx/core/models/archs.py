@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ARCHS = ("llama", "mamba", "mamba2", "moe")
+ARCHS = ("llama", "mamba", "mamba2", "moe", "opt")
 
 
 def _round64(x: float) -> int:
@@ -24,6 +24,12 @@ def config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2, max_po
 
         return LlamaConfig(intermediate_size=_round64(hidden * 8 / 3), num_attention_heads=4, num_key_value_heads=2,
                            max_position_embeddings=max_positions, **common)
+    if arch == "opt":  # learned absolute positions and biased projections: no RoPE between Q and K
+        from transformers import OPTConfig
+
+        return OPTConfig(ffn_dim=4 * hidden, num_attention_heads=4, max_position_embeddings=max_positions,
+                         word_embed_proj_dim=hidden, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                         enable_bias=True, do_layer_norm_before=True, **common)
     if arch == "moe":
         from transformers import MixtralConfig
 

@@ -39,7 +39,7 @@ def calibration(ctx: RunContext, p: WeightQuantParams) -> torch.Tensor:
 def finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, Any]) -> dict[str, Any]:
     """Size figures of the quantized layers, and the saved model (stored bytes measured from its files)."""
     from llmx.core import models
-    from llmx.core.quant.storage import weight_file_bytes
+    from llmx.core.models.storage import weight_file_bytes
 
     qlayers = [m for m in ctx.model.modules() if isinstance(m, QuantLinear)]
     params = sum(m.in_features * m.out_features for m in qlayers)

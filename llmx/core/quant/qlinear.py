@@ -109,14 +109,14 @@ class QuantLinear(torch.nn.Module):
         return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def llmx_spec(self) -> dict[str, Any]:
-        """What :func:`llmx.core.quant.storage.load` needs to rebuild this layer."""
+        """What :func:`llmx.core.models.storage.load` needs to rebuild this layer."""
         return {"builder": "llmx.core.quant.qlinear:QuantLinear.rebuild",
                 "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
                 "act_bits": self.act_bits, "static_act": self.act_scale is not None,
                 "in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
 
     @classmethod
-    def rebuild(cls, spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype) -> QuantLinear:
+    def rebuild(cls, spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any = None) -> QuantLinear:
         """Inverse of :meth:`llmx_spec` plus the layer's stored tensors (the storage loader's builder)."""
         fmt = IntFormat(spec["bits"], spec["group_size"], spec["symmetric"])
         layer = cls(spec["in_features"], spec["out_features"], spec["bias"], fmt, spec["act_bits"], spec["static_act"], dtype)

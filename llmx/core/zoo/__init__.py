@@ -149,6 +149,7 @@ def build(req: RefRequest, show_progress: bool | None = None) -> Path:
                                                       "train_tokens": len(train_ids), "val_tokens": len(val_ids)},
             "params": sum(p.numel() for p in model.parameters()), "vocab": len(tok),
             "steps_run": result.steps, "best_step": result.best_step, "train_seconds": round(result.seconds, 1),
+            "best_val_nll": result.best_eval,
             "val_perplexity": float(torch.tensor(total / count).exp()), "val_tokens_scored": count,
             "unigram_perplexity": float(torch.tensor(unigram_nll(train_ids, scored, len(tok))).exp()),
             "zoo_version": ZOO_VERSION, "torch": torch.__version__,

@@ -30,12 +30,14 @@ _SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_ste
 PRESETS: dict[str, dict[str, Preset]] = {
     "small": {
         "llama": _SMALL,
+        "opt": _SMALL,
         "moe": _SMALL,
         "mamba2": replace(_SMALL, max_steps=400),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=300),  # mambapy scan: ~0.7 s a step at this width
     },
     "bench": {
         "llama": replace(_SMALL, max_steps=1500, patience=6),
+        "opt": replace(_SMALL, max_steps=1500, patience=6),
         "moe": replace(_SMALL, max_steps=1500, patience=6),
         "mamba2": replace(_SMALL, max_steps=1200, patience=6),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=800, patience=6),
@@ -43,7 +45,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
     "test": {
         arch: Preset(hidden=64, layers=2, vocab=512, seq_len=64, batch=8, max_steps=60 if arch == "mamba" else 150,
                      lr=3e-3, warmup=10, eval_every=25, patience=2, eval_windows=16, corpus_chars=400_000)
-        for arch in ("llama", "moe", "mamba2", "mamba")
+        for arch in ("llama", "opt", "moe", "mamba2", "mamba")
     },
 }
 DEFAULT_PRESET = "small"

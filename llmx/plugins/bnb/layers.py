@@ -47,7 +47,7 @@ def _tag(layer: torch.nn.Module, spec: dict[str, Any]) -> None:
     layer.llmx_spec = lambda: dict(spec)
 
 
-def rebuild4(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
+def rebuild4(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any = None) -> torch.nn.Module:
     b = bnb()
     layer = b.nn.Linear4bit(spec["in_features"], spec["out_features"], bias=spec["bias"], compute_dtype=dtype,
                             quant_type=spec["quant_type"])
@@ -60,7 +60,7 @@ def rebuild4(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.
     return layer
 
 
-def rebuild8(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
+def rebuild8(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any = None) -> torch.nn.Module:
     b = bnb()
     layer = b.nn.Linear8bitLt(spec["in_features"], spec["out_features"], bias=spec["bias"], has_fp16_weights=False,
                               threshold=spec["threshold"])

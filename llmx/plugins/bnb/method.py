@@ -14,7 +14,7 @@ from llmx.plugins.bnb.layers import linear4bit, linear8bit
 @torch.no_grad()
 def run(ctx: RunContext, p: BnbParams) -> dict:
     from llmx.core import models
-    from llmx.core.quant.storage import weight_file_bytes
+    from llmx.core.models.storage import weight_file_bytes
 
     model = ctx.model
     layers = target_linears(model, p.skip)

@@ -1,5 +1,6 @@
-"""Saving and loading models whose Linear layers are QuantLinear: weights packed in safetensors, the layer specs in
-``llmx.json`` (``quantized_layers``), the base architecture in ``config.json``."""
+"""Saving and loading models with llmx-owned layers (QuantLinear, bitsandbytes layers, pruned attention): the tensors
+in safetensors, each replaced module's spec in ``llmx.json`` (``llmx_modules``: name -> spec with a ``builder``
+``"module:callable"`` taking ``(spec, tensors, dtype, config)``), the base architecture in ``config.json``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from llmx.core.quant.qlinear import replace_module
 from llmx.errors import UsageError
 
-KEY = "quantized_layers"
+KEY = "llmx_modules"
 
 
 def layer_specs(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
@@ -42,7 +43,7 @@ def load(path: Path, meta: dict[str, Any], dtype: torch.dtype, device: str) -> t
         prefix = name + "."
         local = {k[len(prefix):]: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
         try:
-            layer = load_object(spec["builder"])(spec, local, dtype)
+            layer = load_object(spec["builder"])(spec, local, dtype, config)
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
             first = str(exc).strip().splitlines()[-1]
             raise UsageError(f"{path}: layer {name} does not match its stored spec ({first})") from exc

@@ -1,0 +1,18 @@
+from llmx.core.spec import MethodSpec, Stage
+from llmx.hookspecs import hookimpl
+from llmx.plugins.clover.config import CloverPruneParams, CloverTrainParams
+
+
+@hookimpl
+def llmx_methods():
+    yield MethodSpec(
+        name="clover", stages=(Stage.PRUNE,), impl="llmx.plugins.clover.method:prune", config=CloverPruneParams,
+        summary="CLOVER: per-head SVD of the Q-K and V-O products; prune head dims by singular value.",
+        paper="Meng et al., ICML 2025 (arXiv 2411.17426)",
+    )
+    yield MethodSpec(
+        name="clover", stages=(Stage.TRAIN,), impl="llmx.plugins.clover.method:finetune",
+        config=CloverTrainParams,
+        summary="CLOVER fine-tuning: train only a core between frozen singular vectors, then merge it back.",
+        paper="Meng et al., ICML 2025 (arXiv 2411.17426)",
+    )

@@ -1,0 +1,133 @@
+"""CLOVER's per-head orthogonalisation and pruning (arXiv 2411.17426, Sec. 3).
+
+A pair of projections only matters through its product: per head, the attention logits depend on
+``Q~_h^T K~_h`` and the head's output on ``O_h V~_h``, where ``~`` appends the bias as an extra input column. An SVD
+of the product rewrites both factors with orthogonal vectors scaled by ``sqrt(s)``; the function is unchanged, and
+dimension ``i`` then contributes exactly ``s_i``, so pruning the smallest singular values removes the least.
+
+GQA: a K or V head is shared by ``heads / kv_heads`` query heads. The shared factor stays shared by stacking the
+group's other factors before the SVD (``[Q~_h1^T; Q~_h2^T] K~_g`` and ``[O_h1; O_h2] V~_g``), which keeps every
+per-head product exact. (The official code switches to QR for V under GQA; this generalises the SVD instead.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmx.plugins.clover.attention import head_counts, projections
+
+
+def orthogonalize_pair(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``left @ right`` ([N, r] x [r, M]) -> (``U sqrt(s)``, ``sqrt(s) V^T``, ``s``) with the same product, the
+    columns of the first and rows of the second orthogonal and sorted by ``s`` (descending). QR first, so the
+    SVD is only r x r."""
+    q1, r1 = torch.linalg.qr(left.double())
+    q2, r2 = torch.linalg.qr(right.double().T)
+    u, s, vh = torch.linalg.svd(r1 @ r2.T)
+    root = s.sqrt()
+    return (q1 @ u) * root, root[:, None] * (vh @ q2.T), s
+
+
+def _with_bias(linear: torch.nn.Linear, rows: slice) -> torch.Tensor:
+    w = linear.weight.data[rows].double()
+    b = linear.bias.data[rows].double()[:, None] if linear.bias is not None else torch.zeros(w.shape[0], 1, dtype=torch.float64)
+    return torch.cat([w, b], dim=1)  # [dims, in + 1]
+
+
+def _set_with_bias(linear: torch.nn.Linear, rows: slice, value: torch.Tensor) -> None:
+    linear.weight.data[rows] = value[:, :-1].to(linear.weight.dtype)
+    if linear.bias is not None:
+        linear.bias.data[rows] = value[:, -1].to(linear.bias.dtype)
+
+
+def orthogonalize_vo(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
+    """Rewrite V and O of every KV group in place; return each group's singular values."""
+    heads, kv = head_counts(attn)
+    per = heads // kv
+    _, _, v, o = projections(attn)
+    out = []
+    for g in range(kv):
+        vrows = slice(g * dim, (g + 1) * dim)
+        o_blocks = [o.weight.data[:, h * dim:(h + 1) * dim].double() for h in range(g * per, (g + 1) * per)]
+        left, right, s = orthogonalize_pair(torch.cat(o_blocks, dim=0), _with_bias(v, vrows))
+        _set_with_bias(v, vrows, right)
+        for i, h in enumerate(range(g * per, (g + 1) * per)):
+            o.weight.data[:, h * dim:(h + 1) * dim] = left[i * o.out_features:(i + 1) * o.out_features].to(o.weight.dtype)
+        out.append(s)
+    return out
+
+
+def orthogonalize_qk(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
+    """Rewrite Q and K of every KV group in place (only valid without RoPE); return the singular values."""
+    heads, kv = head_counts(attn)
+    per = heads // kv
+    q, k, _, _ = projections(attn)
+    out = []
+    for g in range(kv):
+        krows = slice(g * dim, (g + 1) * dim)
+        q_blocks = [_with_bias(q, slice(h * dim, (h + 1) * dim)).T for h in range(g * per, (g + 1) * per)]
+        left, right, s = orthogonalize_pair(torch.cat(q_blocks, dim=0), _with_bias(k, krows))
+        _set_with_bias(k, krows, right)
+        n = q.in_features + 1
+        for i, h in enumerate(range(g * per, (g + 1) * per)):
+            _set_with_bias(q, slice(h * dim, (h + 1) * dim), left[i * n:(i + 1) * n].T)
+        out.append(s)
+    return out
+
+
+def vanilla_scores_vo(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
+    """The baseline's importance of each original V-O dim: ``||v_i|| * ||o_i||`` (O columns stacked over the group)."""
+    heads, kv = head_counts(attn)
+    per = heads // kv
+    _, _, v, o = projections(attn)
+    scores = []
+    for g in range(kv):
+        vn = _with_bias(v, slice(g * dim, (g + 1) * dim)).norm(dim=1)
+        on = torch.cat([o.weight.data[:, h * dim:(h + 1) * dim] for h in range(g * per, (g + 1) * per)], 0).double().norm(dim=0)
+        scores.append(vn * on)
+    return scores
+
+
+def vanilla_scores_qk(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
+    heads, kv = head_counts(attn)
+    per = heads // kv
+    q, k, _, _ = projections(attn)
+    scores = []
+    for g in range(kv):
+        kn = _with_bias(k, slice(g * dim, (g + 1) * dim)).norm(dim=1)
+        qn = torch.stack([_with_bias(q, slice(h * dim, (h + 1) * dim)).norm(dim=1) for h in range(g * per, (g + 1) * per)])
+        scores.append(kn * qn.norm(dim=0))
+    return scores
+
+
+def keep_indices(scores: list[torch.Tensor], keep: int) -> list[torch.Tensor]:
+    """Per group, the ``keep`` most important dims, in their original order."""
+    return [torch.sort(torch.topk(s, keep).indices).values for s in scores]
+
+
+def prune(attn, qk_keep: list[torch.Tensor] | None, vo_keep: list[torch.Tensor] | None) -> None:
+    """Slice the kept dims out into a smaller module (real parameter and KV-cache reduction)."""
+    heads, kv = head_counts(attn)
+    per = heads // kv
+    q, k, v, o = (p.weight.data.clone() for p in projections(attn))
+    qb, kb, vb = (p.bias.data.clone() if p.bias is not None else None for p in projections(attn)[:3])
+    ob = projections(attn)[3].bias
+    ob = ob.data.clone() if ob is not None else None
+    dim_qk, dim_vo = attn.qk_dim, attn.vo_dim
+
+    def rows(group_keep, dim, per_group):  # kept rows of a [groups * per_group * dim, ...] weight
+        return torch.cat([h * dim + group_keep[h // per_group] for h in range(len(group_keep) * per_group)])
+
+    qk_rows_k = rows(qk_keep, dim_qk, 1) if qk_keep else torch.arange(kv * dim_qk)
+    qk_rows_q = rows(qk_keep, dim_qk, per) if qk_keep else torch.arange(heads * dim_qk)
+    vo_rows_v = rows(vo_keep, dim_vo, 1) if vo_keep else torch.arange(kv * dim_vo)
+    vo_cols_o = rows(vo_keep, dim_vo, per) if vo_keep else torch.arange(heads * dim_vo)
+    attn.resize(len(qk_keep[0]) if qk_keep else dim_qk, len(vo_keep[0]) if vo_keep else dim_vo)
+    nq, nk, nv, no = projections(attn)
+    for lin, w, b, idx in ((nq, q, qb, qk_rows_q), (nk, k, kb, qk_rows_k), (nv, v, vb, vo_rows_v)):
+        lin.weight.data.copy_(w[idx])
+        if b is not None:
+            lin.bias.data.copy_(b[idx])
+    no.weight.data.copy_(o[:, vo_cols_o])
+    if ob is not None:
+        no.bias.data.copy_(ob)
