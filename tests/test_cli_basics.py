@@ -41,8 +41,9 @@ def test_methods_json_lists_builtins_with_stages(cli):
 def test_methods_stage_filter_and_show(cli):
     r = cli("--json", "methods", "--stage", "eval")
     assert {m["name"] for m in r.json()} == {"perplexity", "speed", "memory", "generate"}
-    shown = cli("--json", "methods", "show", "PPL").json()
+    (shown,) = cli("--json", "methods", "show", "PPL").json()
     assert shown["name"] == "perplexity"
+    assert [v["stages"] for v in cli("--json", "methods", "show", "clover").json()] == [["prune"], ["train"]]
     assert {p["name"] for p in shown["params"]} >= {"seq_len", "stride", "max_tokens"}
     bad = cli("methods", "--stage", "quantise")
     assert bad.code == 2 and "unknown stage" in bad.err

@@ -35,27 +35,31 @@ def methods(ctx: typer.Context,
                              [[d["name"], d["stages"], d["summary"], d["plugin"]] for d in data]))
 
 
-@methods_app.command("show", epilog=examples("llmx methods show rtn", "llmx --json methods show perplexity"))
+@methods_app.command("show", epilog=examples("llmx methods show rtn", "llmx methods show clover",
+                                              "llmx --json methods show perplexity"))
 def show(name: Annotated[str, typer.Argument(help="Method name or alias.")]) -> None:
-    """Show one method: stages, paper, requirements and every parameter with its default."""
+    """Show one method: stages, paper, requirements and every parameter with its default (per stage, when a
+    method serves several stages with different parameters)."""
     from llmx.core.plugins import host
 
-    d = host().methods.get(name).describe()
+    found = [s.describe() for s in host().methods.variants(name)]
 
     def render() -> None:
         out = stdout()
-        out.print(f"[bold]{d['name']}[/]  ({', '.join(d['stages'])})  plugin: {d['plugin']}")
-        out.print(d["summary"], highlight=False)
-        if d["paper"]:
-            out.print(f"paper: {d['paper']}", highlight=False)
-        if d["aliases"]:
-            out.print(f"aliases: {', '.join(d['aliases'])}")
-        if d["requires"]:
-            out.print(f"requires: {', '.join(d['requires'])}")
-        table("params", ["name", "type", "default", "help"],
-              [[p["name"], p["type"], "(required)" if p["required"] else repr(p["default"]), p["help"]] for p in d["params"]])
+        for d in found:
+            out.print(f"[bold]{d['name']}[/]  ({', '.join(d['stages'])})  plugin: {d['plugin']}")
+            out.print(d["summary"], highlight=False)
+            if d["paper"]:
+                out.print(f"paper: {d['paper']}", highlight=False)
+            if d["aliases"]:
+                out.print(f"aliases: {', '.join(d['aliases'])}")
+            if d["requires"]:
+                out.print(f"requires: {', '.join(d['requires'])}")
+            table(f"params ({', '.join(d['stages'])})", ["name", "type", "default", "help"],
+                  [[p["name"], p["type"], "(required)" if p["required"] else repr(p["default"]), p["help"]]
+                   for p in d["params"]])
 
-    emit(d, render)
+    emit(found, render)
 
 
 def plugins() -> None:

@@ -40,6 +40,11 @@ class MethodRegistry:
     def names(self, stage: Stage | None = None) -> list[str]:
         return sorted({s.name for s in self._specs if stage is None or stage in s.stages})
 
+    def variants(self, name: str) -> list[MethodSpec]:
+        """Every spec a name (or alias) resolves to, one per stage group (raises like :meth:`get` when unknown)."""
+        self.get(name)
+        return list(self._index[normalize(name)])
+
     def get(self, name: str, stage: Stage | str | None = None) -> MethodSpec:
         key = normalize(name)
         stage_ = Stage(stage) if stage else None
