@@ -38,9 +38,9 @@ def test_transform_alone_leaves_the_loss_unchanged(name, qk):
     with torch.no_grad():
         for _, attn in attention_layers(model):
             attn = convert(attn)
-            T.orthogonalize_vo(attn, attn.vo_dim)
+            T.orthogonalize(attn, "vo", attn.vo_dim)
             if qk:
-                T.orthogonalize_qk(attn, attn.qk_dim)
+                T.orthogonalize(attn, "qk", attn.qk_dim)
     assert mean_nll(model, x) == pytest.approx(base, abs=1e-4)
 
 

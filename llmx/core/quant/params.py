@@ -12,10 +12,29 @@ from llmx.core.spec import Params
 from llmx.errors import UsageError
 
 
-class WeightQuantParams(Params):
-    BITS: ClassVar[tuple[str, ...]] = ("w8a16", "w4a16", "w3a16", "w2a16", "w8a8")
+class BitsParams(Params):
+    """A ``bits`` field checked against the class's ``BITS``; the error names the valid values."""
+
+    BITS: ClassVar[tuple[str, ...]] = ()
 
     bits: str = Field("w4a16", description="w<N>a<M>: weight bits, activation bits (16 = not quantized).")
+
+    @field_validator("bits")
+    @classmethod
+    def _bits(cls, v: str) -> str:
+        try:
+            return str(parse_bits(v, cls.BITS))
+        except UsageError as exc:
+            raise ValueError(exc.message) from None
+
+    @property
+    def bitspec(self) -> BitSpec:
+        return parse_bits(self.bits, self.BITS)
+
+
+class WeightQuantParams(BitsParams):
+    BITS: ClassVar[tuple[str, ...]] = ("w8a16", "w4a16", "w3a16", "w2a16", "w8a8")
+
     group_size: int | None = Field(None, ge=-1, description="Input channels per scale; -1 per output channel, 0 per "
                                    "tensor. Default: 128 for weight-only, per channel for W8A8.")
     symmetric: bool = Field(True, description="Symmetric codes (no zero point).")
@@ -27,23 +46,11 @@ class WeightQuantParams(Params):
     calib_source: str | None = Field(None, description="Calibration text; defaults to the run's data.source (train split).")
     save: bool = Field(True, description="Save the packed model as a run artifact (reloadable with --model).")
 
-    @field_validator("bits")
-    @classmethod
-    def _bits(cls, v: str) -> str:
-        try:
-            return str(parse_bits(v, cls.BITS))
-        except UsageError as exc:
-            raise ValueError(exc.message) from None
-
     @model_validator(mode="after")
     def _w8a8(self) -> WeightQuantParams:
         if self.bitspec.act == 8 and (self.group_size not in (None, -1) or not self.symmetric):
             raise ValueError("W8A8 uses symmetric per-channel weights: leave group_size unset (or -1), symmetric true")
         return self
-
-    @property
-    def bitspec(self) -> BitSpec:
-        return parse_bits(self.bits, self.BITS)
 
     def format(self, in_features: int):
         """The ``IntFormat`` for a layer of this width (a group larger than the layer becomes per channel)."""

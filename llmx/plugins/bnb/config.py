@@ -4,10 +4,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from llmx.core.spec import Params
+from llmx.core.quant.params import BitsParams
 
 
-class BnbParams(Params):
+class BnbParams(BitsParams):
     BITS: ClassVar[tuple[str, ...]] = ("w4a16", "w8a8")
 
     bits: str = Field("w4a16", description="w4a16: NF4/FP4 weights; w8a8: LLM.int8 (int8 matmul, fp outliers).")
@@ -17,17 +17,6 @@ class BnbParams(Params):
     threshold: float = Field(6.0, ge=0, description="int8: activation outlier threshold kept in float.")
     skip: list[str] = Field(["lm_head"], description="Linear layers whose name contains any of these stay in float.")
     save: bool = Field(True, description="Save the model as a run artifact (reloadable with --model).")
-
-    @field_validator("bits")
-    @classmethod
-    def _bits(cls, v: str) -> str:
-        from llmx.core.quant.bits import parse_bits
-        from llmx.errors import UsageError
-
-        try:
-            return str(parse_bits(v, cls.BITS))
-        except UsageError as exc:
-            raise ValueError(exc.message) from None
 
     @field_validator("blocksize")
     @classmethod

@@ -48,10 +48,7 @@ def prune(ctx: RunContext, p: CloverPruneParams) -> dict:
             keep = p.layer_keep[i] if p.layer_keep is not None else max(1, round(dim * (1 - p.ratio)))
             if keep > dim:
                 raise UsageError(f"layer_keep[{i}] = {keep} exceeds the head dim {dim}")
-            if p.criterion == "clover":
-                scores = (T.orthogonalize_qk if target == "qk" else T.orthogonalize_vo)(attn, dim)
-            else:
-                scores = (T.vanilla_scores_qk if target == "qk" else T.vanilla_scores_vo)(attn, dim)
+            scores = (T.orthogonalize if p.criterion == "clover" else T.vanilla_scores)(attn, target, dim)
             keeps[target] = T.keep_indices(scores, keep)
             for s, idx in zip(scores, keeps[target], strict=True):
                 kept_energy += float(s[idx].sum())
@@ -95,10 +92,8 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
     if p.basis == "svd":
         with torch.no_grad():
             for attn in layers:
-                if "qk" in targets:
-                    T.orthogonalize_qk(attn, attn.qk_dim)
-                if "vo" in targets:
-                    T.orthogonalize_vo(attn, attn.vo_dim)
+                for target in targets:
+                    T.orthogonalize(attn, target, attn.qk_dim if target == "qk" else attn.vo_dim)
     for t in model.parameters():
         t.requires_grad_(False)
     cores = []

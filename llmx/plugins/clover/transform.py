@@ -40,64 +40,55 @@ def _set_with_bias(linear: torch.nn.Linear, rows: slice, value: torch.Tensor) ->
         linear.bias.data[rows] = value[:, -1].to(linear.bias.dtype)
 
 
-def orthogonalize_vo(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
-    """Rewrite V and O of every KV group in place; return each group's singular values."""
+def _group_blocks(attn: torch.nn.Module, target: str, dim: int, g: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """KV group ``g``'s pair as (per-head factors stacked ``[n * heads_in_group, dim]``, shared factor
+    ``[dim, in + 1]``): for ``qk`` the heads' ``Q~_h^T`` and the shared ``K~_g``; for ``vo`` the heads' ``O_h`` and
+    the shared ``V~_g``. The product of the two is what the attention computes with."""
     heads, kv = head_counts(attn)
     per = heads // kv
-    _, _, v, o = projections(attn)
+    q, k, v, o = projections(attn)
+    shared = _with_bias(k if target == "qk" else v, slice(g * dim, (g + 1) * dim))
+    if target == "qk":
+        blocks = [_with_bias(q, slice(h * dim, (h + 1) * dim)).T for h in range(g * per, (g + 1) * per)]
+    else:
+        blocks = [o.weight.data[:, h * dim:(h + 1) * dim].double() for h in range(g * per, (g + 1) * per)]
+    return torch.cat(blocks, dim=0), shared
+
+
+def _set_group(attn: torch.nn.Module, target: str, dim: int, g: int, stacked: torch.Tensor, shared: torch.Tensor) -> None:
+    heads, kv = head_counts(attn)
+    per = heads // kv
+    q, k, v, o = projections(attn)
+    _set_with_bias(k if target == "qk" else v, slice(g * dim, (g + 1) * dim), shared)
+    n = stacked.shape[0] // per
+    for i, h in enumerate(range(g * per, (g + 1) * per)):
+        block = stacked[i * n:(i + 1) * n]
+        if target == "qk":
+            _set_with_bias(q, slice(h * dim, (h + 1) * dim), block.T)
+        else:
+            o.weight.data[:, h * dim:(h + 1) * dim] = block.to(o.weight.dtype)
+
+
+def orthogonalize(attn: torch.nn.Module, target: str, dim: int) -> list[torch.Tensor]:
+    """Rewrite the ``qk`` (only valid without RoPE) or ``vo`` pair of every KV group in place; return each group's
+    singular values (descending)."""
     out = []
-    for g in range(kv):
-        vrows = slice(g * dim, (g + 1) * dim)
-        o_blocks = [o.weight.data[:, h * dim:(h + 1) * dim].double() for h in range(g * per, (g + 1) * per)]
-        left, right, s = orthogonalize_pair(torch.cat(o_blocks, dim=0), _with_bias(v, vrows))
-        _set_with_bias(v, vrows, right)
-        for i, h in enumerate(range(g * per, (g + 1) * per)):
-            o.weight.data[:, h * dim:(h + 1) * dim] = left[i * o.out_features:(i + 1) * o.out_features].to(o.weight.dtype)
+    for g in range(head_counts(attn)[1]):
+        stacked, shared = _group_blocks(attn, target, dim, g)
+        new_stacked, new_shared, s = orthogonalize_pair(stacked, shared)
+        _set_group(attn, target, dim, g, new_stacked, new_shared)
         out.append(s)
     return out
 
 
-def orthogonalize_qk(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
-    """Rewrite Q and K of every KV group in place (only valid without RoPE); return the singular values."""
-    heads, kv = head_counts(attn)
-    per = heads // kv
-    q, k, _, _ = projections(attn)
+def vanilla_scores(attn: torch.nn.Module, target: str, dim: int) -> list[torch.Tensor]:
+    """The baseline's importance of each original dim: the norm of its shared row times the norm of its
+    per-head vectors over the group (``||k_i|| ||q_i||`` or ``||v_i|| ||o_i||``), no SVD."""
     out = []
-    for g in range(kv):
-        krows = slice(g * dim, (g + 1) * dim)
-        q_blocks = [_with_bias(q, slice(h * dim, (h + 1) * dim)).T for h in range(g * per, (g + 1) * per)]
-        left, right, s = orthogonalize_pair(torch.cat(q_blocks, dim=0), _with_bias(k, krows))
-        _set_with_bias(k, krows, right)
-        n = q.in_features + 1
-        for i, h in enumerate(range(g * per, (g + 1) * per)):
-            _set_with_bias(q, slice(h * dim, (h + 1) * dim), left[i * n:(i + 1) * n].T)
-        out.append(s)
+    for g in range(head_counts(attn)[1]):
+        stacked, shared = _group_blocks(attn, target, dim, g)
+        out.append(shared.norm(dim=1) * stacked.norm(dim=0))
     return out
-
-
-def vanilla_scores_vo(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
-    """The baseline's importance of each original V-O dim: ``||v_i|| * ||o_i||`` (O columns stacked over the group)."""
-    heads, kv = head_counts(attn)
-    per = heads // kv
-    _, _, v, o = projections(attn)
-    scores = []
-    for g in range(kv):
-        vn = _with_bias(v, slice(g * dim, (g + 1) * dim)).norm(dim=1)
-        on = torch.cat([o.weight.data[:, h * dim:(h + 1) * dim] for h in range(g * per, (g + 1) * per)], 0).double().norm(dim=0)
-        scores.append(vn * on)
-    return scores
-
-
-def vanilla_scores_qk(attn: torch.nn.Module, dim: int) -> list[torch.Tensor]:
-    heads, kv = head_counts(attn)
-    per = heads // kv
-    q, k, _, _ = projections(attn)
-    scores = []
-    for g in range(kv):
-        kn = _with_bias(k, slice(g * dim, (g + 1) * dim)).norm(dim=1)
-        qn = torch.stack([_with_bias(q, slice(h * dim, (h + 1) * dim)).norm(dim=1) for h in range(g * per, (g + 1) * per)])
-        scores.append(kn * qn.norm(dim=0))
-    return scores
 
 
 def keep_indices(scores: list[torch.Tensor], keep: int) -> list[torch.Tensor]:
