@@ -1,0 +1,138 @@
+"""Preference-optimisation losses as plain functions of log-probabilities (no model inside).
+
+Inputs are summed response log-probs (``[B]``) or per-token log-probs with response masks (``[B, T]``); each loss
+returns per-example values, so the caller chooses the reduction. Conventions:
+
+* DPO (Rafailov et al., 2023): ``-log sigma(beta * ((pi_w - ref_w) - (pi_l - ref_l)))``.
+* SimPO (Meng et al., 2024): length-normalised policy log-probs, margin ``gamma``, no reference.
+* KTO (Ethayarajh et al., 2024), TRL's form: ``1 - sigma(beta (r - z_ref))`` for desirable and
+  ``1 - sigma(beta (z_ref - r))`` for undesirable examples, ``r = pi - ref`` and ``z_ref`` a detached KL estimate.
+* PIPA (Li et al., ICML 2025), derived by Bayes' rule from the paper's priors (no official code; see
+  ``shared`` notes): with ``f`` the policy, ``p0`` the reference and ``g = p(c=1|x)``,
+  PIPA-N: ``p(c=1|x,y) = sigma(log f - log p0 + logit g)``; paired, ``g`` cancels and the loss is DPO with ``beta``.
+  PIPA-M: ``q = f g / p0`` (clamped so ``log q <= clamp``); loss ``-(c log q + (1-c) log(1-q))``; paired, the
+  probability that the chosen one is the positive given exactly one is.
+* ConfPO (Yoon et al., ICML 2025): select the response tokens whose probability is below the arithmetic mean
+  probability of that response (``tau = log mean exp(l)``), a detached mask; SimPO (or DPO) on the selected tokens
+  only; an example with an empty selection contributes 0 but stays in the mean.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def token_logps(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """``log p(x_t | x_<t)`` for t >= 1, shape ``[B, T-1]`` (aligned with ``input_ids[:, 1:]``)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum(-1)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_sum(values, mask) / mask.sum(-1).clamp(min=1)
+
+
+def dpo_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
+             beta: float = 0.1) -> torch.Tensor:
+    return -F.logsigmoid(beta * ((pi_w - ref_w) - (pi_l - ref_l)))
+
+
+def simpo_loss(avg_w: torch.Tensor, avg_l: torch.Tensor, beta: float = 2.0, gamma: float = 0.5,
+               label_smoothing: float = 0.0) -> torch.Tensor:
+    """On length-normalised log-probs; ``gamma`` is the target margin (``h = (r_w - r_l) - gamma / beta``)."""
+    h = beta * (avg_w - avg_l) - gamma
+    return -(1 - label_smoothing) * F.logsigmoid(h) - label_smoothing * F.logsigmoid(-h)
+
+
+def kto_loss(pi: torch.Tensor, ref: torch.Tensor, desirable: torch.Tensor, z_ref: torch.Tensor, beta: float = 0.1,
+             desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> torch.Tensor:
+    r = pi - ref
+    z = z_ref.detach()
+    good = desirable_weight * (1 - torch.sigmoid(beta * (r - z)))
+    bad = undesirable_weight * (1 - torch.sigmoid(beta * (z - r)))
+    return torch.where(desirable.bool(), good, bad)
+
+
+def kto_kl_estimate(pi_mismatched: torch.Tensor, ref_mismatched: torch.Tensor) -> torch.Tensor:
+    """KTO's reference point: the batch mean of ``pi - ref`` on mismatched (prompt, completion) pairs, clamped at 0."""
+    return (pi_mismatched - ref_mismatched).mean().clamp(min=0).detach()
+
+
+def pipa_n_loss(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """PIPA-N, unpaired (or per step): BCE of ``c`` against ``sigma((log f - log p0) + logit g)``."""
+    return F.binary_cross_entropy_with_logits((pi - ref) + g_logit, label.float(), reduction="none")
+
+
+def pipa_n_paired_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
+                       beta: float = 1.0) -> torch.Tensor:
+    """PIPA-N conditioned on exactly one positive: ``g`` cancels, leaving DPO (``beta = 1`` is the derivation;
+    other values temper it)."""
+    return -F.logsigmoid(beta * ((pi_w - ref_w) - (pi_l - ref_l)))
+
+
+def pipa_m_log_q(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, clamp: float = -1e-6) -> torch.Tensor:
+    """``log q = log f + log g - log p0``, clamped to stay a probability (how the paper keeps ``q <= 1`` is unknown)."""
+    return (pi + F.logsigmoid(g_logit) - ref).clamp(max=clamp)
+
+
+def _log1m_exp(log_q: torch.Tensor) -> torch.Tensor:
+    """``log(1 - exp(log_q))`` for ``log_q < 0``, stable on both ends."""
+    return torch.where(log_q > -0.693, torch.log(-torch.expm1(log_q)), torch.log1p(-torch.exp(log_q)))
+
+
+def pipa_m_loss(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, label: torch.Tensor,
+                clamp: float = -1e-6) -> torch.Tensor:
+    """PIPA-M, unpaired (or per step): ``-(c log q + (1 - c) log(1 - q))`` with ``q = f g / p0``."""
+    log_q = pipa_m_log_q(pi.float(), ref.float(), g_logit.float(), clamp)
+    c = label.float()
+    return -(c * log_q + (1 - c) * _log1m_exp(log_q))
+
+
+def pipa_m_paired_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
+                       g_logit: torch.Tensor, clamp: float = -1e-6) -> torch.Tensor:
+    """PIPA-M conditioned on exactly one positive: ``-log[q_w (1-q_l) / (q_w (1-q_l) + (1-q_w) q_l)]``
+    (derived; ``g`` does not cancel)."""
+    lw = pipa_m_log_q(pi_w.float(), ref_w.float(), g_logit.float(), clamp)
+    ll = pipa_m_log_q(pi_l.float(), ref_l.float(), g_logit.float(), clamp)
+    a = lw + _log1m_exp(ll)
+    b = _log1m_exp(lw) + ll
+    return -(a - torch.logaddexp(a, b))
+
+
+def confpo_mask(logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Detached selection of preference-critical tokens: probability below the response's arithmetic mean
+    probability, ``tau = log((1/|R|) sum exp(l_i))``."""
+    with torch.no_grad():
+        m = mask.bool()
+        lp = logps.detach().float().masked_fill(~m, float("-inf"))
+        tau = torch.logsumexp(lp, dim=-1, keepdim=True) - torch.log(m.sum(-1, keepdim=True).clamp(min=1).float())
+        return (lp < tau) & m
+
+
+def confpo_simpo_loss(logps_w: torch.Tensor, mask_w: torch.Tensor, logps_l: torch.Tensor, mask_l: torch.Tensor,
+                      beta: float = 1.5, gamma: float = 1.6, label_smoothing: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """SimPO on the selected tokens' mean log-prob; returns per-example losses and the selection counts."""
+    sel_w, sel_l = confpo_mask(logps_w, mask_w), confpo_mask(logps_l, mask_l)
+    n_w, n_l = sel_w.sum(-1), sel_l.sum(-1)
+    r_w = masked_sum(logps_w, sel_w) / n_w.clamp(min=1)
+    r_l = masked_sum(logps_l, sel_l) / n_l.clamp(min=1)
+    loss = simpo_loss(r_w, r_l, beta, gamma, label_smoothing) * ((n_w > 0) & (n_l > 0))
+    return loss, {"selected_w": n_w, "selected_l": n_l}
+
+
+def confpo_dpo_loss(logps_w: torch.Tensor, ref_w: torch.Tensor, mask_w: torch.Tensor, logps_l: torch.Tensor,
+                    ref_l: torch.Tensor, mask_l: torch.Tensor, beta: float = 0.1,
+                    reduction: str = "sum") -> tuple[torch.Tensor, dict]:
+    """DPO on the policy-reference log-ratio of the selected tokens (selection from the policy only; derived, not in
+    the public code)."""
+    sel_w, sel_l = confpo_mask(logps_w, mask_w), confpo_mask(logps_l, mask_l)
+    reduce = masked_sum if reduction == "sum" else masked_mean
+    rw, rl = reduce(logps_w - ref_w, sel_w), reduce(logps_l - ref_l, sel_l)
+    n_w, n_l = sel_w.sum(-1), sel_l.sum(-1)
+    loss = -F.logsigmoid(beta * (rw - rl)) * ((n_w > 0) & (n_l > 0))
+    return loss, {"selected_w": n_w, "selected_l": n_l}

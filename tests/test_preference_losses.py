@@ -1,0 +1,115 @@
+"""Preference losses: exact reductions (PIPA-N on pairs = DPO), ConfPO's selection rule, and PIPA's priors
+recovering the truth in the world that matches them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmx.core import preference as P
+
+
+def test_pipa_n_on_pairs_equals_dpo_in_loss_and_gradients():
+    torch.manual_seed(0)
+    for beta in (1.0, 0.1):
+        leaves = [torch.randn(16, requires_grad=True) for _ in range(4)]
+        pipa = P.pipa_n_paired_loss(*leaves, beta=beta).mean()
+        grads_pipa = torch.autograd.grad(pipa, leaves)
+        dpo = P.dpo_loss(*leaves, beta=beta).mean()
+        grads_dpo = torch.autograd.grad(dpo, leaves)
+        assert torch.allclose(pipa, dpo, atol=0, rtol=0)
+        assert all(torch.equal(a, b) for a, b in zip(grads_pipa, grads_dpo, strict=True))
+
+
+def test_pipa_n_pairs_follow_from_the_unpaired_model():
+    """Conditioning two unpaired PIPA-N probabilities on 'exactly one is positive' gives the paired loss; g cancels."""
+    torch.manual_seed(1)
+    pw, pl, rw, rl, g = (torch.randn(8) for _ in range(5))
+    sw, sl = torch.sigmoid(pw - rw + g), torch.sigmoid(pl - rl + g)
+    conditioned = sw * (1 - sl) / (sw * (1 - sl) + (1 - sw) * sl)
+    assert torch.allclose(-torch.log(conditioned), P.pipa_n_paired_loss(pw, pl, rw, rl, beta=1.0), atol=1e-6)
+
+
+def test_pipa_m_probabilities_are_feasible_and_pairs_are_complementary():
+    torch.manual_seed(2)
+    pw, pl, rw, rl, g = (torch.randn(32) for _ in range(5))
+    assert torch.all(P.pipa_m_log_q(pw + 5, rw, g) <= -1e-6)  # a ratio above 1/g is clamped into [0, 1)
+    forward = torch.exp(-P.pipa_m_paired_loss(pw, pl, rw, rl, g))
+    backward = torch.exp(-P.pipa_m_paired_loss(pl, pw, rl, rw, g))
+    assert torch.allclose(forward + backward, torch.ones(32), atol=1e-5)
+    log_q = P.pipa_m_log_q(pw, rw, g).double()
+    c = (torch.rand(32) > 0.5).double()
+    expected = -(c * log_q + (1 - c) * torch.log(1 - log_q.exp()))  # float64 reference
+    assert torch.allclose(P.pipa_m_loss(pw, rw, g, c).double(), expected, rtol=1e-3, atol=1e-5)
+
+
+def test_kto_matches_its_definition():
+    pi, ref = torch.tensor([0.5, -1.0]), torch.tensor([0.0, 0.0])
+    loss = P.kto_loss(pi, ref, torch.tensor([1, 0]), torch.tensor(0.2), beta=2.0)
+    assert torch.allclose(loss, torch.tensor([1 - 1 / (1 + math.exp(-0.6)), 1 - 1 / (1 + math.exp(-2.4))]))
+
+
+def test_confpo_threshold_is_the_log_of_the_arithmetic_mean_probability():
+    logps = torch.log(torch.tensor([[0.9, 0.5, 0.1, 0.6, 0.3]]))
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    # mean probability of the 4 response tokens = 0.525: tokens with p < 0.525 are selected (not the geometric mean)
+    assert P.confpo_mask(logps, mask).tolist() == [[False, True, True, False, False]]
+    geometric = logps[0, :4].mean().exp()  # 0.41: would select only 0.1
+    assert geometric < 0.5
+
+
+def test_confpo_selection_carries_no_gradient_and_empty_selections_count_as_zero():
+    logps_w = torch.log(torch.tensor([[0.9, 0.2, 0.8], [0.5, 0.5, 0.5]])).requires_grad_()
+    logps_l = torch.log(torch.tensor([[0.3, 0.7, 0.1], [0.4, 0.9, 0.2]])).requires_grad_()
+    mask = torch.ones(2, 3)
+    assert not P.confpo_mask(logps_w, mask).requires_grad
+    loss, stats = P.confpo_simpo_loss(logps_w, mask, logps_l, mask, beta=1.5, gamma=1.6)
+    assert stats["selected_w"].tolist() == [1, 0]  # equal probabilities: nothing below the mean
+    assert loss[1] == 0 and loss[0] > 0
+    loss.mean().backward()
+    assert logps_w.grad[0].tolist()[0] == 0 and logps_w.grad[0, 1] != 0  # only the selected token gets gradient
+    assert torch.all(logps_w.grad[1] == 0)
+    # rejected: mean probability 0.367, so 0.3 and 0.1 are selected
+    expected = P.simpo_loss(logps_w[0, 1], logps_l[0, [0, 2]].mean(), 1.5, 1.6) / 2
+    assert torch.isclose(loss.mean(), expected)  # the zeroed example stays in the denominator
+
+
+def _fit(loss_fn, data: torch.Tensor, p0: torch.Tensor, steps: int = 800) -> torch.Tensor:
+    """Minimise the exact expected loss under ``data[x, y, c]`` (no sampling); return f = p(y | x, c=1).
+    g starts small (logit -3) so PIPA-M's q = f g / p0 starts feasible, below its clamp."""
+    theta = torch.zeros_like(p0, requires_grad=True)
+    phi = torch.full((p0.shape[0],), -3.0, requires_grad=True)
+    opt = torch.optim.Adam([theta, phi], lr=0.05)
+    log_p0 = p0.log()
+    for _ in range(steps):
+        log_f = torch.log_softmax(theta, -1)
+        g = phi[:, None].expand_as(log_f)
+        loss = sum((data[..., c] * loss_fn(log_f, log_p0, g, torch.full_like(log_f, c))).sum() for c in (0, 1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.softmax(theta.detach(), -1)
+
+
+def test_each_pipa_variant_recovers_the_truth_in_the_world_of_its_prior():
+    torch.manual_seed(0)
+    X, K = 3, 6
+    p0 = torch.softmax(torch.randn(X, K), -1)
+    p_pos = torch.softmax(torch.randn(X, K) * 1.5, -1)
+    g = 0.9 * (p0 / p_pos).min(-1).values  # PIPA-M world: q = p_pos g / p0 <= 0.9
+    q = p_pos * g[:, None] / p0
+    m_world = torch.stack([p0 * (1 - q), p0 * q], -1) / X  # y ~ p0, c ~ Bern(q): marginal of y is p0
+    g_n = torch.full((X, 1), 0.4)
+    n_world = torch.stack([(1 - g_n) * p0, g_n * p_pos], -1) / X  # c ~ Bern(g), y | c=0 ~ p0, y | c=1 ~ p_pos
+
+    def kl(f):
+        return float((p_pos * (p_pos / f).log()).sum(-1).mean())
+
+    variants = {"m": P.pipa_m_loss, "n": P.pipa_n_loss}
+    result = {(world, v): kl(_fit(fn, data, p0)) for world, data in (("m", m_world), ("n", n_world))
+              for v, fn in variants.items()}
+    assert result[("m", "m")] < 0.02 and result[("n", "n")] < 0.02
+    assert result[("m", "n")] > 0.1 and result[("n", "m")] > 0.1
