@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
-import torch.nn.functional as F
 
 from llmx.core import preference as P
 
