@@ -12,14 +12,15 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def run_pipeline(model: str, stages: list[dict[str, Any]], **run: Any) -> list[dict[str, Any]]:
-    """Resolve and execute a pipeline (run folders go to a temporary directory); return each stage's metrics."""
+def run_pipeline(model: str, stages: list[dict[str, Any]], output_dir: str | None = None, **run: Any) -> list[dict]:
+    """Resolve and execute a pipeline (run folders go to ``output_dir``, default a temporary directory removed
+    afterwards); return each stage's metrics."""
     from llmx.core.config import resolve
     from llmx.core.pipeline import execute
     from llmx.core.plugins import host
 
-    with tempfile.TemporaryDirectory() as out:
-        raw = {"model": model, "output_dir": out, "pipeline": stages, **run}
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = {"model": model, "output_dir": output_dir or tmp, "pipeline": stages, **run}
         result = execute(resolve(raw, host().methods), show_progress=False)
         return [s["metrics"] for s in result.stages]
 

@@ -18,7 +18,8 @@ STAGE_HELP = {
                      "llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity"),
     Stage.PRUNE: ("Prune a model (heads, channels, weights).", "llmx prune --method clover --model ref:llama --set ratio=0.5"),
     Stage.TRAIN: ("Fine-tune a model.", "llmx train --method clover --model ref:llama"),
-    Stage.ALIGN: ("Align a model on preference data.", "llmx align --method pipa --model ref:llama --set data=prefs.jsonl"),
+    Stage.ALIGN: ("Align a model on preference data (--data is the .jsonl of preference rows).",
+                  "llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m"),
     Stage.DECODE: ("Generate with a decoding or KV-cache method.", "llmx decode --method lexico --model ref:llama"),
     Stage.EVAL: ("Evaluate a model.", "llmx eval --method perplexity --model tiny:llama --data stdlib"),
     Stage.ANALYZE: ("Analyze a model without changing it.", "llmx analyze --method params --model tiny:llama"),
@@ -73,9 +74,12 @@ def _stage_command(stage: Stage):
 
         if bits is not None and stage is not Stage.QUANTIZE:
             raise UsageError("--bits applies to quantize only; use --set for this stage's params")
-        raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, dtype=dtype, data=data,
-                          name=name or stage.value, output_dir=output_dir)
+        prefs = stage is Stage.ALIGN  # for align, --data is the preference file (a param of the method)
+        raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, dtype=dtype,
+                          data=None if prefs else data, name=name or stage.value, output_dir=output_dir)
         params = {"bits": bits} if bits is not None else {}
+        if prefs and data is not None:
+            params["data"] = data
         raw = stage_pipeline(raw, stage, method, params, evals if stage is not Stage.EVAL else None)
         source = ", ".join(str(c) for c in configs) if configs else None
         execute(resolve_cli(raw, sets, 0, source=source))

@@ -6,5 +6,9 @@ BUILTIN = (
     "llmx.plugins.gptq.plugin",
     "llmx.plugins.bnb.plugin",
     "llmx.plugins.clover.plugin",
+    "llmx.plugins.align_baselines.plugin",
+    "llmx.plugins.pipa.plugin",
+    "llmx.plugins.confpo.plugin",
+    "llmx.plugins.brackets.plugin",
     "llmx.plugins.evals.plugin",
 )

@@ -29,11 +29,11 @@ def pretrain(model: torch.nn.Module, train_ids: torch.Tensor, val_ids: torch.Ten
     gen = torch.Generator().manual_seed(seed)
     held_out = val_windows(val_ids, p)
 
-    def batch(step: int, micro: int) -> dict:
+    def loss(step: int, micro: int) -> torch.Tensor:  # a stateful sampler: zoo builds never resume
         starts = torch.randint(0, len(train_ids) - p.seq_len - 1, (p.batch,), generator=gen)
         x = torch.stack([train_ids[s:s + p.seq_len] for s in starts])
-        return {"input_ids": x, "labels": x}
+        return model(input_ids=x, labels=x).loss
 
     config = TrainConfig(steps=steps or p.max_steps, lr=p.lr, warmup=p.warmup, weight_decay=0.1,
                          eval_every=p.eval_every, patience=p.patience)
-    return train(model, model.parameters(), batch, config, evaluate=lambda: mean_nll(model, held_out), progress=progress)
+    return train(model, model.parameters(), loss, config, evaluate=lambda: mean_nll(model, held_out), progress=progress)

@@ -112,11 +112,11 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
     seen = train_windows[: p.eval_windows]  # windows the first steps train on: the objective itself
     before, train_before = mean_nll(model.eval(), held_out), mean_nll(model, seen)
 
-    def batch(step: int, micro: int) -> dict:
+    def loss(step: int, micro: int) -> torch.Tensor:
         x = train_windows[step * p.batch_size:(step + 1) * p.batch_size]
-        return {"input_ids": x, "labels": x}
+        return model(input_ids=x, labels=x).loss
 
-    result = train(model, trainable, batch, TrainConfig(steps=p.steps, lr=p.lr, warmup=p.warmup, schedule="linear",
+    result = train(model, trainable, loss, TrainConfig(steps=p.steps, lr=p.lr, warmup=p.warmup, schedule="linear",
                                                         min_lr_ratio=0.0), progress=ctx.progress,
                    metrics_file=ctx.artifact("metrics.jsonl"))
     after, train_after = mean_nll(model, held_out), mean_nll(model, seen)

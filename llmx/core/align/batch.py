@@ -1,0 +1,85 @@
+"""Tokenised preference batches and the log-probabilities every align loss is computed from.
+
+Sequences are ``prompt + response`` (prompt truncated from the left to fit ``max_len``); the response mask covers
+response tokens only (prompt and padding excluded), aligned with ``token_logps`` (position t predicts token t+1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from llmx.core.align.data import Example
+from llmx.core.preference import token_logps
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    start: int  # index of the first response token
+    step_bounds: list[tuple[int, int]] = field(default_factory=list)  # [start, end) token spans of the steps
+
+
+def encode(tok, prompt: str, response: str | list[str], max_len: int) -> Encoded:
+    p = tok(prompt, add_special_tokens=False)["input_ids"]
+    steps = response if isinstance(response, list) else [response]
+    r, bounds = [], []
+    for s in steps:
+        piece = tok(s, add_special_tokens=False)["input_ids"]
+        bounds.append((len(r), len(r) + len(piece)))
+        r += piece
+    r = (r + [tok.eos_token_id])[:max_len - 1]
+    p = p[-(max_len - len(r)):] if len(p) + len(r) > max_len else p
+    p = p or [tok.bos_token_id]
+    offset = len(p)
+    spans = [(offset + a, offset + min(b, len(r))) for a, b in bounds if a < len(r)]
+    return Encoded(p + r, offset, spans)
+
+
+@dataclass
+class Tensors:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor  # [B, T-1], over token_logps positions
+    prompt_end: torch.Tensor  # [B] index of the last prompt token (where g reads the hidden state)
+
+
+def collate(items: list[Encoded], pad_id: int) -> Tensors:
+    width = max(len(e.ids) for e in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    resp = torch.zeros(len(items), width - 1)
+    for i, e in enumerate(items):
+        ids[i, :len(e.ids)] = torch.tensor(e.ids)
+        attn[i, :len(e.ids)] = 1
+        resp[i, e.start - 1:len(e.ids) - 1] = 1
+    return Tensors(ids, attn, resp, torch.tensor([e.start - 1 for e in items]))
+
+
+def step_matrix(items: list[Encoded], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, S, T-1]`` token-to-step membership over token_logps positions, and the ``[B, S]`` step mask."""
+    n = max(len(e.step_bounds) for e in items)
+    member = torch.zeros(len(items), n, width - 1)
+    mask = torch.zeros(len(items), n)
+    for i, e in enumerate(items):
+        for k, (a, b) in enumerate(e.step_bounds):
+            member[i, k, a - 1:b - 1] = 1
+            mask[i, k] = 1
+    return member, mask
+
+
+def forward(model, t: Tensors, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs ``[B, T-1]`` (zero outside the response mask is the caller's job) and, when asked, the
+    last layer's hidden states ``[B, T, H]``."""
+    out = model(input_ids=t.input_ids, attention_mask=t.attention_mask, output_hidden_states=hidden)
+    return token_logps(out.logits, t.input_ids), (out.hidden_states[-1] if hidden else None)
+
+
+def examples_for(kind: str, ex: Example) -> list[tuple[str, str | list[str]]]:
+    """The (prompt, response) sequences an example contributes, in a fixed order."""
+    if kind == "paired":
+        return [(ex.prompt, ex.chosen), (ex.prompt, ex.rejected)]
+    if kind == "unpaired":
+        return [(ex.prompt, ex.completion)]
+    return [(ex.prompt, ex.steps)]

@@ -1,0 +1,203 @@
+"""One align stage: load and check the data, train the policy (and PIPA's ``g`` head) on an objective with the shared
+loop, then measure held-out preference accuracy and drift from the reference."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+import torch
+from pydantic import Field
+
+from llmx.core.align import batch as B
+from llmx.core.align import data as D
+from llmx.core.context import RunContext
+from llmx.core.preference import masked_mean, masked_sum
+from llmx.core.spec import Params
+from llmx.errors import UsageError
+
+
+class AlignParams(Params):
+    data: str = Field(description="Training preference data (.jsonl): paired, unpaired or step-level rows.")
+    eval_data: str | None = Field(None, description="Held-out rows of the same kind; default: 10% of data, by row hash.")
+    beta: float = Field(0.1, gt=0)
+    steps: int = Field(100, gt=0)
+    lr: float = Field(1e-4, gt=0)
+    warmup: int = Field(10, ge=0)
+    batch_size: int = Field(8, gt=0, description="Examples per micro-batch.")
+    grad_accum: int = Field(1, gt=0)
+    max_len: int = Field(128, gt=8, description="Tokens per prompt + response (the prompt is cut from the left).")
+    checkpoint_every: int | None = Field(None, gt=0, description="Save a resumable checkpoint every N steps.")
+    resume: str | None = Field(None, description="A checkpoint file or folder (its 'latest') to resume from.")
+    save: bool = Field(True, description="Save the aligned model as a run artifact.")
+
+
+@dataclass
+class LogpBatch:
+    """Per-token log-probs of a batch. Paired batches hold the chosen rows, then the rejected rows."""
+
+    kind: str
+    pi: torch.Tensor
+    ref: torch.Tensor | None
+    mask: torch.Tensor
+    g: torch.Tensor | None = None  # [B] at the prompt's end, or [B, S] at each step's start
+    labels: torch.Tensor | None = None  # [B] (unpaired) or [B, S] (step)
+    member: torch.Tensor | None = None  # [B, S, T-1] (step)
+    step_mask: torch.Tensor | None = None
+
+    def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0] // 2
+        return x[:n], x[n:]
+
+    def sums(self, x: torch.Tensor) -> torch.Tensor:
+        return masked_sum(x, self.mask)
+
+    def means(self, x: torch.Tensor) -> torch.Tensor:
+        return masked_mean(x, self.mask)
+
+    def step_sums(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bst,bt->bs", self.member, x * self.mask)
+
+
+class Objective(Protocol):
+    kinds: ClassVar[tuple[str, ...]]
+    needs_reference: ClassVar[bool]
+    g: ClassVar[Literal["answer", "step"] | None]
+
+    def loss(self, b: LogpBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+
+def split_rows(rows: list, fraction: float = 0.1) -> tuple[list, list]:
+    def held(i: int) -> bool:
+        return int(hashlib.sha256(str(i).encode()).hexdigest()[:8], 16) % 1000 < fraction * 1000
+
+    return [r for i, r in enumerate(rows) if not held(i)], [r for i, r in enumerate(rows) if held(i)]
+
+
+class Batcher:
+    """Encodes rows once; ``batch(indices)`` returns the tensors a forward needs."""
+
+    def __init__(self, tok, kind: str, rows: list[D.Example], max_len: int):
+        self.tok, self.kind, self.rows = tok, kind, rows
+        self.encoded = [[B.encode(tok, p, r, max_len) for p, r in B.examples_for(kind, ex)] for ex in rows]
+
+    def tensors(self, idx: list[int]) -> tuple[B.Tensors, list[B.Encoded]]:
+        if self.kind == "paired":
+            items = [self.encoded[i][0] for i in idx] + [self.encoded[i][1] for i in idx]
+        else:
+            items = [self.encoded[i][0] for i in idx]
+        return B.collate(items, self.tok.pad_token_id), items
+
+
+def logps(policy, reference, g_head, batcher: Batcher, idx: list[int], objective: Objective) -> LogpBatch:
+    t, items = batcher.tensors(idx)
+    pi, hidden = B.forward(policy, t, hidden=objective.g is not None)
+    ref = None
+    if objective.needs_reference:
+        with torch.no_grad():
+            ref, _ = B.forward(reference, t)
+    b = LogpBatch(batcher.kind, pi, ref, t.response_mask)
+    rows = [batcher.rows[i] for i in idx]
+    if batcher.kind == "unpaired":
+        b.labels = torch.tensor([float(r.label) for r in rows])
+    if batcher.kind == "step":
+        b.member, b.step_mask = B.step_matrix(items, t.input_ids.shape[1])
+        b.labels = torch.zeros_like(b.step_mask)
+        for i, r in enumerate(rows):
+            b.labels[i, :len(r.step_labels)] = torch.tensor([float(v) for v in r.step_labels[:b.step_mask.shape[1]]])
+    if objective.g == "answer":
+        n = len(idx)
+        at = hidden[torch.arange(n), t.prompt_end[:n]]
+        b.g = g_head(at.float()).squeeze(-1)
+    elif objective.g == "step":
+        starts = torch.zeros(len(idx), b.member.shape[1], dtype=torch.long)
+        for i, e in enumerate(items):
+            for k, (a, _) in enumerate(e.step_bounds):
+                starts[i, k] = a - 1
+        at = hidden[torch.arange(len(idx))[:, None], starts]
+        b.g = g_head(at.float()).squeeze(-1)
+    return b
+
+
+def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dict[str, Any]:
+    from llmx.core.training import TrainConfig, train
+
+    kind, rows = D.load(p.data)
+    if kind not in objective.kinds:
+        raise UsageError(f"{name} trains on {' or '.join(objective.kinds)} data; {p.data} holds {kind} rows")
+    if p.eval_data:
+        eval_kind, held = D.load(p.eval_data)
+        if eval_kind != kind:
+            raise UsageError(f"{p.eval_data} holds {eval_kind} rows; {p.data} holds {kind} rows")
+        train_rows = rows
+    else:
+        train_rows, held = split_rows(rows)
+    policy, tok = ctx.model, ctx.tokenizer
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the loss's p0 (when needed) and the drift baseline
+    g_head = torch.nn.Linear(policy.config.hidden_size, 1) if objective.g else None
+    train_b, held_b = Batcher(tok, kind, train_rows, p.max_len), Batcher(tok, kind, held or train_rows[:1], p.max_len)
+    order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(ctx.config.seed)).tolist()
+
+    def indices(step: int, micro: int) -> list[int]:  # a pure function of (step, micro): exact resume
+        start = (step * p.grad_accum + micro) * p.batch_size
+        return [order[(start + i) % len(order)] for i in range(p.batch_size)]
+
+    def loss(step: int, micro: int):
+        value, stats = objective.loss(logps(policy, reference, g_head, train_b, indices(step, micro), objective))
+        return value.mean(), {k: v.float().mean() for k, v in stats.items()}
+
+    params = dict(policy.named_parameters())
+    if g_head is not None:
+        params.update({f"g_head.{k}": v for k, v in g_head.named_parameters()})
+    config = TrainConfig(steps=p.steps, lr=p.lr, warmup=p.warmup, grad_accum=p.grad_accum, schedule="cosine",
+                         weight_decay=0.0, checkpoint_every=p.checkpoint_every)
+    result = train(policy, params, loss, config, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
+                   checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(p.resume) if p.resume else None)
+    out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held), "steps": result.steps,
+           "final_loss": result.last_loss, **evaluate(policy, reference, held_b, p.batch_size)}
+    if p.save:
+        from llmx.core import models
+
+        out["model_dir"] = str(models.save(policy, tok, ctx.artifact("model"),
+                                           {"source": ctx.config.model, "method": name, "params": p.model_dump()}))
+        if g_head is not None:
+            from safetensors.torch import save_file
+
+            save_file(g_head.state_dict(), str(ctx.artifact("g_head.safetensors")))
+    return out
+
+
+@torch.no_grad()
+def evaluate(policy, reference, held: Batcher, batch_size: int) -> dict[str, float]:
+    """Held-out figures: how often the policy moved toward the preferred response relative to the reference
+    (paired: the implicit reward margin is positive; unpaired / step: its sign matches the label), and the mean
+    per-token log-ratio to the reference on the held-out responses (a drift measure)."""
+    policy.eval()
+    right = total = 0
+    drift, tokens = 0.0, 0.0
+
+    class _Plain:
+        kinds, needs_reference, g = ("paired", "unpaired", "step"), True, None
+
+    for s in range(0, len(held.rows), batch_size):
+        idx = list(range(s, min(s + batch_size, len(held.rows))))
+        b = logps(policy, reference, None, held, idx, _Plain())
+        ratio = b.pi - b.ref
+        drift += float((ratio * b.mask).sum())
+        tokens += float(b.mask.sum())
+        r = b.sums(ratio)
+        if b.kind == "paired":
+            w, lose = b.halves(r)
+            right += int((w > lose).sum())
+            total += len(w)
+        elif b.kind == "unpaired":
+            right += int(((r > 0).float() == b.labels).sum())
+            total += len(r)
+        else:
+            steps = b.step_sums(ratio)
+            right += int((((steps > 0).float() == b.labels) * b.step_mask).sum())
+            total += int(b.step_mask.sum())
+    return {"heldout_pref_accuracy": right / max(total, 1), "heldout_logratio_per_token": drift / max(tokens, 1)}

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from pydantic import Field
+
+from llmx.core.align.run import AlignParams
+
+
+class DPOParams(AlignParams):
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative DPO smoothing (0 = plain DPO).")
+
+
+class SimPOParams(AlignParams):
+    beta: float = Field(2.0, gt=0)
+    gamma: float = Field(0.5, ge=0, description="Target reward margin.")
+
+
+class KTOParams(AlignParams):
+    desirable_weight: float = Field(1.0, gt=0)
+    undesirable_weight: float = Field(1.0, gt=0)

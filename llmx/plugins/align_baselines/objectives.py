@@ -1,0 +1,62 @@
+"""DPO, SimPO and KTO objectives over a LogpBatch (the math is in ``llmx.core.preference``)."""
+
+from __future__ import annotations
+
+import torch
+
+from llmx.core import preference as P
+from llmx.core.align.run import LogpBatch, run
+from llmx.plugins.align_baselines.config import DPOParams, KTOParams, SimPOParams
+
+
+class DPO:
+    kinds, needs_reference, g = ("paired",), True, None
+
+    def __init__(self, p: DPOParams):
+        self.p = p
+
+    def loss(self, b: LogpBatch):
+        (pw, pl), (rw, rl) = b.halves(b.sums(b.pi)), b.halves(b.sums(b.ref))
+        margin = self.p.beta * ((pw - rw) - (pl - rl))
+        loss = -(1 - self.p.label_smoothing) * torch.nn.functional.logsigmoid(margin) \
+            - self.p.label_smoothing * torch.nn.functional.logsigmoid(-margin)
+        return loss, {"reward_margin": margin / self.p.beta}
+
+
+class SimPO:
+    kinds, needs_reference, g = ("paired",), False, None
+
+    def __init__(self, p: SimPOParams):
+        self.p = p
+
+    def loss(self, b: LogpBatch):
+        w, lose = b.halves(b.means(b.pi))
+        return P.simpo_loss(w, lose, self.p.beta, self.p.gamma), {"avg_logp_margin": w - lose}
+
+
+class KTO:
+    """TRL-style KTO; the reference point is the detached batch mean of ``pi - ref`` on the batch itself (KTO's
+    paper estimates it on mismatched prompt/completion pairs, which costs a second forward)."""
+
+    kinds, needs_reference, g = ("unpaired",), True, None
+
+    def __init__(self, p: KTOParams):
+        self.p = p
+
+    def loss(self, b: LogpBatch):
+        pi, ref = b.sums(b.pi), b.sums(b.ref)
+        z = P.kto_kl_estimate(pi, ref)
+        loss = P.kto_loss(pi, ref, b.labels, z, self.p.beta, self.p.desirable_weight, self.p.undesirable_weight)
+        return loss, {"kl_estimate": z.expand_as(pi)}
+
+
+def dpo(ctx, p: DPOParams) -> dict:
+    return run(ctx, p, DPO(p), "dpo")
+
+
+def simpo(ctx, p: SimPOParams) -> dict:
+    return run(ctx, p, SimPO(p), "simpo")
+
+
+def kto(ctx, p: KTOParams) -> dict:
+    return run(ctx, p, KTO(p), "kto")

@@ -1,0 +1,45 @@
+"""PIPA (Li, Wang, Liu; ICML 2025): preference alignment as MLE of p(y | x, c=1) under a prior tied to the reference.
+
+Data: paired, unpaired (answer level) or step-level. ``g = p(c=1 | x)`` is a linear head on the last prompt token's
+hidden state (answer level) or on the hidden state before each step (step level), trained with the policy. The loss
+forms are derived by Bayes' rule from the paper's priors (there is no official code): see ``llmx.core.preference``.
+Step level sums the policy / reference log-ratio over each step's tokens and applies the unpaired loss per annotated
+step (the notes leave ``step`` vs ``token`` ratios open; this is ``step``).
+"""
+
+from __future__ import annotations
+
+from llmx.core import preference as P
+from llmx.core.align.run import LogpBatch, run
+from llmx.plugins.pipa.config import PIPAParams
+
+
+class PIPA:
+    kinds, needs_reference = ("paired", "unpaired", "step"), True
+
+    def __init__(self, p: PIPAParams, kind: str):
+        self.p = p
+        self.g = None if (kind == "paired" and p.variant == "n") else ("step" if kind == "step" else "answer")
+
+    def loss(self, b: LogpBatch):
+        p = self.p
+        if b.kind == "paired":
+            (pw, pl), (rw, rl) = b.halves(b.sums(b.pi)), b.halves(b.sums(b.ref))
+            if p.variant == "n":
+                return P.pipa_n_paired_loss(pw, pl, rw, rl, p.beta), {"margin": (pw - rw) - (pl - rl)}
+            return P.pipa_m_paired_loss(pw, pl, rw, rl, b.g, p.clamp_logq), {"g": b.g.sigmoid()}
+        if b.kind == "unpaired":
+            pi, ref = b.sums(b.pi), b.sums(b.ref)
+            fn = P.pipa_n_loss if p.variant == "n" else (lambda a, r, g, c: P.pipa_m_loss(a, r, g, c, p.clamp_logq))
+            return fn(pi, ref, b.g, b.labels), {"g": b.g.sigmoid()}
+        pi, ref = b.step_sums(b.pi), b.step_sums(b.ref)
+        per_step = P.pipa_n_loss(pi, ref, b.g, b.labels) if p.variant == "n" else \
+            P.pipa_m_loss(pi, ref, b.g, b.labels, p.clamp_logq)
+        return (per_step * b.step_mask).sum(-1) / b.step_mask.sum(-1).clamp(min=1), {"g": b.g.sigmoid().mean(-1)}
+
+
+def pipa(ctx, p: PIPAParams) -> dict:
+    from llmx.core.align.data import load
+
+    kind, _ = load(p.data)
+    return {"variant": p.variant, **run(ctx, p, PIPA(p, kind), "pipa")}
