@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from llmx.core.align.run import AlignParams
+from llmx.core.align.params import AlignParams
 
 
 class DPOParams(AlignParams):

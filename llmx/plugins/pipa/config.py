@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmx.core.align.run import AlignParams
+from llmx.core.align.params import AlignParams
 
 
 class PIPAParams(AlignParams):
