@@ -59,9 +59,23 @@ def seed_everything(seed: int, threads: int | None) -> None:
             torch.set_num_threads(threads)
 
 
+def init_distributed() -> int:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1) join the process group (NCCL on CUDA, gloo otherwise); return the rank."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    import torch
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return torch.distributed.get_rank()
+
+
 def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     check_requirements(run)
-    path = runs.create(run)
+    rank = init_distributed()
+    path = runs.create(run, rank)
     result = RunResult(path)
     log = logging.getLogger("llmx.run")
     log.setLevel(logging.DEBUG)
@@ -71,7 +85,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     log.addHandler(handler)
     meta = runs.start_meta(run)
     runs.write_meta(path, meta)
-    ctx = RunContext(config=run.config, run_dir=path, log=log, show_progress=show_progress)
+    ctx = RunContext(config=run.config, run_dir=path, log=log, show_progress=show_progress and rank == 0)
     try:
         seed_everything(run.config.seed, run.config.threads)
         for stage in run.stages:

@@ -22,11 +22,12 @@ from llmx.errors import UsageError
 CONFIG, META, METRICS, LOG = "config.yaml", "meta.json", "metrics.json", "log.txt"
 
 
-def create(run: ResolvedRun) -> Path:
-    """Make a fresh run folder and write the resolved config into it."""
+def create(run: ResolvedRun, rank: int = 0) -> Path:
+    """Make a fresh run folder and write the resolved config into it (``..._rank<N>`` for ranks above 0 under
+    torchrun, so processes never write into one another's folder)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     root = Path(run.config.output_dir)
-    path = root / f"{stamp}_{run.config.name}_{run.digest()}"
+    path = root / f"{stamp}_{run.config.name}_{run.digest()}{f'_rank{rank}' if rank else ''}"
     try:
         path.mkdir(parents=True, exist_ok=False)
     except OSError as exc:
