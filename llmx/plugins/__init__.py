@@ -10,5 +10,6 @@ BUILTIN = (
     "llmx.plugins.pipa.plugin",
     "llmx.plugins.confpo.plugin",
     "llmx.plugins.brackets.plugin",
+    "llmx.plugins.lexico.plugin",
     "llmx.plugins.evals.plugin",
 )
