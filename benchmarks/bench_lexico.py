@@ -1,4 +1,4 @@
-"""Lexico vs KIVI on the reference Llama: KV memory against quality, and OMP throughput against scikit-learn.
+"""Lexico vs KIVI and token eviction on the reference Llama: KV memory against quality, and OMP throughput.
 
     python benchmarks/bench_lexico.py [--model ref:llama] [--sparsities 2 4 6 8 12] [--atoms 1024]
 
@@ -62,8 +62,9 @@ def main() -> None:
                              threads=1)[0]
             rows.append(m)
             print(m, flush=True)
-    for bits in (2, 4):
-        m = run_pipeline(args.model, [{"method": "kivi", "stage": "decode", "params": {**evalp, "bits": bits}}],
+    baselines = [("kivi", {"bits": 2}), ("kivi", {"bits": 4})] + [("kv-window", {"window": w}) for w in (8, 32, 96)]
+    for method, params in baselines:
+        m = run_pipeline(args.model, [{"method": method, "stage": "decode", "params": {**evalp, **params}}],
                          threads=1)[0]
         rows.append(m)
         print(m, flush=True)

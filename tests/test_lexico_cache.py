@@ -63,3 +63,16 @@ def test_dictionary_for_another_model_or_damaged_file_is_exit_2(cli, tmp_path):
     broken = cli("decode", "--method", "lexico", "--model", "ref:llama-test", "--set", f"dictionary={bad}", "-o", tmp_path / "x")
     assert broken.code == 2 and "not a readable Lexico dictionary" in broken.err
     assert not (tmp_path / "x").exists() or list((tmp_path / "x").iterdir()) == []
+
+
+def test_window_eviction_keeps_sinks_and_recent_tokens_with_absolute_positions():
+    from llmx.plugins.lexico.cache import WindowCache
+
+    model, _, hd, ids = setup()
+    cache = WindowCache(model.config.num_hidden_layers, window=6, sinks=2)
+    out = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=cache, pad_token_id=0)
+    assert cache.get_seq_length() == out.shape[1] - 1
+    assert all(layer.keys.shape[-2] == 8 for layer in cache.layers)
+    big = WindowCache(model.config.num_hidden_layers, window=1000)  # nothing evicted: identical to the full cache
+    ref = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=DynamicCache(), pad_token_id=0)
+    assert torch.equal(model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=big, pad_token_id=0), ref)

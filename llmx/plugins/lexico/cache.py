@@ -114,11 +114,52 @@ class CompressedLayer(DynamicLayer):
         return exact + sum(self.codec.nbytes(k) + self.codec.nbytes(v) for k, v, _ in self.codes)
 
 
+class WindowLayer(DynamicLayer):
+    """Token eviction (StreamingLLM-style sliding window): after each update keep the first ``sinks`` tokens and the
+    last ``window`` tokens. Positions stay absolute (``get_seq_length`` counts every token seen); the attention mask
+    covers only the kept keys."""
+
+    def __init__(self, window: int, sinks: int = 4):
+        super().__init__()
+        self.window, self.sinks, self.seen = window, sinks, 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        out_k, out_v = super().update(key_states, value_states)
+        self.seen += key_states.shape[-2]
+        keep = self.sinks + self.window
+        if self.keys.shape[-2] > keep:
+            self.keys = torch.cat([self.keys[..., : self.sinks, :], self.keys[..., -self.window:, :]], dim=-2)
+            self.values = torch.cat([self.values[..., : self.sinks, :], self.values[..., -self.window:, :]], dim=-2)
+        return out_k, out_v
+
+    def get_seq_length(self) -> int:
+        return self.seen if self.is_initialized else 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        kept = self.keys.shape[-2] if self.is_initialized else 0
+        return kept + query_length, 0
+
+    def reset(self) -> None:
+        self.seen = 0
+        super().reset()
+
+    def stored_bytes(self) -> int:
+        return (self.keys.numel() + self.values.numel()) * self.keys.element_size() if self.is_initialized else 0
+
+
 class CompressedCache(Cache):
     """One CompressedLayer per decoder layer; ``codec_for(layer_idx)`` gives each layer its codec."""
 
     def __init__(self, codec_for, layers: int, buffer_length: int = 128, chunk: int = 1):
         super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk) for i in range(layers)])
+
+    def stored_bytes(self) -> int:
+        return sum(layer.stored_bytes() for layer in self.layers)
+
+
+class WindowCache(Cache):
+    def __init__(self, layers: int, window: int, sinks: int = 4):
+        super().__init__(layers=[WindowLayer(window, sinks) for _ in range(layers)])
 
     def stored_bytes(self) -> int:
         return sum(layer.stored_bytes() for layer in self.layers)

@@ -33,3 +33,8 @@ class LexicoTrainParams(Params):
     batch: int = Field(256, gt=0, description="Vectors per step.")
     windows: int = Field(64, gt=0, description="Training windows from the data's train split.")
     seq_len: int = Field(128, gt=1)
+
+
+class WindowParams(KVEvalParams):
+    window: int = Field(64, gt=0, description="Most recent tokens kept; older ones are evicted.")
+    sinks: int = Field(4, ge=0, description="First tokens always kept (attention sinks).")

@@ -9,8 +9,8 @@ from llmx.core.context import RunContext
 from llmx.errors import UsageError
 from llmx.plugins.lexico import dictionary as dictionary_lib
 from llmx.plugins.lexico import store
-from llmx.plugins.lexico.cache import CompressedCache, KIVICodec, LexicoCodec
-from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams, LexicoTrainParams
+from llmx.plugins.lexico.cache import CompressedCache, KIVICodec, LexicoCodec, WindowCache
+from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams, LexicoTrainParams, WindowParams
 from llmx.plugins.lexico.measure import measure
 
 
@@ -57,3 +57,8 @@ def kivi(ctx: RunContext, p: KIVIParams) -> dict:
         return CompressedCache(lambda i: KIVICodec(p.bits, p.group), layers, p.buffer_length, max(p.chunk, p.group))
 
     return {"method": f"kivi {p.bits}-bit", **measure(ctx, p, make)}
+
+
+def window(ctx: RunContext, p: WindowParams) -> dict:
+    layers = _layers(ctx.model)
+    return {"method": f"window {p.window}+{p.sinks}", **measure(ctx, p, lambda: WindowCache(layers, p.window, p.sinks))}

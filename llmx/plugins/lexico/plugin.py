@@ -1,6 +1,6 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams, LexicoTrainParams
+from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams, LexicoTrainParams, WindowParams
 
 
 @hookimpl
@@ -14,3 +14,6 @@ def llmx_methods():
     yield MethodSpec("kivi", (Stage.DECODE,), "llmx.plugins.lexico.method:kivi", KIVIParams,
                      summary="KIVI 2/4-bit KV cache quantization (baseline), measured like Lexico.",
                      paper="Liu et al., 2024 (baseline)")
+    yield MethodSpec("kv-window", (Stage.DECODE,), "llmx.plugins.lexico.method:window", WindowParams,
+                     aliases=("streaming",), summary="Token eviction: keep attention sinks and a recent window "
+                     "(baseline), measured like Lexico.", paper="Xiao et al., 2024 (baseline)")
