@@ -56,3 +56,16 @@ def test_learned_dictionary_beats_random_on_real_kv_vectors():
         assert losses[-1] < losses[0]
         random = random_dictionary(train.shape[1], 64, seed=0)
         assert relative_error(learned, held, 4) < 0.8 * relative_error(random, held, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not __import__('llmx.core.kernels', fromlist=['available']).available()")
+def test_omp_kernel_matches_reference():
+    gen = torch.Generator().manual_seed(0)
+    d = torch.nn.functional.normalize(torch.randn(64, 512, generator=gen), dim=0)
+    x = torch.randn(300, 64, generator=gen)
+    idx_ref, coef_ref = omp(d, x, 8)
+    idx, coef = omp(d.cuda(), x.cuda(), 8)
+    rec_ref, rec = reconstruct(d, idx_ref, coef_ref), reconstruct(d, idx.cpu(), coef.cpu())
+    assert torch.allclose(rec, rec_ref, atol=1e-3)
+    assert (idx.cpu().sort(1).values == idx_ref.sort(1).values).all(1).float().mean() > 0.98

@@ -9,11 +9,20 @@ the residual with the dictionary per iteration (cheaper than gathering Gram rows
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+KERNEL = Path(__file__).parent / "kernels" / "omp.cu"
 
 
 def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """``dictionary`` [d, N] (unit-norm columns), ``x`` [M, d] -> (atom indices [M, s] int64, coefficients [M, s])."""
+    """``dictionary`` [d, N] (unit-norm columns), ``x`` [M, d] -> (atom indices [M, s] int64, coefficients [M, s]).
+    CUDA tensors go to the CuPy kernel (one block per signal), everything else to this PyTorch reference."""
+    from llmx.core import kernels
+
+    if kernels.use_kernel(dictionary, x) and sparsity <= 32:
+        return omp_cuda(dictionary, x, sparsity)
     if x.shape[0] > chunk:
         parts = [omp(dictionary, x[i:i + chunk], sparsity, chunk) for i in range(0, x.shape[0], chunk)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -44,6 +53,23 @@ def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, chunk: int = 1
         rhs = b.gather(1, idx[:, :k + 1])[..., None]
         z = torch.linalg.solve_triangular(L[:, :k + 1, :k + 1], rhs, upper=False)
         coef = torch.linalg.solve_triangular(L[:, :k + 1, :k + 1].transpose(1, 2), z, upper=True).squeeze(-1)
+    return idx, coef
+
+
+def omp_cuda(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import cupy
+
+    from llmx.core import kernels
+
+    D = dictionary.float().contiguous()
+    b = (x.float() @ D).contiguous()
+    G = (D.T @ D).contiguous()
+    m, n = b.shape
+    idx = torch.empty(m, sparsity, dtype=torch.long, device=x.device)
+    coef = torch.empty(m, sparsity, dtype=torch.float32, device=x.device)
+    kernels.function(KERNEL, "omp_gram")((m,), (256,), (cupy.asarray(b), cupy.asarray(G), cupy.asarray(idx),
+                                                          cupy.asarray(coef), cupy.int32(m), cupy.int32(n),
+                                                          cupy.int32(sparsity)), shared_mem=4 * n)
     return idx, coef
 
 

@@ -1,0 +1,84 @@
+// Batched Gram-based OMP, one thread block per signal (Lexico). Inputs: b = D^T x [M, N] and G = D^T D [N, N]
+// (both from cuBLAS GEMMs on the host side). Each iteration: block-wide argmax of |c| over atoms not yet chosen,
+// incremental Cholesky row for the new atom (thread 0; k <= MAX_S), least-squares refit on the support by two
+// triangular solves (thread 0), then every thread refreshes its atoms' correlations c_j = b_j - sum_i G[j, S_i] g_i.
+// Output: idx [M, s] (int64) and coef [M, s] (float32), the same contract as the PyTorch reference.
+#define MAX_S 32
+#define THREADS 256
+
+extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __restrict__ G,
+                                    long long* __restrict__ idx_out, float* __restrict__ coef_out,
+                                    int M, int N, int s) {
+    int m = blockIdx.x;
+    if (m >= M) return;
+    extern __shared__ float c[];            // N correlations
+    __shared__ float best_val[THREADS];
+    __shared__ int best_idx[THREADS];
+    __shared__ int support[MAX_S];
+    __shared__ float L[MAX_S * MAX_S];
+    __shared__ float gamma[MAX_S];
+    __shared__ float rhs[MAX_S];
+    const float* bm = b + (long long)m * N;
+    for (int j = threadIdx.x; j < N; j += blockDim.x) c[j] = bm[j];
+    __syncthreads();
+    for (int k = 0; k < s; ++k) {
+        float v = -1.f;
+        int arg = 0;
+        for (int j = threadIdx.x; j < N; j += blockDim.x) {
+            bool taken = false;
+            for (int i = 0; i < k; ++i) taken |= (support[i] == j);
+            float a = taken ? -1.f : fabsf(c[j]);
+            if (a > v) { v = a; arg = j; }
+        }
+        best_val[threadIdx.x] = v;
+        best_idx[threadIdx.x] = arg;
+        __syncthreads();
+        for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+            if (threadIdx.x < stride) {
+                float o = best_val[threadIdx.x + stride];
+                int oi = best_idx[threadIdx.x + stride];
+                if (o > best_val[threadIdx.x] || (o == best_val[threadIdx.x] && oi < best_idx[threadIdx.x])) {
+                    best_val[threadIdx.x] = o;
+                    best_idx[threadIdx.x] = oi;
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            int j = best_idx[0];
+            support[k] = j;
+            // new Cholesky row: w = L^{-1} G[S, j]; L[k, k] = sqrt(G[j, j] - |w|^2)
+            float norm = 0.f;
+            for (int r = 0; r < k; ++r) {
+                float acc = G[(long long)support[r] * N + j];
+                for (int q = 0; q < r; ++q) acc -= L[r * MAX_S + q] * L[k * MAX_S + q];
+                float w = acc / L[r * MAX_S + r];
+                L[k * MAX_S + r] = w;
+                norm += w * w;
+            }
+            L[k * MAX_S + k] = sqrtf(fmaxf(G[(long long)j * N + j] - norm, 1e-10f));
+            // refit: L z = b_S, L^T g = z
+            for (int r = 0; r <= k; ++r) {
+                float acc = bm[support[r]];
+                for (int q = 0; q < r; ++q) acc -= L[r * MAX_S + q] * rhs[q];
+                rhs[r] = acc / L[r * MAX_S + r];
+            }
+            for (int r = k; r >= 0; --r) {
+                float acc = rhs[r];
+                for (int q = r + 1; q <= k; ++q) acc -= L[q * MAX_S + r] * gamma[q];
+                gamma[r] = acc / L[r * MAX_S + r];
+            }
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < N; j += blockDim.x) {
+            float acc = bm[j];
+            for (int i = 0; i <= k; ++i) acc -= G[(long long)j * N + support[i]] * gamma[i];
+            c[j] = acc;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x < s) {
+        idx_out[(long long)m * s + threadIdx.x] = support[threadIdx.x];
+        coef_out[(long long)m * s + threadIdx.x] = gamma[threadIdx.x];
+    }
+}
