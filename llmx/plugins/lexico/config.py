@@ -15,7 +15,8 @@ class KVEvalParams(Params):
 
 
 class LexicoDecodeParams(KVEvalParams):
-    dictionary: str = Field(description="Dictionaries file from `llmx train --method lexico`.")
+    dictionary: str | None = Field(None, description="Dictionaries file from `llmx train --method lexico`; default: "
+                                   "the one an earlier lexico train stage of this run wrote.")
     sparsity: int | None = Field(None, gt=0, description="Atoms per vector (default: the sparsity it was trained for).")
     fp8: bool = Field(True, description="Store coefficients as float8 e4m3 (the method's format).")
 

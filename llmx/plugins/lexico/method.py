@@ -37,11 +37,15 @@ def train(ctx: RunContext, p: LexicoTrainParams) -> dict:
                 out[f"layer{i}_{name}_rel_error"] = dictionary_lib.relative_error(d, vectors[:4096], p.sparsity)
             dicts.append(tuple(pair))
     path = store.save(ctx.artifact("dictionaries.safetensors"), dicts, model, p.sparsity)
+    ctx.state["lexico_dictionary"] = str(path)
     return {"dictionary": str(path), "atoms": p.atoms, "sparsity": p.sparsity, "vectors_per_layer": len(kv[0][0]), **out}
 
 
 def decode(ctx: RunContext, p: LexicoDecodeParams) -> dict:
-    dicts, trained_s = store.load(p.dictionary, ctx.model)
+    path = p.dictionary or ctx.state.get("lexico_dictionary")
+    if path is None:
+        raise UsageError("lexico decode needs --set dictionary=FILE (or a lexico train stage earlier in the run)")
+    dicts, trained_s = store.load(path, ctx.model)
     s = p.sparsity or trained_s
 
     def make():
