@@ -21,7 +21,7 @@ def test_complete_dictionary_reproduces_greedy_generation_exactly():
     q = torch.linalg.qr(torch.randn(hd, hd, generator=torch.Generator().manual_seed(0)))[0]
     ref = model.generate(ids, max_new_tokens=24, do_sample=False, past_key_values=DynamicCache(), pad_token_id=0)
     cache = CompressedCache(lambda i: LexicoCodec(q, q, hd, fp8=False), model.config.num_hidden_layers,
-                            buffer_length=4, chunk=2)
+                            buffer_length=4, chunk=2, buffer_dtype=None)
     out = model.generate(ids, max_new_tokens=24, do_sample=False, past_key_values=cache, pad_token_id=0)
     assert torch.equal(ref, out)
     assert cache.get_seq_length() == out.shape[1] - 1
@@ -35,7 +35,7 @@ def test_stored_bytes_count_ids_coefficients_and_buffer():
     model(input_ids=ids, past_key_values=cache, use_cache=True)
     cfg, t = model.config, ids.shape[1]
     vectors = cfg.num_hidden_layers * cfg.num_key_value_heads * 2
-    expected = vectors * ((t - 8) * 3 * 4 + 8 * hd * 4)  # 3s bytes per compressed vector, fp32 buffer
+    expected = vectors * ((t - 8) * 3 * 4 + 8 * hd * 2)  # 3s bytes per compressed vector, fp16 buffer
     assert cache.stored_bytes() == expected
 
 
@@ -73,6 +73,6 @@ def test_window_eviction_keeps_sinks_and_recent_tokens_with_absolute_positions()
     out = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=cache, pad_token_id=0)
     assert cache.get_seq_length() == out.shape[1] - 1
     assert all(layer.keys.shape[-2] == 8 for layer in cache.layers)
-    big = WindowCache(model.config.num_hidden_layers, window=1000)  # nothing evicted: identical to the full cache
+    big = WindowCache(model.config.num_hidden_layers, window=1000, store_dtype=None)  # nothing evicted: the full cache
     ref = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=DynamicCache(), pad_token_id=0)
     assert torch.equal(model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=big, pad_token_id=0), ref)

@@ -1,7 +1,8 @@
 """KV caches that keep the most recent tokens exact and older tokens compressed, as transformers ``Cache`` objects
 (``model.generate(..., past_key_values=cache)`` works).
 
-``CompressedLayer`` holds the exact buffer in ``keys`` / ``values`` (the last ``buffer_length`` tokens) and the older
+``CompressedLayer`` holds the exact buffer in ``keys`` / ``values`` (the last ``buffer_length`` tokens, stored in fp16
+by default, as the paper's fp16 models hold them) and the older
 tokens in a codec's compact form; tokens leave the buffer ``chunk`` at a time (the prompt's excess at once).
 Attention needs dense keys and values, so each ``update`` rebuilds the compressed part for that layer: a transient
 ``[B, H, T, head_dim]`` tensor per layer while it runs (peak memory is that plus the stored bytes; the stored bytes
@@ -72,9 +73,10 @@ class KIVICodec:
 
 
 class CompressedLayer(DynamicLayer):
-    def __init__(self, codec, buffer_length: int, chunk: int):
+    def __init__(self, codec, buffer_length: int, chunk: int, buffer_dtype: torch.dtype | None = torch.float16):
         super().__init__()
         self.codec, self.buffer_length, self.chunk = codec, buffer_length, chunk
+        self.buffer_dtype = buffer_dtype  # the exact tokens' storage (fp16, as the paper's models); None: model dtype
         self.codes: list[tuple] = []  # (keys code, values code, tokens)
 
     def _compressed_len(self) -> int:
@@ -83,12 +85,12 @@ class CompressedLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        out_k, out_v = self.keys, self.values
-        if self.codes:  # dense view for this step: rebuilt compressed part + exact buffer
-            out_k = torch.cat([self.codec.decode(c, 0, self.dtype) for c, _, _ in self.codes] + [self.keys], dim=-2)
-            out_v = torch.cat([self.codec.decode(c, 1, self.dtype) for _, c, _ in self.codes] + [self.values], dim=-2)
+            store = self.buffer_dtype or key_states.dtype
+            self.keys, self.values = self.keys.to(store), self.values.to(store)
+        self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
+        self.values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
+        out_k = torch.cat([self.codec.decode(c, 0, self.dtype) for c, _, _ in self.codes] + [self.keys.to(self.dtype)], -2)
+        out_v = torch.cat([self.codec.decode(c, 1, self.dtype) for _, c, _ in self.codes] + [self.values.to(self.dtype)], -2)
         excess = self.keys.shape[-2] - self.buffer_length
         if excess >= self.chunk or (excess > 0 and not self.codes):
             n = excess if not self.codes else excess - excess % self.chunk
@@ -119,12 +121,18 @@ class WindowLayer(DynamicLayer):
     last ``window`` tokens. Positions stay absolute (``get_seq_length`` counts every token seen); the attention mask
     covers only the kept keys."""
 
-    def __init__(self, window: int, sinks: int = 4):
+    def __init__(self, window: int, sinks: int = 4, store_dtype: torch.dtype | None = torch.float16):
         super().__init__()
-        self.window, self.sinks, self.seen = window, sinks, 0
+        self.window, self.sinks, self.seen, self.store_dtype = window, sinks, 0, store_dtype
 
     def update(self, key_states, value_states, *args, **kwargs):
-        out_k, out_v = super().update(key_states, value_states)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            store = self.store_dtype or key_states.dtype
+            self.keys, self.values = self.keys.to(store), self.values.to(store)
+        self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
+        self.values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
+        out_k, out_v = self.keys.to(self.dtype), self.values.to(self.dtype)
         self.seen += key_states.shape[-2]
         keep = self.sinks + self.window
         if self.keys.shape[-2] > keep:
@@ -150,16 +158,18 @@ class WindowLayer(DynamicLayer):
 class CompressedCache(Cache):
     """One CompressedLayer per decoder layer; ``codec_for(layer_idx)`` gives each layer its codec."""
 
-    def __init__(self, codec_for, layers: int, buffer_length: int = 128, chunk: int = 1):
-        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk) for i in range(layers)])
+    def __init__(self, codec_for, layers: int, buffer_length: int = 128, chunk: int = 1,
+                 buffer_dtype: torch.dtype | None = torch.float16):
+        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk, buffer_dtype)
+                                 for i in range(layers)])
 
     def stored_bytes(self) -> int:
         return sum(layer.stored_bytes() for layer in self.layers)
 
 
 class WindowCache(Cache):
-    def __init__(self, layers: int, window: int, sinks: int = 4):
-        super().__init__(layers=[WindowLayer(window, sinks) for _ in range(layers)])
+    def __init__(self, layers: int, window: int, sinks: int = 4, store_dtype: torch.dtype | None = torch.float16):
+        super().__init__(layers=[WindowLayer(window, sinks, store_dtype) for _ in range(layers)])
 
     def stored_bytes(self) -> int:
         return sum(layer.stored_bytes() for layer in self.layers)
