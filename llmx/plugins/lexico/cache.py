@@ -72,6 +72,16 @@ class KIVICodec:
         return q.numel() * self.bits // 8 + scale.numel() * 2 + lo.numel() * 2
 
 
+def append_stored(layer: DynamicLayer, key_states, value_states, store_dtype: torch.dtype | None) -> None:
+    """Append new tokens to ``layer.keys`` / ``layer.values`` kept in ``store_dtype`` (None: the model's dtype)."""
+    if not layer.is_initialized:
+        layer.lazy_initialization(key_states, value_states)
+        store = store_dtype or key_states.dtype
+        layer.keys, layer.values = layer.keys.to(store), layer.values.to(store)
+    layer.keys = torch.cat([layer.keys, key_states.to(layer.keys.dtype)], dim=-2)
+    layer.values = torch.cat([layer.values, value_states.to(layer.values.dtype)], dim=-2)
+
+
 class CompressedLayer(DynamicLayer):
     def __init__(self, codec, buffer_length: int, chunk: int, buffer_dtype: torch.dtype | None = torch.float16):
         super().__init__()
@@ -83,12 +93,7 @@ class CompressedLayer(DynamicLayer):
         return sum(n for _, _, n in self.codes)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            store = self.buffer_dtype or key_states.dtype
-            self.keys, self.values = self.keys.to(store), self.values.to(store)
-        self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
-        self.values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
+        append_stored(self, key_states, value_states, self.buffer_dtype)
         out_k = torch.cat([self.codec.decode(c, 0, self.dtype) for c, _, _ in self.codes] + [self.keys.to(self.dtype)], -2)
         out_v = torch.cat([self.codec.decode(c, 1, self.dtype) for _, c, _ in self.codes] + [self.values.to(self.dtype)], -2)
         excess = self.keys.shape[-2] - self.buffer_length
@@ -126,12 +131,7 @@ class WindowLayer(DynamicLayer):
         self.window, self.sinks, self.seen, self.store_dtype = window, sinks, 0, store_dtype
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            store = self.store_dtype or key_states.dtype
-            self.keys, self.values = self.keys.to(store), self.values.to(store)
-        self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
-        self.values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
+        append_stored(self, key_states, value_states, self.store_dtype)
         out_k, out_v = self.keys.to(self.dtype), self.values.to(self.dtype)
         self.seen += key_states.shape[-2]
         keep = self.sinks + self.window
