@@ -1,0 +1,48 @@
+"""Quamba2's offline rearrangement (Sec. 4.2): permute heads inside each SSD group and channels inside each head so
+that sort-and-cluster groups become contiguous, rewriting every weight that touches those channels so the model
+computes exactly what it did.
+
+``head_index[h']`` is the old head placed at position h'; ``channel_index`` the old channel at each new channel
+position (heads never leave their SSD group; channels never leave their head). Rewritten: the z and x rows and the
+dt rows of ``in_proj`` (B and C rows untouched), the x channels of ``conv1d``, ``A_log``, ``D``, ``dt_bias``, the
+gated norm's weight (exact because its groups are whole SSD groups) and the input columns of ``out_proj``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def channel_index(head_index: torch.Tensor, within: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Old channel for every new channel: head ``head_index[h]``'s channels in the order ``within[h]``."""
+    return (head_index[:, None] * head_dim + within).reshape(-1)
+
+
+def check(head_index: torch.Tensor, heads: int, groups: int) -> None:
+    per = heads // groups
+    for g in range(groups):
+        block = head_index[g * per:(g + 1) * per]
+        if not torch.equal(torch.sort(block).values, torch.arange(g * per, (g + 1) * per)):
+            raise ValueError(f"head permutation moves heads across SSD group {g}")
+
+
+@torch.no_grad()
+def apply(mixer, head_index: torch.Tensor, within: torch.Tensor) -> None:
+    """Rearrange an HF ``Mamba2Mixer`` in place (``within``: ``[heads, head_dim]`` per-head channel orders)."""
+    heads, hd, inner = mixer.num_heads, mixer.head_dim, mixer.intermediate_size
+    check(head_index, heads, mixer.n_groups)
+    ch = channel_index(head_index, within, hd)
+    w = mixer.in_proj.weight
+    conv_dim = inner + 2 * mixer.n_groups * mixer.ssm_state_size
+    rows = torch.cat([ch, inner + ch, torch.arange(2 * inner, inner + conv_dim), inner + conv_dim + head_index])
+    w.copy_(w[rows])
+    if mixer.in_proj.bias is not None:
+        mixer.in_proj.bias.copy_(mixer.in_proj.bias[rows])
+    conv_rows = torch.cat([ch, torch.arange(inner, conv_dim)])
+    mixer.conv1d.weight.copy_(mixer.conv1d.weight[conv_rows])
+    if mixer.conv1d.bias is not None:
+        mixer.conv1d.bias.copy_(mixer.conv1d.bias[conv_rows])
+    for p in (mixer.A_log, mixer.D, mixer.dt_bias):
+        p.copy_(p[head_index])
+    mixer.norm.weight.copy_(mixer.norm.weight[ch])
+    mixer.out_proj.weight.copy_(mixer.out_proj.weight[:, ch])
