@@ -154,6 +154,12 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     return out
 
 
+class _EvalView:
+    """What evaluation needs from a batch: policy and reference log-probs, no g head."""
+
+    kinds, needs_reference, g = ("paired", "unpaired", "step"), True, None
+
+
 @torch.no_grad()
 def evaluate(policy, reference, held: Batcher, batch_size: int) -> dict[str, float]:
     """Held-out figures: how often the policy moved toward the preferred response relative to the reference
@@ -163,12 +169,9 @@ def evaluate(policy, reference, held: Batcher, batch_size: int) -> dict[str, flo
     right = total = 0
     drift, tokens = 0.0, 0.0
 
-    class _Plain:
-        kinds, needs_reference, g = ("paired", "unpaired", "step"), True, None
-
     for s in range(0, len(held.rows), batch_size):
         idx = list(range(s, min(s + batch_size, len(held.rows))))
-        b = logps(policy, reference, None, held, idx, _Plain())
+        b = logps(policy, reference, None, held, idx, _EvalView())
         ratio = b.pi - b.ref
         drift += float((ratio * b.mask).sum())
         tokens += float(b.mask.sum())
