@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from llmx.core import models
-from llmx.core.zoo.train import mean_nll
+from llmx.core.evaluation import mean_nll
 from llmx.plugins.clover import transform as T
 from llmx.plugins.clover.attention import attention_layers, convert
 
 
 def held_out(tok, n=16, seq=128):
-    from llmx.core.quant.calibration import calibration_batches
+    from llmx.core.data import random_windows
 
-    return calibration_batches(tok, "stdlib", n, seq, seed=0, split="validation")
+    return random_windows(tok, "stdlib", n, seq, seed=0, split="validation")
 
 
 def test_orthogonalize_pair_keeps_the_product_and_sorts_by_singular_value():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from llmx.core import models
-from llmx.core.quant.calibration import calibration_batches, collect
+from llmx.core.data import random_windows
+from llmx.core.quant.calibration import collect
 from llmx.core.quant.formats import IntFormat, fake_quantize
 from llmx.core.quant.gptq import gptq, layer_objective
 
@@ -82,7 +83,7 @@ def test_dead_inputs_are_zeroed():
 def test_below_rtn_on_every_layer_of_a_trained_model(fmt):
     model, tok = models.load("ref:llama-test")
     layers = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
-    stats = collect(model, layers, calibration_batches(tok, "stdlib", 16, 128))
+    stats = collect(model, layers, random_windows(tok, "stdlib", 16, 128))
     for name, layer in layers.items():
         w, h = layer.weight.data, stats[name].hessian
         assert gptq(w, h.float(), fmt).objective(w, h) < layer_objective(w, fake_quantize(w, fmt), h), name

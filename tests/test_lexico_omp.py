@@ -44,11 +44,11 @@ def test_complete_dictionary_is_exact():
 
 def test_learned_dictionary_beats_random_on_real_kv_vectors():
     from llmx.core import models
-    from llmx.core.quant.calibration import calibration_batches
+    from llmx.core.data import random_windows
 
     model, tok = models.load("ref:llama-test")
-    keys, values = collect_kv(model, calibration_batches(tok, "stdlib", 24, 64, seed=0))[0]
-    held_k, held_v = collect_kv(model, calibration_batches(tok, "stdlib", 8, 64, seed=1, split="validation"))[0]
+    keys, values = collect_kv(model, random_windows(tok, "stdlib", 24, 64, seed=0))[0]
+    held_k, held_v = collect_kv(model, random_windows(tok, "stdlib", 8, 64, seed=1, split="validation"))[0]
     assert keys.shape[1] == model.config.hidden_size // model.config.num_attention_heads
     for train, held in ((keys, held_k), (values, held_v)):
         learned, losses = learn(train, atoms=64, sparsity=4, steps=150, lr=1e-2, seed=0)

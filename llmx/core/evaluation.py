@@ -46,3 +46,11 @@ def unigram_nll(train: torch.Tensor, test: torch.Tensor, vocab_size: int) -> flo
     counts = torch.bincount(train, minlength=vocab_size).double() + 1.0
     logp = torch.log(counts / counts.sum())
     return float(-logp[test[1:]].mean())
+
+
+@torch.no_grad()
+def mean_nll(model: torch.nn.Module, batch: torch.Tensor, chunk: int = 16) -> float:
+    """Mean LM loss over ``[n, seq]`` windows (each window scored on its own)."""
+    losses = [model(input_ids=batch[i:i + chunk], labels=batch[i:i + chunk]).loss.item() * len(batch[i:i + chunk])
+              for i in range(0, len(batch), chunk)]
+    return sum(losses) / len(batch)

@@ -97,3 +97,16 @@ def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None
         if max_tokens and len(ids) >= max_tokens:
             break
     return torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long)
+
+
+def random_windows(tokenizer, source: str, n_samples: int, seq_len: int, seed: int = 0,
+                   split: str = "train"):
+    """``[n_samples, seq_len]`` random windows of a split's token stream (seeded)."""
+    import torch
+
+    stream = token_stream(tokenizer, source, split, max_tokens=max(200_000, 4 * n_samples * seq_len))
+    if len(stream) <= seq_len:
+        raise UsageError(f"data '{source}' has only {len(stream)} tokens; need more than {seq_len}")
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(stream) - seq_len, (n_samples,), generator=gen)
+    return torch.stack([stream[s:s + seq_len] for s in starts])

@@ -30,9 +30,9 @@ def needs_calibration(p: WeightQuantParams) -> bool:
 
 
 def calibration(ctx: RunContext, p: WeightQuantParams) -> torch.Tensor:
-    from llmx.core.quant.calibration import calibration_batches
+    from llmx.core.data import random_windows
 
-    return calibration_batches(ctx.tokenizer, p.calib_source or ctx.config.data.source, p.calib_samples,
+    return random_windows(ctx.tokenizer, p.calib_source or ctx.config.data.source, p.calib_samples,
                                p.calib_seq_len, seed=ctx.config.seed)
 
 

@@ -1,4 +1,4 @@
-"""Calibration: sample token windows, hook Linear inputs, accumulate Hessians ``X X^T`` and activation ranges.
+"""Calibration: hook Linear inputs on token windows, accumulate Hessians ``X X^T`` and activation ranges.
 
 ``sequential`` walks the model block by block: the inputs of block ``i`` are computed with blocks ``< i`` already
 quantized (``propagate="quantized"``, as GPTQ and Quamba do) or all in full precision (``propagate="fp"``, as
@@ -14,20 +14,6 @@ from dataclasses import dataclass, field
 import torch
 
 _BLOCK = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
-
-
-def calibration_batches(tokenizer, source: str, n_samples: int, seq_len: int, seed: int = 0,
-                        split: str = "train") -> torch.Tensor:
-    """``[n_samples, seq_len]`` random windows of a split's token stream (seeded)."""
-    from llmx.core.data import token_stream
-    from llmx.errors import UsageError
-
-    stream = token_stream(tokenizer, source, split, max_tokens=max(200_000, 4 * n_samples * seq_len))
-    if len(stream) <= seq_len:
-        raise UsageError(f"calibration data '{source}' has only {len(stream)} tokens; need more than {seq_len}")
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(stream) - seq_len, (n_samples,), generator=gen)
-    return torch.stack([stream[s:s + seq_len] for s in starts])
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from llmx.core.evaluation import mean_nll
 from llmx.core.training import TrainConfig, TrainResult, train
 from llmx.core.zoo.presets import Preset
 
@@ -14,13 +15,6 @@ def val_windows(tokens: torch.Tensor, p: Preset) -> torch.Tensor:
     n = min(p.eval_windows, (len(tokens) - 1) // p.seq_len)
     starts = torch.linspace(0, len(tokens) - p.seq_len - 1, n).long()
     return torch.stack([tokens[s:s + p.seq_len] for s in starts])
-
-
-@torch.no_grad()
-def mean_nll(model: torch.nn.Module, batch: torch.Tensor, chunk: int = 16) -> float:
-    losses = [model(input_ids=batch[i:i + chunk], labels=batch[i:i + chunk]).loss.item() * len(batch[i:i + chunk])
-              for i in range(0, len(batch), chunk)]
-    return sum(losses) / len(batch)
 
 
 def pretrain(model: torch.nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, p: Preset, seed: int,

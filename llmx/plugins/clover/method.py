@@ -81,9 +81,9 @@ class Core(torch.nn.Module):
 
 def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
     """Freeze everything but one core per KV group and pair (on K for Q-K, on V for V-O), train, merge back."""
-    from llmx.core.quant.calibration import calibration_batches
+    from llmx.core.data import random_windows
+    from llmx.core.evaluation import mean_nll
     from llmx.core.training import TrainConfig, train
-    from llmx.core.zoo.train import mean_nll
 
     model = ctx.model
     layers = _layers(ctx)
@@ -107,8 +107,8 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
             cores.append((lin, core))
     trainable = [c.core for _, c in cores]
     source = ctx.config.data.source
-    train_windows = calibration_batches(ctx.tokenizer, source, p.steps * p.batch_size, p.seq_len, ctx.config.seed)
-    held_out = calibration_batches(ctx.tokenizer, source, p.eval_windows, p.seq_len, ctx.config.seed, split="validation")
+    train_windows = random_windows(ctx.tokenizer, source, p.steps * p.batch_size, p.seq_len, ctx.config.seed)
+    held_out = random_windows(ctx.tokenizer, source, p.eval_windows, p.seq_len, ctx.config.seed, split="validation")
     seen = train_windows[: p.eval_windows]  # windows the first steps train on: the objective itself
     before, train_before = mean_nll(model.eval(), held_out), mean_nll(model, seen)
 

@@ -21,11 +21,11 @@ def _layers(model) -> int:
 
 
 def train(ctx: RunContext, p: LexicoTrainParams) -> dict:
-    from llmx.core.quant.calibration import calibration_batches
+    from llmx.core.data import random_windows
 
     model = ctx.model
     _layers(model)
-    windows = calibration_batches(ctx.tokenizer, ctx.config.data.source, p.windows, p.seq_len, ctx.config.seed)
+    windows = random_windows(ctx.tokenizer, ctx.config.data.source, p.windows, p.seq_len, ctx.config.seed)
     kv = dictionary_lib.collect_kv(model, windows)
     dicts, out = [], {}
     with torch.inference_mode(False), torch.enable_grad():
