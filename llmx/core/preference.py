@@ -38,8 +38,10 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def dpo_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
-             beta: float = 0.1) -> torch.Tensor:
-    return -F.logsigmoid(beta * ((pi_w - ref_w) - (pi_l - ref_l)))
+             beta: float = 0.1, label_smoothing: float = 0.0) -> torch.Tensor:
+    """DPO; ``label_smoothing > 0`` is conservative DPO (the label is flipped with that probability)."""
+    margin = beta * ((pi_w - ref_w) - (pi_l - ref_l))
+    return -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)
 
 
 def simpo_loss(avg_w: torch.Tensor, avg_l: torch.Tensor, beta: float = 2.0, gamma: float = 0.5,

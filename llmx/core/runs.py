@@ -77,13 +77,12 @@ def start_meta(run: ResolvedRun) -> dict[str, Any]:
     }
 
 
-def finish_meta(path: Path, meta: dict[str, Any], status: str, error: str | None = None, **extra: Any) -> None:
+def finish_meta(path: Path, meta: dict[str, Any], status: str, error: str | None = None) -> None:
     meta = dict(meta)
     t0 = meta.pop("_t0", time.time())
     meta.update(status=status, finished=datetime.now(timezone.utc).isoformat(), seconds=round(time.time() - t0, 3))
     if error:
         meta["error"] = error
-    meta.update(extra)
     atomic.write_json(path / META, meta)
 
 

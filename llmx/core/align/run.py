@@ -122,7 +122,7 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     policy, tok = ctx.model, ctx.tokenizer
     reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the loss's p0 (when needed) and the drift baseline
     g_head = torch.nn.Linear(policy.config.hidden_size, 1) if objective.g else None
-    train_b, held_b = Batcher(tok, kind, train_rows, p.max_len), Batcher(tok, kind, held or train_rows[:1], p.max_len)
+    train_b = Batcher(tok, kind, train_rows, p.max_len)
     order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(ctx.config.seed)).tolist()
 
     def indices(step: int, micro: int) -> list[int]:  # a pure function of (step, micro): exact resume
@@ -141,7 +141,11 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     result = train(policy, params, loss, config, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
                    checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(p.resume) if p.resume else None)
     out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held), "steps": result.steps,
-           "final_loss": result.last_loss, **evaluate(policy, reference, held_b, p.batch_size)}
+           "final_loss": result.last_loss}
+    if held:
+        out.update(evaluate(policy, reference, Batcher(tok, kind, held, p.max_len), p.batch_size))
+    else:
+        ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
     if p.save:
         from llmx.core import models
 

@@ -88,10 +88,15 @@ def _jsonl_texts(path: Path) -> list[str]:
 
 def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None = None):
     """All documents of a split tokenised and joined by EOS, as one 1-D LongTensor (capped at ``max_tokens``)."""
+    return join_documents(tokenizer, documents(source, split), max_tokens)
+
+
+def join_documents(tokenizer: Any, docs: list[str], max_tokens: int | None = None):
+    """Documents tokenised and joined by EOS into one 1-D LongTensor (capped at ``max_tokens``)."""
     import torch
 
     ids: list[int] = []
-    for doc in documents(source, split):
+    for doc in docs:
         ids.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
         ids.append(tokenizer.eos_token_id)
         if max_tokens and len(ids) >= max_tokens:

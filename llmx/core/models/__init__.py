@@ -8,8 +8,6 @@ from typing import Any
 from llmx.core.names import did_you_mean
 from llmx.errors import UsageError
 
-DTYPES = ("float32", "float16", "bfloat16")
-
 
 def no_model_error() -> UsageError:
     return UsageError("this pipeline needs a model: pass --model (a local folder, an HF id, tiny:llama or ref:llama)")

@@ -18,10 +18,6 @@ class BitSpec:
     def __str__(self) -> str:
         return f"w{self.weight}a{self.act}"
 
-    @property
-    def weight_only(self) -> bool:
-        return self.act >= 16
-
 
 def parse_bits(text: str, allowed: tuple[str, ...]) -> BitSpec:
     """Parse ``text`` and check it is one of ``allowed``; the error names the valid values."""

@@ -118,6 +118,7 @@ def build(req: RefRequest, show_progress: bool | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from llmx.core.data import join_documents
     from llmx.core.evaluation import sequence_nll, unigram_nll
     from llmx.core.models import quiet_transformers
     from llmx.core.models.archs import config
@@ -134,8 +135,8 @@ def build(req: RefRequest, show_progress: bool | None = None) -> Path:
     torch.set_num_threads(1)  # several times faster than 2 for models this small
     try:
         tok = train_bpe(train_docs, spec.vocab)
-        train_ids = _stream(tok, train_docs)
-        val_ids = _stream(tok, val_docs)
+        train_ids = join_documents(tok, train_docs)
+        val_ids = join_documents(tok, val_docs)
         torch.manual_seed(req.seed)
         model = AutoModelForCausalLM.from_config(config(req.arch, len(tok), spec.hidden, spec.layers,
                                                         max_positions=max(1024, 2 * spec.seq_len)))
@@ -164,16 +165,6 @@ def build(req: RefRequest, show_progress: bool | None = None) -> Path:
         manifest = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return target
-
-
-def _stream(tok: Any, docs: list[str]):
-    import torch
-
-    ids: list[int] = []
-    for enc in tok(docs, add_special_tokens=False)["input_ids"]:
-        ids.extend(enc)
-        ids.append(tok.eos_token_id)
-    return torch.tensor(ids, dtype=torch.long)
 
 
 def ensure(req: RefRequest, force: bool = False, show_progress: bool | None = None) -> Path:

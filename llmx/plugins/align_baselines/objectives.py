@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from llmx.core import preference as P
 from llmx.core.align.run import LogpBatch, run
 from llmx.plugins.align_baselines.config import DPOParams, KTOParams, SimPOParams
@@ -17,10 +15,8 @@ class DPO:
 
     def loss(self, b: LogpBatch):
         (pw, pl), (rw, rl) = b.halves(b.sums(b.pi)), b.halves(b.sums(b.ref))
-        margin = self.p.beta * ((pw - rw) - (pl - rl))
-        loss = -(1 - self.p.label_smoothing) * torch.nn.functional.logsigmoid(margin) \
-            - self.p.label_smoothing * torch.nn.functional.logsigmoid(-margin)
-        return loss, {"reward_margin": margin / self.p.beta}
+        loss = P.dpo_loss(pw, pl, rw, rl, self.p.beta, self.p.label_smoothing)
+        return loss, {"reward_margin": (pw - rw) - (pl - rl)}
 
 
 class SimPO:

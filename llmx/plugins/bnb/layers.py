@@ -22,12 +22,7 @@ def linear4bit(linear: torch.nn.Linear, quant_type: str, blocksize: int, double_
                             compute_dtype=linear.weight.dtype, quant_type=quant_type, compress_statistics=double_quant)
     layer.weight = b.nn.Params4bit(linear.weight.data.clone(), requires_grad=False, quant_type=quant_type,
                                    blocksize=blocksize, compress_statistics=double_quant)
-    if linear.bias is not None:
-        layer.bias = torch.nn.Parameter(linear.bias.data.clone(), requires_grad=False)
-    layer = layer.to(linear.weight.device)
-    _tag(layer, {"builder": "llmx.plugins.bnb.layers:rebuild4", "in_features": linear.in_features,
-                 "out_features": linear.out_features, "bias": linear.bias is not None, "quant_type": quant_type})
-    return layer
+    return _finish(layer, linear, {"builder": "llmx.plugins.bnb.layers:rebuild4", "quant_type": quant_type})
 
 
 def linear8bit(linear: torch.nn.Linear, threshold: float) -> torch.nn.Module:
@@ -35,11 +30,16 @@ def linear8bit(linear: torch.nn.Linear, threshold: float) -> torch.nn.Module:
     layer = b.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=linear.bias is not None,
                               has_fp16_weights=False, threshold=threshold)
     layer.weight = b.nn.Int8Params(linear.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    return _finish(layer, linear, {"builder": "llmx.plugins.bnb.layers:rebuild8", "threshold": threshold})
+
+
+def _finish(layer: torch.nn.Module, linear: torch.nn.Linear, spec: dict[str, Any]) -> torch.nn.Module:
+    """Copy the bias, move to the source layer's device and record how storage rebuilds the layer."""
     if linear.bias is not None:
         layer.bias = torch.nn.Parameter(linear.bias.data.clone(), requires_grad=False)
     layer = layer.to(linear.weight.device)
-    _tag(layer, {"builder": "llmx.plugins.bnb.layers:rebuild8", "in_features": linear.in_features,
-                 "out_features": linear.out_features, "bias": linear.bias is not None, "threshold": threshold})
+    _tag(layer, {**spec, "in_features": linear.in_features, "out_features": linear.out_features,
+                 "bias": linear.bias is not None})
     return layer
 
 

@@ -53,7 +53,7 @@ def evaluate(ctx: RunContext, p: BracketsEvalParams) -> dict:
     samples = task.sample(model, tok, plist, p.samples, p.max_new_tokens, p.temperature, ctx.config.seed + 1,
                           ctx.progress)
     good = total = 0
-    kl_seq, kl_tok, n_tok = 0.0, 0.0, 0.0
+    kl_seq, n_tok = 0.0, 0.0
     for prompt, completions in zip(plist, samples, strict=True):
         good += sum(task.judge(prompt, c) for c in completions)
         total += len(completions)
@@ -62,6 +62,5 @@ def evaluate(ctx: RunContext, p: BracketsEvalParams) -> dict:
         ratio = (forward(model, t)[0] - forward(reference, t)[0]) * t.response_mask
         kl_seq += float(ratio.sum())
         n_tok += float(t.response_mask.sum())
-    kl_tok = kl_seq / max(n_tok, 1)
     return {"preferred_rate": good / max(total, 1), "kl_from_reference": kl_seq / max(total, 1),
-            "kl_per_token": kl_tok, "samples": total}
+            "kl_per_token": kl_seq / max(n_tok, 1), "samples": total}

@@ -33,10 +33,11 @@ def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
 
 def stored_bytes(source: str | None) -> int | None:
     """Size of the weight files of a model loaded from a local folder, as stored."""
+    from llmx.core.models.storage import weight_file_bytes
+
     if not source or not Path(source).is_dir():
         return None
-    files = list(Path(source).glob("*.safetensors")) + list(Path(source).glob("*.bin"))
-    return sum(f.stat().st_size for f in files) or None
+    return weight_file_bytes(source) or None
 
 
 def peak_rss_bytes() -> int:
