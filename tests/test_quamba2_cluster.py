@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from llmx.plugins.quamba2.cluster import channel_stat, fake_int8, grouped_scales, sort_and_cluster
+from llmx.plugins.quamba2.cluster import channel_stat, grouped_scales, sort_and_cluster
+from llmx.plugins.quamba2.points import fake_int8
 
 G, HEADS_PER, HD, N, L = 4, 4, 32, 32, 512
 HEADS = G * HEADS_PER
@@ -50,7 +51,7 @@ def test_sort_and_cluster_with_per_group_bc_beats_per_tensor():
                  fake_int8(B, Bc.abs().max() / 127), fake_int8(C, Cc.abs().max() / 127))
     c = sort_and_cluster(channel_stat(xc[None].float()), HEADS, HD, G)
     ch = (c.head_index[:, None] * HD + c.within).reshape(-1)
-    sx = grouped_scales(xc[:, ch].float(), c, HD).double()
+    sx = grouped_scales(xc[:, ch].abs().amax(0).float(), c, HD).double()
     xq = torch.empty_like(x)
     xq[:, ch] = fake_int8(x[:, ch], sx)  # quantize in the rearranged order, compare in the original one
     sb = Bc.abs().amax(dim=(0, 2), keepdim=True) / 127

@@ -16,8 +16,20 @@ KEY = "llmx_modules"
 
 
 def layer_specs(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """Every layer that knows how to describe its stored form (``llmx_spec()``), by module name."""
-    return {name: m.llmx_spec() for name, m in model.named_modules() if callable(getattr(m, "llmx_spec", None))}
+    """Every outermost layer that knows how to describe its stored form (``llmx_spec()``), by module name; a layer
+    inside another describes itself through its parent's spec."""
+    specs: dict[str, dict[str, Any]] = {}
+    for name, m in model.named_modules():
+        if name and callable(getattr(m, "llmx_spec", None)) and not any(name.startswith(p + ".") for p in specs):
+            specs[name] = m.llmx_spec()
+    return specs
+
+
+def build_layer(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any) -> torch.nn.Module:
+    """A stored layer rebuilt by the builder its spec names."""
+    from llmx.core.spec import load_object
+
+    return load_object(spec["builder"])(spec, state, dtype, config)
 
 
 def weight_file_bytes(path: str | Path) -> int:
@@ -32,8 +44,6 @@ def load(path: Path, meta: dict[str, Any], dtype: torch.dtype, device: str) -> t
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from llmx.core.spec import load_object
-
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # real init: non-persistent buffers (RoPE) need it
     state: dict[str, torch.Tensor] = {}
@@ -43,7 +53,7 @@ def load(path: Path, meta: dict[str, Any], dtype: torch.dtype, device: str) -> t
         prefix = name + "."
         local = {k[len(prefix):]: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
         try:
-            layer = load_object(spec["builder"])(spec, local, dtype, config)
+            layer = build_layer(spec, local, dtype, config)
         except (RuntimeError, KeyError, ValueError, TypeError) as exc:
             first = str(exc).strip().splitlines()[-1]
             raise UsageError(f"{path}: layer {name} does not match its stored spec ({first})") from exc

@@ -65,19 +65,13 @@ def sort_and_cluster(stat: torch.Tensor, heads: int, head_dim: int, groups: int,
     return Clustering(hi, order[hi], torch.tensor(head_group), dim_bounds)
 
 
-def grouped_scales(x: torch.Tensor, c: Clustering, head_dim: int) -> torch.Tensor:
-    """Per-channel int8 scales for the *rearranged* x (``[..., channels]``): one value per (head group, dim group),
-    from the absmax over calibration."""
-    flat = x.reshape(-1, x.shape[-1]).abs()
-    scales = torch.empty(x.shape[-1])
+def grouped_scales(absmax: torch.Tensor, c: Clustering, head_dim: int) -> torch.Tensor:
+    """Per-channel int8 scales for the *rearranged* x from its calibrated per-channel max |x|: one value per
+    (head group, dim group), the max over the group's channels / 127."""
+    scales = torch.empty_like(absmax, dtype=torch.float32)
     for hg, bounds in enumerate(c.dim_bounds):
         heads = (c.head_group == hg).nonzero().flatten()
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             cols = (heads[:, None] * head_dim + torch.arange(a, b)[None]).flatten()
-            scales[cols] = flat[:, cols].max() / 127
+            scales[cols] = absmax[cols].max() / 127
     return scales.clamp(min=1e-8)
-
-
-def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Symmetric int8 quantize-dequantize with given (broadcastable) static scales."""
-    return torch.clamp(torch.round(x / scale), -128, 127) * scale

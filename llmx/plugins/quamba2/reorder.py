@@ -27,22 +27,27 @@ def check(head_index: torch.Tensor, heads: int, groups: int) -> None:
 
 
 @torch.no_grad()
-def apply(mixer, head_index: torch.Tensor, within: torch.Tensor) -> None:
-    """Rearrange an HF ``Mamba2Mixer`` in place (``within``: ``[heads, head_dim]`` per-head channel orders)."""
-    heads, hd, inner = mixer.num_heads, mixer.head_dim, mixer.intermediate_size
-    check(head_index, heads, mixer.n_groups)
+def apply(mixer, head_index: torch.Tensor, within: torch.Tensor) -> torch.Tensor:
+    """Rearrange an llmx ``Mamba2Mixer`` in place (``within``: ``[heads, head_dim]`` per-head channel orders);
+    returns the channel index."""
+    heads, hd, inner, gs = mixer.heads, mixer.head_dim, mixer.inner, mixer.groups * mixer.state
+    check(head_index, heads, mixer.groups)
     ch = channel_index(head_index, within, hd)
-    w = mixer.in_proj.weight
-    conv_dim = inner + 2 * mixer.n_groups * mixer.ssm_state_size
+    conv_dim = inner + 2 * gs
     rows = torch.cat([ch, inner + ch, torch.arange(2 * inner, inner + conv_dim), inner + conv_dim + head_index])
-    w.copy_(w[rows])
-    if mixer.in_proj.bias is not None:
-        mixer.in_proj.bias.copy_(mixer.in_proj.bias[rows])
+    _take(mixer.in_proj.weight, rows)
+    _take(mixer.in_proj.bias, rows)
     conv_rows = torch.cat([ch, torch.arange(inner, conv_dim)])
-    mixer.conv1d.weight.copy_(mixer.conv1d.weight[conv_rows])
-    if mixer.conv1d.bias is not None:
-        mixer.conv1d.bias.copy_(mixer.conv1d.bias[conv_rows])
+    _take(mixer.conv_weight, conv_rows)
+    _take(mixer.conv_bias, conv_rows)
     for p in (mixer.A_log, mixer.D, mixer.dt_bias):
-        p.copy_(p[head_index])
-    mixer.norm.weight.copy_(mixer.norm.weight[ch])
-    mixer.out_proj.weight.copy_(mixer.out_proj.weight[:, ch])
+        _take(p, head_index)
+    _take(mixer.norm_weight, ch)
+    w = mixer.out_proj.weight
+    w.copy_(w[:, ch])
+    return ch
+
+
+def _take(p: torch.Tensor | None, index: torch.Tensor) -> None:
+    if p is not None:
+        p.copy_(p[index])
