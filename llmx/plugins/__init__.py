@@ -11,5 +11,6 @@ BUILTIN = (
     "llmx.plugins.confpo.plugin",
     "llmx.plugins.brackets.plugin",
     "llmx.plugins.lexico.plugin",
+    "llmx.plugins.quamba2.plugin",
     "llmx.plugins.evals.plugin",
 )

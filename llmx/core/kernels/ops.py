@@ -40,10 +40,48 @@ def int4_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
     xf, sf = x.float().contiguous(), scales.float().contiguous()
     args = (cupy.asarray(xf), cupy.asarray(qweight.contiguous()), cupy.asarray(sf),
             cupy.asarray(zeros.contiguous()) if zeros is not None else cupy.uint64(0),
-            cupy.asarray(bias.float().contiguous()) if bias is not None else cupy.uint64(0),
+            cupy.asarray(bias.detach().float().contiguous()) if bias is not None else cupy.uint64(0),
             cupy.asarray(out), cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int32(group_size), cupy.int32(offset))
     threads = 128
     kernels.function(CUDA / "int4_gemm.cu", "int4_dequant_gemm")(((n + threads - 1) // threads, m), (threads,), args)
+    return out
+
+
+def w4a8_gemm_reference(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                        bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """int8 ``xq [M, K]`` times symmetric int4 weights (packed as ``pack(codes, 4, offset=8)``), Quamba2 (arXiv
+    2503.22879) Sec. 5 / W4A8 path: exact integer sums per group (float64 holds them exactly), scaled in float32 by the
+    group's weight scale, then by ``x_scale`` (one value, or one per row), plus bias."""
+    k = xq.shape[-1]
+    codes = unpack(qweight, 4, k, offset=8).double()
+    x = xq.double()
+    out = torch.zeros(xq.shape[0], qweight.shape[0], dtype=torch.float32, device=xq.device)
+    for g, start in enumerate(range(0, k, group_size)):
+        cols = slice(start, start + group_size)
+        out += (x[:, cols] @ codes[:, cols].T).float() * scales[:, g].float()
+    out = out * x_scale.to(out.device, torch.float32).reshape(-1, 1)
+    return out + bias.float() if bias is not None else out
+
+
+def w4a8_gemm(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+              bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """Same contract as the reference; 2-D int8 ``xq``, fp16 ``scales [N, G]`` (passed to the kernel as float32)."""
+    m, k = xq.shape
+    if x_scale.numel() not in (1, m):
+        raise ValueError(f"x_scale must have 1 or {m} elements, got {x_scale.numel()}")
+    if not kernels.use_kernel(xq, qweight):
+        return w4a8_gemm_reference(xq, x_scale, qweight, scales, bias, group_size)
+    import cupy
+
+    n = qweight.shape[0]
+    out = torch.empty(m, n, device=xq.device, dtype=torch.float32)
+    sx = x_scale.detach().to(xq.device, torch.float32).reshape(-1).contiguous()
+    args = (cupy.asarray(xq.contiguous()), cupy.asarray(sx), cupy.int32(sx.numel()), cupy.asarray(qweight.contiguous()),
+            cupy.asarray(scales.detach().float().contiguous()),
+            cupy.asarray(bias.detach().float().contiguous()) if bias is not None else cupy.uint64(0),
+            cupy.asarray(out), cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int32(group_size))
+    threads = 128
+    kernels.function(CUDA / "w4a8_gemm.cu", "w4a8_gemm")(((n + threads - 1) // threads, min(m, 65535)), (threads,), args)
     return out
 
 

@@ -2,8 +2,9 @@
 
 Weights: ``bits``-bit codes packed densely along the input dim (int4: two per byte, low nibble first; int8 stored as
 int8), fp16 scales per group / channel / tensor, uint8 zero points when asymmetric. W8A8 (8-bit symmetric
-per-channel weights, 8-bit activations) runs through an integer matmul (``torch._int_mm``) with int32 accumulation;
-other activation widths are simulated (quantize-dequantize) around a float matmul.
+per-channel or per-tensor weights, 8-bit activations) runs through an integer matmul (``torch._int_mm``) with int32
+accumulation, W4A8 (4-bit symmetric grouped weights) through ``ops.w4a8_gemm`` (int32 per group, then scaled; a CuPy
+kernel on CUDA); other activation widths are simulated (quantize-dequantize) around a float matmul.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ class QuantLinear(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, fmt: IntFormat, act_bits: int = 16,
                  static_act: bool = False, dtype: torch.dtype = torch.float32):
         super().__init__()
-        if act_bits == 8 and not (fmt.bits == 8 and fmt.symmetric and fmt.group_size is None):
-            raise ValueError("W8A8 needs 8-bit symmetric per-channel weights")
+        w8 = fmt.bits == 8 and fmt.group_size in (None, 0)
+        if act_bits == 8 and not (fmt.symmetric and (w8 or (fmt.bits == 4 and fmt.group_size != 0))):
+            raise ValueError("A8 needs symmetric weights: 8-bit per channel or per tensor, or 4-bit per channel or per group")
         self.in_features, self.out_features, self.fmt, self.act_bits = in_features, out_features, fmt, act_bits
         groups = 1 if fmt.group_size == 0 else 1 if fmt.group_size is None else -(-in_features // fmt.group_size)
         rows = 1 if fmt.group_size == 0 else out_features
@@ -102,6 +104,10 @@ class QuantLinear(torch.nn.Module):
             xq, sx = ops.quantize_rows_int8(x2)
         else:
             xq, sx = quantize_activation(x2.float(), 8, self.act_scale)
+        if self.fmt.bits == 4:
+            group = self.fmt.group_size or self.in_features
+            out = ops.w4a8_gemm(xq.to(torch.int8), sx, self.qweight, self.scales, self.bias, group)
+            return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
         acc = torch._int_mm(xq.to(torch.int8), self.qweight.t())
         out = acc.float() * sx.reshape(-1, 1) * self.scales.float().reshape(1, -1)
         if self.bias is not None:
@@ -110,7 +116,7 @@ class QuantLinear(torch.nn.Module):
 
     def llmx_spec(self) -> dict[str, Any]:
         """What :func:`llmx.core.models.storage.load` needs to rebuild this layer."""
-        return {"builder": "llmx.core.quant.qlinear:QuantLinear.rebuild",
+        return {"builder": f"{type(self).__module__}:{type(self).__qualname__}.rebuild",
                 "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
                 "act_bits": self.act_bits, "static_act": self.act_scale is not None,
                 "in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}

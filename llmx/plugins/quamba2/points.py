@@ -61,3 +61,4 @@ class Observer(torch.nn.Module):
         """One scale per contiguous block of ``channels / groups`` channels, expanded per channel."""
         g = self.absmax.reshape(groups, -1).amax(1, keepdim=True) / 127
         return g.expand(groups, self.absmax.numel() // groups).reshape(-1)
+

@@ -1,0 +1,34 @@
+"""Quamba2 parameters. Defaults follow the official code (Quamba2 notes Sec. 6) except the calibration size, scaled
+down for CPU (official: 512 windows x 512 tokens for scales, 128 x 1024 for GPTQ). No torch import here."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from llmx.core.quant.params import BitsParams
+
+
+class Quamba2Params(BitsParams):
+    BITS: ClassVar[tuple[str, ...]] = ("w8a8", "w4a8", "w4a16")
+
+    bits: str = Field("w4a8", description="w8a8: int8 per-tensor weights; w4a8: GPTQ int4 group-128 weights; both with "
+                      "static int8 activations. w4a16: GPTQ int4 weights, activations in float (no reorder/calibration).")
+    recipe: Literal["quamba2", "quamba1", "naive"] = Field(
+        "quamba2", description="quamba2: sort-and-cluster x + per-SSD-group B/C (Mamba2 only; Mamba1 falls back to "
+        "quamba1, as the official code does). quamba1: percentile-clipped per-tensor x, per-tensor B/C. naive: no "
+        "rotation, per-tensor min-max scales everywhere, RTN weights (the baseline).")
+    head_groups: int = Field(4, gt=0, description="Head clusters per SSD group (Ward clustering).")
+    dim_groups: int = Field(4, gt=0, description="Channel groups per head group (1-D k-means over sorted channels).")
+    hadamard: bool = Field(True, description="Fold norms, rotate the residual stream and the out_proj input with "
+                           "Walsh-Hadamard matrices (ignored by the naive recipe).")
+    x_percentile: float = Field(0.9995, gt=0, le=1, description="quamba1 recipe: percentile of |x| for its scale.")
+    quantize_lm_head: bool = Field(True, description="Quantize lm_head too (the README's head-to-toe recipe; the "
+                                   "embedding stays in float here).")
+    group_size: int = Field(128, gt=0, description="W4: input channels per weight scale.")
+    percdamp: float = Field(0.01, ge=0, description="GPTQ dampening, as a fraction of mean(diag H).")
+    calib_samples: int = Field(32, gt=0, description="Calibration windows (official: 512).")
+    calib_seq_len: int = Field(256, gt=1, description="Tokens per calibration window (official: 512).")
+    calib_source: str | None = Field(None, description="Calibration text; defaults to the run's data.source (train split).")
+    save: bool = Field(True, description="Save the packed model as a run artifact (reloadable with --model).")
