@@ -17,7 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from llmx.core import kernels
 from llmx.core.quant.hadamard import hadamard_transform
+from llmx.plugins.quamba2 import ops
 from llmx.plugins.quamba2.points import Int8Point
 
 
@@ -113,13 +115,27 @@ class Mamba2Mixer(QuantMixer):
         proj = self.in_proj(self.q("in_proj_in", _mask(hidden, attention_mask)))
         gs = self.groups * self.state
         z, xbc, dt = proj.split([self.inner, self.inner + 2 * gs, self.heads], dim=-1)
-        xbc = _mask(self.conv(self.q("conv_in", xbc), cache_params), attention_mask)
+        xbc = _mask(self.conv_xbc(self.q("conv_in", xbc), cache_params), attention_mask)
         x, B, C = xbc.split([self.inner, gs, gs], dim=-1)
         x, B, C, dt, z = self.q("x", x), self.q("B", B), self.q("C", C), self.q("dt", dt), self.q("z", z)
         y, h = self.scan(x, dt, B, C, h0)
         if cache_params is not None:
             cache_params.update_recurrent_state(h, self.layer_idx)
         return self.output(self.gated_norm(y, z), hidden.dtype)
+
+    def xbc_scales(self) -> torch.Tensor | None:
+        """Per-channel int8 scales of x, B and C concatenated, when all three are quantized."""
+        if not all(n in self.points and isinstance(self.points[n], Int8Point) for n in ("x", "B", "C")):
+            return None
+        sizes = (self.inner, self.groups * self.state, self.groups * self.state)
+        return torch.cat([self.points[n].scale.expand(k) for n, k in zip(("x", "B", "C"), sizes, strict=True)])
+
+    def conv_xbc(self, xbc: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Conv + SiLU; on CUDA with int8 x/B/C and no cache, the fused kernel also writes them in int8."""
+        scale = self.xbc_scales() if cache is None and kernels.use_kernel(xbc) else None
+        if scale is None:
+            return self.conv(xbc, cache)
+        return ops.conv_silu_quant(xbc, self.conv_weight, self.conv_bias, scale).float() * scale
 
     def scan(self, x, dt, B, C, h0=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t + D x_t`` per head; returns (y, last h)."""
