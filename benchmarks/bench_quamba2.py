@@ -1,0 +1,140 @@
+"""Quamba2 against its baselines on trained reference Mamba2 and Mamba models, plus a Mamba2 with injected outliers.
+
+    python benchmarks/bench_quamba2.py [--models ref:mamba2-bench ref:mamba-bench] [--max-tokens 16384] [--quick]
+
+Rows per model: FP; W8A8 and W4A8 with the naive recipe (per-tensor static scales everywhere, RTN weights), the
+quamba1 recipe (Hadamard, percentile x, per-tensor B/C, GPTQ) and the quamba2 recipe (sort-and-cluster x,
+per-SSD-group B/C; Mamba2 only); W4A16 as Quamba2 (Hadamard + GPTQ g128), RTN g128 and bitsandbytes NF4. Figures:
+held-out perplexity (standard-library code), stored weight bytes (the FP model's files are fp32), the quantized layers
+against fp16, CPU decode tokens/s (one thread, batch 1). The quantized mixers run the exact sequential scan with
+fake-quant points on the CPU, so their decode rate is not a speed claim; the int8 linears are timed separately
+(``linear_timing``: FP32 matmul vs the W8A8 int8 matmul vs the W4A8 integer reference, in_proj shape).
+
+The outlier row: the same Mamba2 with ``--outlier-channels`` x channels per layer whose conv weights and bias are
+multiplied by ``--outlier-factor`` (a persistent per-channel outlier, as in real SSMs; it changes the model, so its
+own FP perplexity is the reference). Writes benchmarks/results/quamba2_<model>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, machine, markdown, run_pipeline, write  # noqa: E402
+
+
+def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
+    skip = ["lm_head", "dt_proj"]  # transformers' Mamba1 reads dt_proj.weight directly
+    rows = [("fp", "-", {})]
+    recipes = ["naive", "quamba1"] + (["quamba2"] if arch == "mamba2" else [])
+    for bits in (["w4a8"] if quick else ["w8a8", "w4a8"]):
+        rows += [("quamba2", f"{bits} {r}", {"bits": bits, "recipe": r}) for r in recipes]
+    rows.append(("quamba2", "w4a16 hadamard+gptq", {"bits": "w4a16"}))
+    if not quick:
+        rows.append(("rtn", "w4a16 g128", {"bits": "w4a16", "group_size": 128, "skip": skip}))
+        rows.append(("bnb", "w4a16 nf4", {"bits": "w4a16", "quant_type": "nf4", "skip": skip}))
+    return rows
+
+
+def inject_outliers(model_name: str, channels: int, factor: float, out_dir: Path) -> str:
+    """Save a copy of a Mamba2 whose x channels ``channels`` per layer come out of the conv ``factor`` times larger."""
+    import torch
+
+    from llmx.core import models
+
+    model, tok = models.load(model_name)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            m = layer.mixer
+            idx = torch.randperm(m.intermediate_size, generator=gen)[:channels]
+            m.conv1d.weight[idx] *= factor
+            m.conv1d.bias[idx] *= factor
+    return str(models.save(model, tok, out_dir, {"source": model_name, "method": f"outliers x{factor} on {channels} ch"}))
+
+
+def linear_timing(model_name: str) -> dict:
+    """Seconds per call of one in_proj-shaped layer: FP32, W8A8 (int8 matmul) and W4A8 (integer reference)."""
+    import torch
+
+    from llmx.core import models
+    from llmx.core.quant.formats import IntFormat, quantize
+    from llmx.core.quant.qlinear import QuantLinear
+
+    torch.set_num_threads(1)
+    lin = models.load(model_name)[0].backbone.layers[0].mixer.in_proj
+    layers = {"fp32": lin}
+    for label, fmt in (("w8a8", IntFormat(8, 0)), ("w4a8", IntFormat(4, 128))):
+        layers[label] = QuantLinear.from_codes(lin, *quantize(lin.weight.data, fmt), fmt, act_bits=8, act_scale=0.05)
+    out = {"shape": list(lin.weight.shape)}
+    for m in (1, 256):
+        x = torch.randn(m, lin.in_features)
+        for label, layer in layers.items():
+            with torch.no_grad():
+                for _ in range(3):
+                    layer(x)
+                t0, n = time.perf_counter(), 50
+                for _ in range(n):
+                    layer(x)
+            out[f"{label}_tokens{m}_us"] = 1e6 * (time.perf_counter() - t0) / n
+    return out
+
+
+def bench(model: str, label: str, arch: str, args) -> list[dict]:
+    evals = [{"method": "perplexity", "params": {"max_tokens": args.max_tokens, "seq_len": 256, "stride": 128}},
+             {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 16, "repeats": 2}}]
+    calib = {"calib_samples": args.calib_samples, "calib_seq_len": 256}
+    rows = []
+    for method, fmt, params in configs(arch, args.quick):
+        if method == "quamba2":
+            params = {**params, **calib}
+        quant = [] if method == "fp" else [{"method": method, "params": params}]
+        metrics = run_pipeline(model, quant + evals, threads=1)
+        q = metrics[0] if quant else {}
+        ppl, speed = metrics[-2], metrics[-1]
+        rows.append({"model": label, "method": method, "format": fmt, "perplexity": ppl["perplexity"],
+                     "stored_weight_bytes": q.get("stored_weight_bytes"), "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
+                     "decode_tok_s": speed["decode_tokens_per_s"]})
+        print(rows[-1], flush=True)
+    for r in rows:
+        r["ppl_increase_pct"] = 100 * (r["perplexity"] / rows[0]["perplexity"] - 1)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["ref:mamba2-bench", "ref:mamba-bench"])
+    ap.add_argument("--max-tokens", type=int, default=16384)
+    ap.add_argument("--calib-samples", type=int, default=32)
+    ap.add_argument("--outlier-channels", type=int, default=6)
+    ap.add_argument("--outlier-factor", type=float, default=25.0)
+    ap.add_argument("--quick", action="store_true", help="A few rows only (a smoke run of this script).")
+    args = ap.parse_args()
+    from llmx.core.models import load
+
+    for model in args.models:
+        arch = load(model)[0].config.model_type
+        rows = bench(model, model, arch, args)
+        if arch == "mamba2":
+            with tempfile.TemporaryDirectory() as tmp:
+                injected = inject_outliers(model, args.outlier_channels, args.outlier_factor, Path(tmp) / "m")
+                label = f"{model} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g})"
+                rows += bench(injected, label, arch, args)
+        name = f"quamba2_{model.replace(':', '_')}"
+        columns = ["model", "method", "format", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
+                   "quantized_vs_fp16", "decode_tok_s"]
+        timing = linear_timing(model)
+        write(name, {"benchmark": "quamba2", "model": model, "eval_tokens": args.max_tokens,
+                     "calib_tokens": args.calib_samples * 256, "machine": machine(), "rows": rows, "linear_timing": timing})
+        (RESULTS / f"{name}.md").write_text(markdown(columns, rows) + "\n\nlinear timing (us/call): "
+                                            + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                                        for k, v in timing.items()) + "\n")
+        print((RESULTS / f"{name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
