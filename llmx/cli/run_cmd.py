@@ -15,14 +15,15 @@ from llmx.core.spec import Stage
 
 STAGE_HELP = {
     Stage.QUANTIZE: ("Quantize a model's weights (and activations).",
-                     "llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity"),
-    Stage.PRUNE: ("Prune a model (heads, channels, weights).", "llmx prune --method clover --model ref:llama --set ratio=0.5"),
-    Stage.TRAIN: ("Fine-tune a model.", "llmx train --method clover --model ref:llama"),
+                     ("llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity",
+                      "llmx quantize --method quamba2 --bits w4a8 --model ref:mamba2 --eval perplexity")),
+    Stage.PRUNE: ("Prune a model (heads, channels, weights).", ("llmx prune --method clover --model ref:llama --set ratio=0.5",)),
+    Stage.TRAIN: ("Fine-tune a model.", ("llmx train --method clover --model ref:llama",)),
     Stage.ALIGN: ("Align a model on preference data (--data is the .jsonl of preference rows).",
-                  "llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m"),
-    Stage.DECODE: ("Generate with a decoding or KV-cache method.", "llmx decode --method lexico --model ref:llama"),
-    Stage.EVAL: ("Evaluate a model.", "llmx eval --method perplexity --model tiny:llama --data stdlib"),
-    Stage.ANALYZE: ("Analyze a model without changing it.", "llmx analyze --method params --model tiny:llama"),
+                  ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
+    Stage.DECODE: ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
+    Stage.EVAL: ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",)),
+    Stage.ANALYZE: ("Analyze a model without changing it.", ("llmx analyze --method params --model tiny:llama",)),
 }
 
 
@@ -92,6 +93,6 @@ def _stage_command(stage: Stage):
 def register(app: typer.Typer) -> None:
     app.command(epilog=examples("llmx run configs/smoke/rtn.yaml", "llmx run base.yaml quant.yaml --set seed=2",
                                 "llmx --dry-run run configs/smoke/rtn.yaml"))(run)
-    for stage, (_, example) in STAGE_HELP.items():
-        epilog = examples(example, f"llmx methods --stage {stage.value}")
+    for stage, (_, lines) in STAGE_HELP.items():
+        epilog = examples(*lines, f"llmx methods --stage {stage.value}")
         app.command(stage.value, short_help=STAGE_HELP[stage][0], epilog=epilog)(_stage_command(stage))
