@@ -5,8 +5,8 @@
 Rows per model: FP; W8A8 and W4A8 with the naive recipe (per-tensor static scales everywhere, RTN weights), the
 quamba1 recipe (Hadamard, percentile x, per-tensor B/C, GPTQ) and the quamba2 recipe (sort-and-cluster x,
 per-SSD-group B/C; Mamba2 only); W4A16 as Quamba2 (Hadamard + GPTQ g128), RTN g128 and bitsandbytes NF4. Figures:
-held-out perplexity (standard-library code), stored weight bytes (the FP model's files are fp32), the quantized layers
-against fp16, CPU decode tokens/s (one thread, batch 1). The quantized mixers run the exact sequential scan with
+held-out perplexity (standard-library code), stored weight bytes against the FP model's (fp32) files, the quantized
+layers against their fp16 size, CPU decode tokens/s (one thread, batch 1). The quantized mixers run the exact sequential scan with
 fake-quant points on the CPU, so their decode rate is not a speed claim; the int8 linears are timed separately
 (``linear_timing``: FP32 matmul vs the W8A8 int8 matmul vs the W4A8 integer reference, in_proj shape).
 
@@ -84,11 +84,20 @@ def linear_timing(model_name: str) -> dict:
     return out
 
 
+def fp_file_bytes(model: str) -> int:
+    """Bytes of the FP model's weight files (a ``ref:`` model's cache folder, or a saved folder)."""
+    from llmx.core import zoo
+    from llmx.core.models.storage import weight_file_bytes
+
+    folder = zoo.ensure(zoo.parse_name(model.removeprefix("ref:"))) if model.startswith("ref:") else Path(model)
+    return weight_file_bytes(folder)
+
+
 def bench(model: str, label: str, arch: str, args) -> list[dict]:
     evals = [{"method": "perplexity", "params": {"max_tokens": args.max_tokens, "seq_len": 256, "stride": 128}},
              {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 16, "repeats": 2}}]
     calib = {"calib_samples": args.calib_samples, "calib_seq_len": 256}
-    rows = []
+    rows, fp_bytes = [], fp_file_bytes(model)
     for method, fmt, params in configs(arch, args.quick):
         if method == "quamba2":
             params = {**params, **calib}
@@ -97,7 +106,9 @@ def bench(model: str, label: str, arch: str, args) -> list[dict]:
         q = metrics[0] if quant else {}
         ppl, speed = metrics[-2], metrics[-1]
         rows.append({"model": label, "method": method, "format": fmt, "perplexity": ppl["perplexity"],
-                     "stored_weight_bytes": q.get("stored_weight_bytes"), "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
+                     "stored_weight_bytes": q.get("stored_weight_bytes", fp_bytes),
+                     "vs_fp32_files": q.get("stored_weight_bytes", fp_bytes) / fp_bytes,
+                     "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
                      "decode_tok_s": speed["decode_tokens_per_s"]})
         print(rows[-1], flush=True)
     for r in rows:
@@ -126,7 +137,7 @@ def main() -> None:
                 rows += bench(injected, label, arch, args)
         name = f"quamba2_{model.replace(':', '_')}"
         columns = ["model", "method", "format", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
-                   "quantized_vs_fp16", "decode_tok_s"]
+                   "vs_fp32_files", "quantized_vs_fp16", "decode_tok_s"]
         timing = linear_timing(model)
         write(name, {"benchmark": "quamba2", "model": model, "eval_tokens": args.max_tokens,
                      "calib_tokens": args.calib_samples * 256, "machine": machine(), "rows": rows, "linear_timing": timing})
