@@ -10,9 +10,10 @@ layers against their fp16 size, CPU decode tokens/s (one thread, batch 1). The q
 fake-quant points on the CPU, so their decode rate is not a speed claim; the int8 linears are timed separately
 (``linear_timing``: FP32 matmul vs the W8A8 int8 matmul vs the W4A8 integer reference, in_proj shape).
 
-The outlier row: the same Mamba2 with ``--outlier-channels`` x channels per layer whose conv weights and bias are
-multiplied by ``--outlier-factor`` (a persistent per-channel outlier, as in real SSMs; it changes the model, so its
-own FP perplexity is the reference). Writes benchmarks/results/quamba2_<model>.json and .md.
+The outlier rows: the same Mamba2 with ``--outlier-channels`` x channels per layer whose conv weights and bias are
+multiplied by ``--outlier-factor`` (persistent per-channel outliers, as in large SSMs), then fine-tuned
+``--outlier-steps`` steps so the model works with them (its own FP perplexity is their reference).
+Writes benchmarks/results/quamba2_<model>.json and .md.
 """
 
 from __future__ import annotations
@@ -35,16 +36,23 @@ def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
         rows += [("quamba2", f"{bits} {r}", {"bits": bits, "recipe": r}) for r in recipes]
     rows.append(("quamba2", "w4a16 hadamard+gptq", {"bits": "w4a16"}))
     if not quick:
+        rows.append(("quamba2", "w4a16 hadamard+gptq, lm_head fp", {"bits": "w4a16", "quantize_lm_head": False}))
         rows.append(("rtn", "w4a16 g128", {"bits": "w4a16", "group_size": 128, "skip": skip}))
         rows.append(("bnb", "w4a16 nf4", {"bits": "w4a16", "quant_type": "nf4", "skip": skip}))
     return rows
 
 
-def inject_outliers(model_name: str, channels: int, factor: float, out_dir: Path) -> str:
-    """Save a copy of a Mamba2 whose x channels ``channels`` per layer come out of the conv ``factor`` times larger."""
+def inject_outliers(model_name: str, channels: int, factor: float, steps: int, out_dir: Path) -> tuple[str, dict]:
+    """A copy of a Mamba2 whose x channels ``channels`` per layer come out of the conv ``factor`` times larger, then
+    fine-tuned ``steps`` steps on the reference corpus so that the rest of the model adapts to them. Returns the
+    saved folder and the outlier strength (max / median channel mean |x|) before and after the fine-tune."""
+    from dataclasses import replace
+
     import torch
 
-    from llmx.core import models
+    from llmx.core import models, zoo
+    from llmx.core.data import join_documents
+    from llmx.core.zoo.train import pretrain
 
     model, tok = models.load(model_name)
     gen = torch.Generator().manual_seed(0)
@@ -54,7 +62,35 @@ def inject_outliers(model_name: str, channels: int, factor: float, out_dir: Path
             idx = torch.randperm(m.intermediate_size, generator=gen)[:channels]
             m.conv1d.weight[idx] *= factor
             m.conv1d.bias[idx] *= factor
-    return str(models.save(model, tok, out_dir, {"source": model_name, "method": f"outliers x{factor} on {channels} ch"}))
+    strength = {"injected": outlier_strength(model, tok)}
+    spec = zoo.parse_name(model_name.removeprefix("ref:")).spec
+    train_docs, val_docs, _ = zoo.corpus(spec)
+    torch.set_num_threads(1)
+    pretrain(model, join_documents(tok, train_docs), join_documents(tok, val_docs), replace(spec, lr=spec.lr / 4, warmup=10),
+             seed=1, steps=steps)
+    strength["after_finetune"] = outlier_strength(model, tok)
+    meta = {"source": model_name, "method": f"outliers x{factor:g} on {channels} ch, fine-tuned {steps} steps"}
+    return str(models.save(model, tok, out_dir, meta)), strength
+
+
+def outlier_strength(model, tok) -> float:
+    """Max over layers of (max / median) of the per-channel mean |x| (x after the conv) on a few windows."""
+    import copy
+
+    import torch
+
+    from llmx.core.data import random_windows
+    from llmx.plugins.quamba2.mixers import convert
+    from llmx.plugins.quamba2.points import Observer
+
+    probe = copy.deepcopy(model)
+    observers = []
+    for m in convert(probe):
+        m.points["x"] = Observer()
+        observers.append(m.points["x"])
+    with torch.no_grad():
+        probe(input_ids=random_windows(tok, "stdlib", 4, 256, seed=3))
+    return max(float(o.meanabs.max() / o.meanabs.median()) for o in observers)
 
 
 def linear_timing(model_name: str) -> dict:
@@ -123,24 +159,28 @@ def main() -> None:
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--outlier-channels", type=int, default=6)
     ap.add_argument("--outlier-factor", type=float, default=25.0)
+    ap.add_argument("--outlier-steps", type=int, default=150, help="Fine-tune steps after the injection.")
     ap.add_argument("--quick", action="store_true", help="A few rows only (a smoke run of this script).")
     args = ap.parse_args()
     from llmx.core.models import load
 
     for model in args.models:
         arch = load(model)[0].config.model_type
-        rows = bench(model, model, arch, args)
+        rows, extra = bench(model, model, arch, args), {}
         if arch == "mamba2":
             with tempfile.TemporaryDirectory() as tmp:
-                injected = inject_outliers(model, args.outlier_channels, args.outlier_factor, Path(tmp) / "m")
-                label = f"{model} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g})"
+                injected, strength = inject_outliers(model, args.outlier_channels, args.outlier_factor,
+                                                     args.outlier_steps, Path(tmp) / "m")
+                label = f"{model} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g}, {args.outlier_steps} steps)"
                 rows += bench(injected, label, arch, args)
+            extra["outlier_strength"] = {"reference": outlier_strength(*load(model)), **strength}
         name = f"quamba2_{model.replace(':', '_')}"
         columns = ["model", "method", "format", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
                    "vs_fp32_files", "quantized_vs_fp16", "decode_tok_s"]
         timing = linear_timing(model)
         write(name, {"benchmark": "quamba2", "model": model, "eval_tokens": args.max_tokens,
-                     "calib_tokens": args.calib_samples * 256, "machine": machine(), "rows": rows, "linear_timing": timing})
+                     "calib_tokens": args.calib_samples * 256, "machine": machine(), "rows": rows, "linear_timing": timing,
+                     **extra})
         (RESULTS / f"{name}.md").write_text(markdown(columns, rows) + "\n\nlinear timing (us/call): "
                                             + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                                         for k, v in timing.items()) + "\n")

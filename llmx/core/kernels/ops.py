@@ -50,15 +50,18 @@ def int4_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
 def w4a8_gemm_reference(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                         bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
     """int8 ``xq [M, K]`` times symmetric int4 weights (packed as ``pack(codes, 4, offset=8)``), Quamba2 (arXiv
-    2503.22879) Sec. 5 / W4A8 path: exact integer sums per group (float64 holds them exactly), scaled in float32 by the
-    group's weight scale, then by ``x_scale`` (one value, or one per row), plus bias."""
+    2503.22879) Sec. 5 / W4A8 path: exact integer sums per group (int32 ``torch._int_mm`` on the CPU, float64
+    elsewhere, which holds them exactly), scaled in float32 by the group's weight scale, then by ``x_scale`` (one
+    value, or one per row), plus bias."""
     k = xq.shape[-1]
-    codes = unpack(qweight, 4, k, offset=8).double()
-    x = xq.double()
+    cpu = xq.device.type == "cpu"
+    codes = unpack(qweight, 4, k, offset=8).to(torch.int8 if cpu else torch.float64)
+    x = xq if cpu else xq.double()
     out = torch.zeros(xq.shape[0], qweight.shape[0], dtype=torch.float32, device=xq.device)
     for g, start in enumerate(range(0, k, group_size)):
         cols = slice(start, start + group_size)
-        out += (x[:, cols] @ codes[:, cols].T).float() * scales[:, g].float()
+        acc = torch._int_mm(x[:, cols].contiguous(), codes[:, cols].t()) if cpu else x[:, cols] @ codes[:, cols].T
+        out += acc.float() * scales[:, g].float()
     out = out * x_scale.to(out.device, torch.float32).reshape(-1, 1)
     return out + bias.float() if bias is not None else out
 
