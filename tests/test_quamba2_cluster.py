@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from llmx.plugins.quamba2.cluster import channel_stat, grouped_scales, sort_and_cluster
-from llmx.plugins.quamba2.points import fake_int8
+from llmx.plugins.quamba2.points import Observer, fake_int8
 
 G, HEADS_PER, HD, N, L = 4, 4, 32, 32, 512
 HEADS = G * HEADS_PER
@@ -73,3 +73,17 @@ def test_clustering_is_a_valid_rearrangement():
     new = stat.reshape(HEADS, HD)[c.head_index].gather(1, c.within)
     assert torch.all(new[:, 1:] >= new[:, :-1])  # sorted ascending inside every head
     assert all(b[0] == 0 and b[-1] == HD for b in c.dim_bounds)
+
+
+def test_observer_statistics():
+    obs = Observer(percentile=0.5, momentum=1.0)
+    x = torch.zeros(2, 3, 8)
+    x[0, :, 0], x[1, 0, 5] = 2.0, -254.0
+    obs(x)
+    assert float(obs.tensor_scale()) == 2.0
+    expected = torch.tensor([2 / 127] * 4 + [2.0] * 4)
+    assert torch.allclose(obs.group_scale(2), expected)  # one scale per contiguous block of channels
+    assert obs.meanabs[0] == 2.0 and obs.meanabs[5] == 254 / 3  # mean over tokens, max over samples
+    assert obs.pct == 0.0  # the median of |x| (momentum 1: the latest batch)
+    obs(x * 0.5)
+    assert float(obs.tensor_scale()) == 2.0  # running max

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from llmx.plugins.quamba2.cluster import channel_stat
+
 
 def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Symmetric int8 quantize-dequantize with given (broadcastable) static scales."""
@@ -43,7 +45,7 @@ class Observer(torch.nn.Module):
         a = x.detach().float().abs()
         flat = a.reshape(-1, a.shape[-1])
         cmax = flat.amax(0)
-        mean = a.reshape(a.shape[0], -1, a.shape[-1]).mean(1).amax(0)
+        mean = channel_stat(a.reshape(a.shape[0], -1, a.shape[-1]))
         self.absmax = cmax if self.absmax is None else torch.maximum(self.absmax, cmax)
         self.meanabs = mean if self.meanabs is None else torch.maximum(self.meanabs, mean)
         k = max(1, min(flat.numel(), int(round(self.percentile * flat.numel()))))
