@@ -9,6 +9,11 @@
 4. weights: W8 per-tensor absmax; W4 GPTQ group 128 on in_proj / out_proj / lm_head, block by block on inputs that
    pass through the already-quantized blocks (naive: RTN); Mamba1's x_proj RTN and dt_proj always W8A8;
 5. install packed QuantLinears (int8 inputs with static scales for A8) and the int8 points, then save.
+
+Deviations from the official code: calibration defaults to 32 x 256 tokens of the run's data (``calib_samples``,
+``calib_seq_len``; official 512 x 512 for scales and 128 x 1024 WikiText tokens for GPTQ, which here reuses the same
+windows); the embedding stays in float (official head-to-toe quantizes it to 4 bits); GPTQ's Hessians are collected
+with the int8 points already installed; the int8 SSM is emulated (int8 values dequantized into a float32 scan).
 """
 
 from __future__ import annotations
