@@ -13,7 +13,8 @@
 Deviations from the official code: calibration defaults to 32 x 256 tokens of the run's data (``calib_samples``,
 ``calib_seq_len``; official 512 x 512 for scales and 128 x 1024 WikiText tokens for GPTQ, which here reuses the same
 windows); the embedding stays in float (official head-to-toe quantizes it to 4 bits); GPTQ's Hessians are collected
-with the int8 points already installed; the int8 SSM is emulated (int8 values dequantized into a float32 scan).
+with the int8 points already installed; the int8 SSM is emulated (int8 values dequantized into a float32 scan) and
+its cached state stays in float while decoding (the official decode kernels quantize it per group).
 """
 
 from __future__ import annotations
