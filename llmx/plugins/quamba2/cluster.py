@@ -75,3 +75,16 @@ def grouped_scales(absmax: torch.Tensor, c: Clustering, head_dim: int) -> torch.
             cols = (heads[:, None] * head_dim + torch.arange(a, b)[None]).flatten()
             scales[cols] = absmax[cols].max() / 127
     return scales.clamp(min=1e-8)
+
+
+def grouped_state_scales(absmax: torch.Tensor, c: Clustering, head_dim: int, state: int) -> torch.Tensor:
+    """Cached-state scales, flattened ``[heads, head_dim, state]``: one per (head group, dim group, state index),
+    from the calibrated per-element max |h|."""
+    a = absmax.reshape(-1, head_dim, state)
+    scales = torch.empty_like(a, dtype=torch.float32)
+    for hg, bounds in enumerate(c.dim_bounds):
+        heads = (c.head_group == hg).nonzero().flatten()
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            block = a[heads, lo:hi]
+            scales[heads, lo:hi] = (block.amax(dim=(0, 1)) / 127)[None, None]
+    return scales.reshape(-1).clamp(min=1e-8)

@@ -4,8 +4,9 @@
    recipe is ``naive``;
 2. A8, quamba2 recipe (Mamba2): sort-and-cluster x on calibration data and rearrange the weights (Sec. 4.1-4.2);
    then the online Hadamard before out_proj is switched on and its inverse fused into out_proj;
-3. A8: calibrate static int8 scales on the full-precision model (x by head group x dim group and B/C per SSD group
-   for quamba2; percentile x and per-tensor B/C for quamba1; per-tensor min-max everywhere for naive);
+3. A8: calibrate static int8 scales on the full-precision model (x by head group x dim group, B/C per SSD group and
+   the cached state per head group x dim group x state index for quamba2; percentile x and per-tensor B/C and state
+   for quamba1; per-tensor min-max everywhere for naive);
 4. weights: W8 per-tensor absmax; W4 GPTQ group 128 on in_proj / out_proj / lm_head, block by block on inputs that
    pass through the already-quantized blocks (naive: RTN); Mamba1's x_proj RTN and dt_proj always W8A8;
 5. install packed QuantLinears (int8 inputs with static scales for A8) and the int8 points, then save.
@@ -13,8 +14,8 @@
 Deviations from the official code: calibration defaults to 32 x 256 tokens of the run's data (``calib_samples``,
 ``calib_seq_len``; official 512 x 512 for scales and 128 x 1024 WikiText tokens for GPTQ, which here reuses the same
 windows); the embedding stays in float (official head-to-toe quantizes it to 4 bits); GPTQ's Hessians are collected
-with the int8 points already installed; the int8 SSM is emulated (int8 values dequantized into a float32 scan) and
-its cached state stays in float while decoding (the official decode kernels quantize it per group).
+with the int8 points already installed; the int8 SSM is emulated (int8 values dequantized into a float32 scan; the
+cached state is stored int8-rounded, in float).
 """
 
 from __future__ import annotations
@@ -129,16 +130,17 @@ def point_scales(m: QuantMixer, obs: dict[str, Observer], recipe: str, c: cluste
         else:  # in_proj writes x, B and C with separate output scales
             parts = obs["conv_in"].absmax.split([m.inner, gs, gs])
             conv_in = torch.cat([(t.max() / 127).expand(len(t)) for t in parts])
-        out = {"conv_in": conv_in, "z": tensor["z"], "dt": tensor["dt"]}
+        out = {"conv_in": conv_in, "z": tensor["z"], "dt": tensor["dt"], "state": tensor["state"]}
         if recipe == "quamba2":
             out.update(x=cluster.grouped_scales(obs["x"].absmax, c, m.head_dim),
-                       B=obs["B"].group_scale(m.groups), C=obs["C"].group_scale(m.groups))
+                       B=obs["B"].group_scale(m.groups), C=obs["C"].group_scale(m.groups),
+                       state=cluster.grouped_state_scales(obs["state"].absmax, c, m.head_dim, m.state))
         else:
             x = obs["x"].percentile_scale() if recipe == "quamba1" else tensor["x"]
             out.update(x=x, B=tensor["B"], C=tensor["C"])
         return out
     x = obs["x"].percentile_scale() if recipe == "quamba1" else tensor["x"]
-    return {"x": x, "xproj_out": tensor["xproj_out"], "dt": tensor["dt"], "z": tensor["z"]}
+    return {"x": x, "xproj_out": tensor["xproj_out"], "dt": tensor["dt"], "z": tensor["z"], "state": tensor["state"]}
 
 
 def weight_format(name: str, linear: torch.nn.Linear, bits: int, p: Quamba2Params) -> IntFormat:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from llmx.core import kernels
 from llmx.core.quant.hadamard import hadamard_transform
 from llmx.plugins.quamba2 import ops
-from llmx.plugins.quamba2.points import Int8Point
+from llmx.plugins.quamba2.points import Int8Point, Observer
 
 
 def _mask(h: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -66,6 +66,20 @@ class QuantMixer(torch.nn.Module):
     def initial_state(cache: Any, layer_idx: int) -> torch.Tensor | None:
         return cache.get_recurrent_state(layer_idx) if cache is not None else None
 
+    def observing_state(self) -> bool:
+        return "state" in self.points and isinstance(self.points["state"], Observer)
+
+    def store_state(self, h: torch.Tensor, cache: Any, peak: torch.Tensor | None) -> None:
+        """The last SSM state goes into the cache through the ``state`` point (one channel per state element): int8
+        for decoding, as the official W8A8/W4A8 kernels keep it. A calibrating observer sees ``peak``, the max |h|
+        over every step, since any step's state may be the one cached."""
+        flat = (h.shape[0], 1, -1)
+        if peak is not None:
+            self.points["state"](peak.reshape(flat))
+        if cache is not None:
+            cache.update_recurrent_state(h if peak is not None else self.q("state", h.reshape(flat)).reshape(h.shape),
+                                         self.layer_idx)
+
     def llmx_spec(self) -> dict[str, Any]:
         from llmx.core.models.storage import layer_specs
 
@@ -94,10 +108,11 @@ def rebuild(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.d
 
 class Mamba2Mixer(QuantMixer):
     """Points: ``in_proj_in``, ``conv_in`` (x, B, C before the conv), ``z``, ``x``, ``B``, ``C``, ``dt`` (before
-    softplus), ``ssm_out`` (the gated-norm output, after the online Hadamard when on)."""
+    softplus), ``ssm_out`` (the gated-norm output, after the online Hadamard when on), ``state`` (the cached state,
+    flattened ``heads x head_dim x d_state``)."""
 
     ARCH = "mamba2"
-    POINTS = ("in_proj_in", "conv_in", "z", "x", "B", "C", "dt", "ssm_out")
+    POINTS = ("in_proj_in", "conv_in", "z", "x", "B", "C", "dt", "ssm_out", "state")
 
     def __init__(self, hf: torch.nn.Module):
         super().__init__()
@@ -118,9 +133,8 @@ class Mamba2Mixer(QuantMixer):
         xbc = _mask(self.conv_xbc(self.q("conv_in", xbc), cache_params), attention_mask)
         x, B, C = xbc.split([self.inner, gs, gs], dim=-1)
         x, B, C, dt, z = self.q("x", x), self.q("B", B), self.q("C", C), self.q("dt", dt), self.q("z", z)
-        y, h = self.scan(x, dt, B, C, h0)
-        if cache_params is not None:
-            cache_params.update_recurrent_state(h, self.layer_idx)
+        y, h, peak = self.scan(x, dt, B, C, h0, self.observing_state())
+        self.store_state(h, cache_params, peak)
         return self.output(self.gated_norm(y, z), hidden.dtype)
 
     def xbc_scales(self) -> torch.Tensor | None:
@@ -137,8 +151,9 @@ class Mamba2Mixer(QuantMixer):
             return self.conv(xbc, cache)
         return ops.conv_silu_quant(xbc, self.conv_weight, self.conv_bias, scale).float() * scale
 
-    def scan(self, x, dt, B, C, h0=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t + D x_t`` per head; returns (y, last h)."""
+    def scan(self, x, dt, B, C, h0=None, track_peak=False):
+        """``h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T``, ``y_t = h_t C_t + D x_t`` per head; returns y, the last
+        h and (``track_peak``) max |h_t| over the steps."""
         b, t, _ = x.shape
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(self.dt_limit[0], self.dt_limit[1])
         A = -torch.exp(self.A_log.float())
@@ -149,12 +164,14 @@ class Mamba2Mixer(QuantMixer):
         h = h0.float() if h0 is not None else x.new_zeros(b, self.heads, self.head_dim, self.state, dtype=torch.float32)
         decay = torch.exp(dt * A)[..., None, None]
         inject = (dt[..., None, None] * xs[..., None]) * Bs[:, :, :, None, :]
-        ys = []
+        ys, peak = [], h.abs() if track_peak else None
         for i in range(t):
             h = decay[:, i] * h + inject[:, i]
             ys.append((h * Cs[:, i, :, None, :]).sum(-1))
+            if peak is not None:
+                peak = torch.maximum(peak, h.abs())
         y = torch.stack(ys, dim=1) + self.D.float()[:, None] * xs
-        return y.reshape(b, t, -1), h
+        return y.reshape(b, t, -1), h, peak
 
     def gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = y.float() * F.silu(z.float())
@@ -165,10 +182,11 @@ class Mamba2Mixer(QuantMixer):
 
 class MambaMixer(QuantMixer):
     """Mamba1. Points: ``in_proj_in``, ``x`` (the SSM input = ``x_proj`` input), ``xproj_out`` (dt rank, B, C),
-    ``dt`` (``dt_proj`` output, before softplus), ``z``, ``ssm_out``. ``dt_proj`` is called as a module here."""
+    ``dt`` (``dt_proj`` output, before softplus), ``z``, ``ssm_out``, ``state`` (the cached state, flattened).
+    ``dt_proj`` is called as a module here."""
 
     ARCH = "mamba"
-    POINTS = ("in_proj_in", "x", "xproj_out", "dt", "z", "ssm_out")
+    POINTS = ("in_proj_in", "x", "xproj_out", "dt", "z", "ssm_out", "state")
 
     def __init__(self, hf: torch.nn.Module):
         super().__init__()
@@ -183,24 +201,26 @@ class MambaMixer(QuantMixer):
         x = self.q("x", _mask(self.conv(x, cache_params), attention_mask))
         dt, B, C = self.q("xproj_out", self.x_proj(x)).split([self.rank, self.state, self.state], dim=-1)
         dt = self.q("dt", self.dt_proj(dt))
-        y, h = self.scan(x, dt, B, C, h0)
-        if cache_params is not None:
-            cache_params.update_recurrent_state(h, self.layer_idx)
+        y, h, peak = self.scan(x, dt, B, C, h0, self.observing_state())
+        self.store_state(h, cache_params, peak)
         return self.output(y * F.silu(self.q("z", z).float()), hidden.dtype)
 
-    def scan(self, x, dt, B, C, h0=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t``, ``y_t = h_t C_t + D x_t`` per channel (dt: after dt_proj)."""
+    def scan(self, x, dt, B, C, h0=None, track_peak=False):
+        """``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t``, ``y_t = h_t C_t + D x_t`` per channel (dt: after dt_proj);
+        returns y, the last h and (``track_peak``) max |h_t| over the steps."""
         b, t, _ = x.shape
         dt = F.softplus(dt.float())
         A = -torch.exp(self.A_log.float())
         decay = torch.exp(dt[..., None] * A)
         inject = (dt * x.float())[..., None] * B.float()[:, :, None, :]
         h = h0.float() if h0 is not None else x.new_zeros(b, self.inner, self.state, dtype=torch.float32)
-        ys = []
+        ys, peak = [], h.abs() if track_peak else None
         for i in range(t):
             h = decay[:, i] * h + inject[:, i]
             ys.append((h * C.float()[:, i, None, :]).sum(-1))
-        return torch.stack(ys, dim=1) + self.D.float() * x.float(), h
+            if peak is not None:
+                peak = torch.maximum(peak, h.abs())
+        return torch.stack(ys, dim=1) + self.D.float() * x.float(), h, peak
 
 
 @functools.cache
