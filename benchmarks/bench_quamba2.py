@@ -34,6 +34,8 @@ def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
     recipes = ["naive", "quamba1"] + (["quamba2"] if arch == "mamba2" else [])
     for bits in (["w4a8"] if quick else ["w8a8", "w4a8"]):
         rows += [("quamba2", f"{bits} {r}", {"bits": bits, "recipe": r}) for r in recipes]
+    rows.append(("quamba2", f"w4a8 {recipes[-1]} + int4 embedding", {"bits": "w4a8", "recipe": recipes[-1],
+                                                                     "quantize_embedding": True}))
     rows.append(("quamba2", "w4a16 hadamard+gptq", {"bits": "w4a16"}))
     if not quick:
         rows.append(("quamba2", "w4a16 hadamard+gptq, lm_head fp", {"bits": "w4a16", "quantize_lm_head": False}))

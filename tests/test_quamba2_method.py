@@ -124,3 +124,18 @@ def test_fused_conv_quant_op_computes_what_the_quantized_mixer_does(cli, tmp_pat
             [m.inner, m.groups * m.state, m.groups * m.state], dim=-1), strict=True)], dim=-1)
         fused = ops.conv_silu_quant(xbc, m.conv_weight, m.conv_bias, scale).float() * scale
     assert torch.allclose(fused, unfused, atol=1e-6 * float(scale.max()) + 1e-6)
+
+
+def test_int4_embedding_rows_are_packed_and_reload(cli, tmp_path):
+    from llmx.plugins.quamba2.embedding import QuantEmbedding
+
+    quant, ppl = _quantize(cli, tmp_path, "ref:mamba2-test", "w4a8", "--set", "quamba2.quantize_embedding=true")
+    plain, _ = _quantize(cli, tmp_path / "plain", "ref:mamba2-test", "w4a8")
+    model, _ = models.load(quant["model_dir"])
+    emb = model.backbone.embeddings
+    assert isinstance(emb, QuantEmbedding)
+    assert quant["embedding_bytes"] <= 0.3 * 2 * emb.num_embeddings * emb.embedding_dim  # int4 + fp16 scales vs fp16
+    assert quant["stored_weight_bytes"] < plain["stored_weight_bytes"] and quant["fp16_model_bytes"] == plain["fp16_model_bytes"]
+    again = cli("--json", "eval", "--method", "perplexity", "--model", quant["model_dir"], "--set", "max_tokens=1024",
+                "-o", tmp_path / "e")
+    assert again.json()["stages"][0]["metrics"]["perplexity"] == pytest.approx(ppl, rel=1e-6)

@@ -55,11 +55,6 @@ def finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, 
 
 
 def _float_param_count(model: torch.nn.Module) -> int:
-    """Parameters of the model as if unquantized (QuantLinear counted at its full in x out size)."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, QuantLinear):
-            n += m.in_features * m.out_features + (m.out_features if m.bias is not None else 0)
-        else:
-            n += sum(p.numel() for p in m.parameters(recurse=False))
-    return n
+    """Parameters of the model as if unquantized (a packed layer counted at its ``float_numel``)."""
+    return sum(getattr(m, "float_numel", None) or sum(p.numel() for p in m.parameters(recurse=False))
+               for m in model.modules())

@@ -50,6 +50,11 @@ class QuantLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
     @property
+    def float_numel(self) -> int:
+        """Parameters of the float layer this one replaces."""
+        return self.in_features * self.out_features + (self.out_features if self.bias is not None else 0)
+
+    @property
     def offset(self) -> int:
         return 2 ** (self.fmt.bits - 1) if self.fmt.symmetric else 0
 

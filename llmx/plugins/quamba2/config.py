@@ -24,8 +24,9 @@ class Quamba2Params(BitsParams):
     hadamard: bool = Field(True, description="Fold norms, rotate the residual stream and the out_proj input with "
                            "Walsh-Hadamard matrices (ignored by the naive recipe).")
     x_percentile: float = Field(0.9995, gt=0, le=1, description="quamba1 recipe: percentile of |x| for its scale.")
-    quantize_lm_head: bool = Field(True, description="Quantize lm_head too (the README's head-to-toe recipe; the "
-                                   "embedding stays in float here).")
+    quantize_lm_head: bool = Field(True, description="Quantize lm_head too (the official README's head-to-toe recipe).")
+    quantize_embedding: bool = Field(False, description="Store the embedding as int4 rows, group_size columns per scale "
+                                     "(the official --quantize_embedding flag, used by its 8B recipe).")
     group_size: int = Field(128, gt=0, description="W4: input channels per weight scale.")
     percdamp: float = Field(0.01, ge=0, description="GPTQ dampening, as a fraction of mean(diag H).")
     calib_samples: int = Field(32, gt=0, description="Calibration windows (official: 512).")

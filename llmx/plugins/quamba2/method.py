@@ -13,9 +13,9 @@
 
 Deviations from the official code: calibration defaults to 32 x 256 tokens of the run's data (``calib_samples``,
 ``calib_seq_len``; official 512 x 512 for scales and 128 x 1024 WikiText tokens for GPTQ, which here reuses the same
-windows); the embedding stays in float (official head-to-toe quantizes it to 4 bits); GPTQ's Hessians are collected
-with the int8 points already installed; the int8 SSM is emulated (int8 values dequantized into a float32 scan; the
-cached state is stored int8-rounded, in float).
+windows); the embedding stays in float unless ``quantize_embedding`` (the official flag; RTN int4 rows here); GPTQ's
+Hessians are collected with the int8 points already installed; the int8 SSM is emulated (int8 values dequantized
+into a float32 scan; the cached state is stored int8-rounded, in float).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from llmx.core.quant.qlinear import QuantLinear, replace_module
 from llmx.errors import UsageError
 from llmx.plugins.quamba2 import cluster, reorder
 from llmx.plugins.quamba2.config import Quamba2Params
+from llmx.plugins.quamba2.embedding import QuantEmbedding
 from llmx.plugins.quamba2.head import QuantHead
 from llmx.plugins.quamba2.mixers import Mamba2Mixer, QuantMixer, convert
 from llmx.plugins.quamba2.points import Int8Point, Observer
@@ -69,6 +70,9 @@ def run(ctx: RunContext, p: Quamba2Params) -> dict:
         fuse_output_hadamard(model)
     act_scales = calibrate(ctx, model, mixers, linears, batches, recipe, clusters, p) if a8 else {}
     quantize_weights(ctx, model, linears, batches, recipe, act_scales, p)
+    if p.quantize_embedding:
+        model.backbone.embeddings = QuantEmbedding.from_embedding(model.backbone.embeddings, p.group_size)
+        extra["embedding_bytes"] = sum(b.nbytes for b in model.backbone.embeddings.buffers())
     return apply.finish(ctx, p, "quamba2", extra)
 
 
