@@ -56,8 +56,8 @@ def test_quantized_model_is_close_to_fp_and_reloads_identically(cli, tmp_path, m
     fp = cli("--json", "eval", "--method", "perplexity", "--model", model, "--set", "max_tokens=1024", "-o", tmp_path / "fp")
     fp_ppl = fp.json()["stages"][0]["metrics"]["perplexity"]
     quant, ppl = _quantize(cli, tmp_path, model, bits)
-    assert quant["recipe"] == {"w4a16": "weight-only", "w4a8": "quamba2" if "mamba2" in model else "quamba1"}.get(
-        bits, "quamba2")
+    assert quant["recipe"] == ("quamba2" if "mamba2" in model else "quamba1")
+    assert quant["activations"] == ("float" if bits == "w4a16" else "int8")
     assert ppl <= 1.06 * fp_ppl, (ppl, fp_ppl)
     if bits.startswith("w4"):
         assert quant["quantized_bytes_vs_fp16"] < 0.3

@@ -60,7 +60,7 @@ def run(ctx: RunContext, p: Quamba2Params) -> dict:
     if rotated:
         fold_and_rotate(model)
     batches = apply.calibration(ctx, p)
-    extra = {"recipe": recipe if a8 else "weight-only", "arch": arch, "rotated": rotated,
+    extra = {"recipe": recipe, "activations": "int8" if a8 else "float", "arch": arch, "rotated": rotated,
              "calib_tokens": int(batches.numel())}
     linears = target_linears(model, p.quantize_lm_head)
     clusters = cluster_and_reorder(ctx, model, mixers, batches, p) if a8 and recipe == "quamba2" else []
