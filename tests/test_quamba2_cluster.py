@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from llmx.plugins.quamba2.cluster import channel_stat, grouped_scales, sort_and_cluster
-from llmx.plugins.quamba2.points import Observer, fake_int8
+from llmx.plugins.quamba2.points import Int8Point, Observer, fake_int8
 
 G, HEADS_PER, HD, N, L = 4, 4, 32, 32, 512
 HEADS = G * HEADS_PER
@@ -87,3 +87,16 @@ def test_observer_statistics():
     assert obs.pct == 0.0  # the median of |x| (momentum 1: the latest batch)
     obs(x * 0.5)
     assert float(obs.tensor_scale()) == 2.0  # running max
+
+
+def test_grouped_scales_are_stored_as_a_table_and_an_index():
+    torch.manual_seed(0)
+    per_block = torch.rand(4, 16) + 0.1  # 4 (head group, dim group) blocks x d_state 16
+    block_of_row = torch.randint(0, 4, (64,))  # 64 (head, channel) rows
+    scale = per_block[block_of_row].reshape(-1)
+    point = Int8Point(scale, row=16)
+    assert point.table.shape == (4, 16) and point.index.dtype == torch.int16
+    assert torch.equal(point.scale, scale)
+    x = torch.randn(3, scale.numel())
+    assert torch.equal(point(x), fake_int8(x, scale))
+    assert torch.equal(Int8Point(torch.tensor(0.5)).scale, torch.tensor([0.5]))

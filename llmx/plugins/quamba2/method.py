@@ -119,7 +119,7 @@ def calibrate(ctx, model, mixers: list[QuantMixer], linears: dict, batches, reci
         m.points.clear()
         scales = point_scales(m, obs, recipe, clusters[i] if clusters else None)
         for name, scale in scales.items():
-            m.points[name] = Int8Point(scale)
+            m.points[name] = Int8Point(scale, row=getattr(m, "state", 1) if name == "state" else 1)
         if "x_proj" in dict(m.named_children()):  # Mamba1: x_proj reads the quantized x with the same scale
             act[f"backbone.layers.{i}.mixer.x_proj"] = float(scales["x"])
     return act

@@ -86,7 +86,7 @@ class QuantMixer(torch.nn.Module):
         children = {n: s for n, s in layer_specs(self).items() if n}
         return {"builder": "llmx.plugins.quamba2.mixers:rebuild", "arch": self.ARCH, "layer_idx": self.layer_idx,
                 "hadamard_out": self.hadamard_out, "modules": children,
-                "points": {n: list(p.scale.shape) for n, p in self.points.items()}}
+                "points": {n: [list(p.table.shape), list(p.index.shape)] for n, p in self.points.items()}}
 
 
 def rebuild(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any) -> QuantMixer:
@@ -97,8 +97,8 @@ def rebuild(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.d
     hf_cls, cls = hf_mixers()[spec["arch"]]
     mixer = cls(hf_cls(config, layer_idx=spec["layer_idx"]).to(dtype))
     mixer.hadamard_out = spec["hadamard_out"]
-    for name, shape in spec["points"].items():
-        mixer.points[name] = Int8Point(torch.ones(shape))
+    for name, (table, index) in spec["points"].items():
+        mixer.points[name] = Int8Point.empty(table, index)
     for name, child in spec["modules"].items():
         local = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".")}
         replace_module(mixer, name, build_layer(child, local, dtype, config))

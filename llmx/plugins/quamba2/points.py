@@ -18,15 +18,33 @@ def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class Int8Point(torch.nn.Module):
-    def __init__(self, scale: torch.Tensor):
+    """Static int8 fake-quant. The per-channel scale is stored compactly as a table of distinct scale rows plus, per
+    row of ``row`` channels, an index into it: grouped scales (x: 16 values per layer, the cached state: one row of
+    d_state values per head group x dim group) cost a few bytes per channel, not a float each."""
+
+    def __init__(self, scale: torch.Tensor, row: int = 1):
         super().__init__()
-        self.register_buffer("scale", scale.detach().float().clamp(min=1e-8))
+        rows = scale.detach().float().clamp(min=1e-8).reshape(-1, row if scale.numel() > 1 else 1)
+        table, index = torch.unique(rows, dim=0, return_inverse=True)
+        self.register_buffer("table", table)
+        self.register_buffer("index", index.to(torch.int16))
+
+    @classmethod
+    def empty(cls, table: list[int], index: list[int]) -> Int8Point:
+        """A point of the stored shapes (the storage loader fills in its tensors)."""
+        point = cls(torch.ones(1))
+        point.table, point.index = torch.ones(table), torch.zeros(index, dtype=torch.int16)
+        return point
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return self.table[self.index.long()].reshape(-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fake_int8(x.float(), self.scale).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return "per-tensor" if self.scale.dim() == 0 else f"per-channel ({self.scale.numel()})"
+        return f"{self.table.numel()} distinct scales over {self.index.numel() * self.table.shape[1]} channels"
 
 
 class Observer(torch.nn.Module):
