@@ -8,29 +8,17 @@ an fp32 nn.Linear; medians of repeats after a warm-up. Writes benchmarks/results
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, write  # noqa: E402
+from common import machine, markdown, timed, write  # noqa: E402
 
 SHAPES = [  # (tokens, in, out): decode and prefill at Llama-7B and reference-model widths
     (1, 4096, 4096), (1, 4096, 11008), (16, 4096, 4096), (128, 4096, 4096), (128, 4096, 11008), (512, 256, 704),
 ]
-
-
-def timed(fn, *args, repeats: int = 10) -> float:
-    fn(*args)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 @torch.inference_mode()

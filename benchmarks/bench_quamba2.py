@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, machine, markdown, run_pipeline, write  # noqa: E402
+from common import RESULTS, machine, markdown, run_pipeline, timed, write  # noqa: E402
 
 
 def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
@@ -96,7 +95,8 @@ def outlier_strength(model, tok) -> float:
 
 
 def linear_timing(model_name: str) -> dict:
-    """Seconds per call of one in_proj-shaped layer: FP32, W8A8 (int8 matmul) and W4A8 (integer reference)."""
+    """Microseconds per call (median) of one in_proj-shaped layer: FP32, W8A8 (int8 matmul) and W4A8 (integer
+    reference)."""
     import torch
 
     from llmx.core import models
@@ -113,12 +113,7 @@ def linear_timing(model_name: str) -> dict:
         x = torch.randn(m, lin.in_features)
         for label, layer in layers.items():
             with torch.no_grad():
-                for _ in range(3):
-                    layer(x)
-                t0, n = time.perf_counter(), 50
-                for _ in range(n):
-                    layer(x)
-            out[f"{label}_tokens{m}_us"] = 1e6 * (time.perf_counter() - t0) / n
+                out[f"{label}_tokens{m}_us"] = 1e6 * timed(layer, x, repeats=50)
     return out
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,17 @@ def run_pipeline(model: str, stages: list[dict[str, Any]], output_dir: str | Non
         raw = {"model": model, "output_dir": output_dir or tmp, "pipeline": stages, **run}
         result = execute(resolve(raw, host().methods), show_progress=False)
         return [s["metrics"] for s in result.stages]
+
+
+def timed(fn, *args, repeats: int = 10) -> float:
+    """Median seconds per call of ``fn(*args)`` after one warm-up call."""
+    fn(*args)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def machine() -> dict[str, Any]:

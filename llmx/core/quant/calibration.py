@@ -43,17 +43,24 @@ def block_of(name: str) -> int | None:
 
 
 @torch.no_grad()
+def forward_batches(model: torch.nn.Module, batches: torch.Tensor, batch_size: int = 8, progress=None,
+                    description: str = "calibrating") -> None:
+    """Run token windows through ``model`` in chunks (whatever hooks or observers it carries record them)."""
+    device = next(model.parameters()).device
+    chunks = list(range(0, len(batches), batch_size))
+    for i in progress(chunks, description=description) if progress else chunks:
+        model(input_ids=batches[i:i + batch_size].to(device))
+
+
+@torch.no_grad()
 def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batches: torch.Tensor, with_hessian: bool = True,
             batch_size: int = 8, progress=None) -> dict[str, LinearStats]:
     """Run ``batches`` through ``model`` once, recording the inputs of ``layers``."""
     stats = {name: LinearStats() for name in layers}
     hooks = [m.register_forward_pre_hook(lambda _m, args, n=name: stats[n].add(args[0], with_hessian))
              for name, m in layers.items()]
-    device = next(model.parameters()).device
-    chunks = list(range(0, len(batches), batch_size))
     try:
-        for i in progress(chunks, description="calibrating") if progress else chunks:
-            model(input_ids=batches[i:i + batch_size].to(device))
+        forward_batches(model, batches, batch_size, progress)
     finally:
         for h in hooks:
             h.remove()

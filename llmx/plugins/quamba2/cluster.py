@@ -65,26 +65,14 @@ def sort_and_cluster(stat: torch.Tensor, heads: int, head_dim: int, groups: int,
     return Clustering(hi, order[hi], torch.tensor(head_group), dim_bounds)
 
 
-def grouped_scales(absmax: torch.Tensor, c: Clustering, head_dim: int) -> torch.Tensor:
-    """Per-channel int8 scales for the *rearranged* x from its calibrated per-channel max |x|: one value per
-    (head group, dim group), the max over the group's channels / 127."""
-    scales = torch.empty_like(absmax, dtype=torch.float32)
-    for hg, bounds in enumerate(c.dim_bounds):
-        heads = (c.head_group == hg).nonzero().flatten()
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            cols = (heads[:, None] * head_dim + torch.arange(a, b)[None]).flatten()
-            scales[cols] = absmax[cols].max() / 127
-    return scales.clamp(min=1e-8)
-
-
-def grouped_state_scales(absmax: torch.Tensor, c: Clustering, head_dim: int, state: int) -> torch.Tensor:
-    """Cached-state scales, flattened ``[heads, head_dim, state]``: one per (head group, dim group, state index),
-    from the calibrated per-element max |h|."""
+def grouped_scales(absmax: torch.Tensor, c: Clustering, head_dim: int, state: int = 1) -> torch.Tensor:
+    """Int8 scales for the *rearranged* x (``state=1``: per channel) or cached state (flattened ``[heads, head_dim,
+    state]``) from its calibrated per-element max |.|: one value per (head group, dim group[, state index]), the max
+    over the block / 127."""
     a = absmax.reshape(-1, head_dim, state)
     scales = torch.empty_like(a, dtype=torch.float32)
     for hg, bounds in enumerate(c.dim_bounds):
         heads = (c.head_group == hg).nonzero().flatten()
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            block = a[heads, lo:hi]
-            scales[heads, lo:hi] = (block.amax(dim=(0, 1)) / 127)[None, None]
+            scales[heads, lo:hi] = (a[heads, lo:hi].amax(dim=(0, 1)) / 127)[None, None]
     return scales.reshape(-1).clamp(min=1e-8)

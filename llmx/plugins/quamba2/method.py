@@ -24,7 +24,7 @@ import torch
 
 from llmx.core.context import RunContext
 from llmx.core.quant import apply
-from llmx.core.quant.calibration import collect, sequential
+from llmx.core.quant.calibration import collect, forward_batches, sequential
 from llmx.core.quant.formats import IntFormat, quantize
 from llmx.core.quant.gptq import gptq
 from llmx.core.quant.qlinear import QuantLinear, replace_module
@@ -33,7 +33,7 @@ from llmx.plugins.quamba2 import cluster, reorder
 from llmx.plugins.quamba2.config import Quamba2Params
 from llmx.plugins.quamba2.embedding import QuantEmbedding
 from llmx.plugins.quamba2.head import QuantHead
-from llmx.plugins.quamba2.mixers import Mamba2Mixer, QuantMixer, convert
+from llmx.plugins.quamba2.mixers import Mamba2Mixer, MambaMixer, QuantMixer, convert
 from llmx.plugins.quamba2.points import Int8Point, Observer
 from llmx.plugins.quamba2.rotate import fold_and_rotate, fuse_output_hadamard
 
@@ -85,18 +85,13 @@ def target_linears(model: torch.nn.Module, lm_head: bool) -> dict[str, torch.nn.
     return out
 
 
-def _forward_all(ctx: RunContext, model: torch.nn.Module, batches: torch.Tensor, what: str, bs: int = 8) -> None:
-    for i in ctx.progress(list(range(0, len(batches), bs)), description=what):
-        model(input_ids=batches[i:i + bs])
-
-
 def cluster_and_reorder(ctx, model, mixers: list[QuantMixer], batches, p: Quamba2Params) -> list[cluster.Clustering]:
     """Sec. 4.1-4.2: the x statistic on calibration data, sort-and-cluster per layer, then the offline rearrangement."""
     observers = []
     for m in mixers:
         m.points["x"] = Observer()
         observers.append(m.points["x"])
-    _forward_all(ctx, model, batches, "sort-and-cluster statistics")
+    forward_batches(model, batches, progress=ctx.progress, description="sort-and-cluster statistics")
     out = []
     for m, obs in zip(mixers, observers, strict=True):
         del m.points["x"]
@@ -108,10 +103,11 @@ def cluster_and_reorder(ctx, model, mixers: list[QuantMixer], batches, p: Quamba
 
 def calibrate(ctx, model, mixers: list[QuantMixer], linears: dict, batches, recipe: str,
               clusters: list[cluster.Clustering], p: Quamba2Params) -> dict[str, float]:
-    """Static int8 scales: installs an ``Int8Point`` at every quantized point and returns each Linear's input scale."""
+    """Static int8 scales: installs an ``Int8Point`` at every quantized point and returns each Linear's input scale
+    (in_proj and out_proj inputs are quantized by their QuantLinears, from the same pass)."""
     for m in mixers:
-        for name in m.POINTS:
-            m.points[name] = Observer(p.x_percentile)
+        for name in set(m.POINTS) - {"in_proj_in", "ssm_out"}:
+            m.points[name] = Observer(p.x_percentile if name == "x" and recipe == "quamba1" else None)
     stats = collect(model, linears, batches, with_hessian=False, progress=ctx.progress)
     act = {name: s.absmax / 127 for name, s in stats.items()}
     for i, m in enumerate(mixers):
@@ -119,8 +115,8 @@ def calibrate(ctx, model, mixers: list[QuantMixer], linears: dict, batches, reci
         m.points.clear()
         scales = point_scales(m, obs, recipe, clusters[i] if clusters else None)
         for name, scale in scales.items():
-            m.points[name] = Int8Point(scale, row=getattr(m, "state", 1) if name == "state" else 1)
-        if "x_proj" in dict(m.named_children()):  # Mamba1: x_proj reads the quantized x with the same scale
+            m.points[name] = Int8Point(scale, row=m.state if name == "state" else 1)
+        if isinstance(m, MambaMixer):  # x_proj reads the quantized x with the same scale
             act[f"backbone.layers.{i}.mixer.x_proj"] = float(scales["x"])
     return act
 
@@ -138,7 +134,7 @@ def point_scales(m: QuantMixer, obs: dict[str, Observer], recipe: str, c: cluste
         if recipe == "quamba2":
             out.update(x=cluster.grouped_scales(obs["x"].absmax, c, m.head_dim),
                        B=obs["B"].group_scale(m.groups), C=obs["C"].group_scale(m.groups),
-                       state=cluster.grouped_state_scales(obs["state"].absmax, c, m.head_dim, m.state))
+                       state=cluster.grouped_scales(obs["state"].absmax, c, m.head_dim, m.state))
         else:
             x = obs["x"].percentile_scale() if recipe == "quamba1" else tensor["x"]
             out.update(x=x, B=tensor["B"], C=tensor["C"])
@@ -170,7 +166,7 @@ def quantize_weights(ctx, model, linears: dict, batches, recipe: str, act_scales
         for name, linear in block.items():
             fmt = weight_format(name, linear, bits, p)
             if use_gptq and not name.endswith(("x_proj", "dt_proj")):
-                res = gptq(linear.weight, stats[name].hessian.float(), fmt, 128, p.percdamp)
+                res = gptq(linear.weight, stats[name].hessian.float(), fmt, percdamp=p.percdamp)
                 install(name, linear, res.codes, res.scale, res.zero, fmt)
             else:
                 install(name, linear, *quantize(linear.weight, fmt), fmt)

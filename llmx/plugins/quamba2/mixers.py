@@ -30,6 +30,18 @@ def _mask(h: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     return (h * attention_mask[:, :, None]).to(h.dtype)
 
 
+def recurrence(decay: torch.Tensor, inject: torch.Tensor, C: torch.Tensor, h: torch.Tensor, track_peak: bool):
+    """The exact sequential scan ``h_t = decay_t * h_{t-1} + inject_t``, ``y_t = sum_n h_t C_t`` (time on dim 1, ``C``
+    shaped to broadcast against ``h``); returns the stacked y, the last h and (``track_peak``) max |h_t|."""
+    ys, peak = [], h.abs() if track_peak else None
+    for i in range(decay.shape[1]):
+        h = decay[:, i] * h + inject[:, i]
+        ys.append((h * C[:, i]).sum(-1))
+        if peak is not None:
+            peak = torch.maximum(peak, h.abs())
+    return torch.stack(ys, dim=1), h, peak
+
+
 class QuantMixer(torch.nn.Module):
     ARCH = ""
     POINTS: tuple[str, ...] = ()
@@ -62,9 +74,8 @@ class QuantMixer(torch.nn.Module):
             y = hadamard_transform(y)
         return self.out_proj(self.q("ssm_out", y).to(dtype))
 
-    @staticmethod
-    def initial_state(cache: Any, layer_idx: int) -> torch.Tensor | None:
-        return cache.get_recurrent_state(layer_idx) if cache is not None else None
+    def initial_state(self, cache: Any) -> torch.Tensor | None:
+        return cache.get_recurrent_state(self.layer_idx) if cache is not None else None
 
     def observing_state(self) -> bool:
         return "state" in self.points and isinstance(self.points["state"], Observer)
@@ -83,9 +94,8 @@ class QuantMixer(torch.nn.Module):
     def llmx_spec(self) -> dict[str, Any]:
         from llmx.core.models.storage import layer_specs
 
-        children = {n: s for n, s in layer_specs(self).items() if n}
         return {"builder": "llmx.plugins.quamba2.mixers:rebuild", "arch": self.ARCH, "layer_idx": self.layer_idx,
-                "hadamard_out": self.hadamard_out, "modules": children,
+                "hadamard_out": self.hadamard_out, "modules": layer_specs(self),
                 "points": {n: [list(p.table.shape), list(p.index.shape)] for n, p in self.points.items()}}
 
 
@@ -126,7 +136,7 @@ class Mamba2Mixer(QuantMixer):
 
     def forward(self, hidden: torch.Tensor, cache_params: Any = None, attention_mask: torch.Tensor | None = None,
                 **_: Any) -> torch.Tensor:
-        h0 = self.initial_state(cache_params, self.layer_idx)
+        h0 = self.initial_state(cache_params)
         proj = self.in_proj(self.q("in_proj_in", _mask(hidden, attention_mask)))
         gs = self.groups * self.state
         z, xbc, dt = proj.split([self.inner, self.inner + 2 * gs, self.heads], dim=-1)
@@ -164,14 +174,8 @@ class Mamba2Mixer(QuantMixer):
         h = h0.float() if h0 is not None else x.new_zeros(b, self.heads, self.head_dim, self.state, dtype=torch.float32)
         decay = torch.exp(dt * A)[..., None, None]
         inject = (dt[..., None, None] * xs[..., None]) * Bs[:, :, :, None, :]
-        ys, peak = [], h.abs() if track_peak else None
-        for i in range(t):
-            h = decay[:, i] * h + inject[:, i]
-            ys.append((h * Cs[:, i, :, None, :]).sum(-1))
-            if peak is not None:
-                peak = torch.maximum(peak, h.abs())
-        y = torch.stack(ys, dim=1) + self.D.float()[:, None] * xs
-        return y.reshape(b, t, -1), h, peak
+        y, h, peak = recurrence(decay, inject, Cs[:, :, :, None, :], h, track_peak)
+        return (y + self.D.float()[:, None] * xs).reshape(b, t, -1), h, peak
 
     def gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = y.float() * F.silu(z.float())
@@ -196,7 +200,7 @@ class MambaMixer(QuantMixer):
 
     def forward(self, hidden: torch.Tensor, cache_params: Any = None, attention_mask: torch.Tensor | None = None,
                 **_: Any) -> torch.Tensor:
-        h0 = self.initial_state(cache_params, self.layer_idx)
+        h0 = self.initial_state(cache_params)
         x, z = self.in_proj(self.q("in_proj_in", _mask(hidden, attention_mask))).chunk(2, dim=-1)
         x = self.q("x", _mask(self.conv(x, cache_params), attention_mask))
         dt, B, C = self.q("xproj_out", self.x_proj(x)).split([self.rank, self.state, self.state], dim=-1)
@@ -208,19 +212,13 @@ class MambaMixer(QuantMixer):
     def scan(self, x, dt, B, C, h0=None, track_peak=False):
         """``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t``, ``y_t = h_t C_t + D x_t`` per channel (dt: after dt_proj);
         returns y, the last h and (``track_peak``) max |h_t| over the steps."""
-        b, t, _ = x.shape
         dt = F.softplus(dt.float())
         A = -torch.exp(self.A_log.float())
         decay = torch.exp(dt[..., None] * A)
         inject = (dt * x.float())[..., None] * B.float()[:, :, None, :]
-        h = h0.float() if h0 is not None else x.new_zeros(b, self.inner, self.state, dtype=torch.float32)
-        ys, peak = [], h.abs() if track_peak else None
-        for i in range(t):
-            h = decay[:, i] * h + inject[:, i]
-            ys.append((h * C.float()[:, i, None, :]).sum(-1))
-            if peak is not None:
-                peak = torch.maximum(peak, h.abs())
-        return torch.stack(ys, dim=1) + self.D.float() * x.float(), h, peak
+        h = h0.float() if h0 is not None else x.new_zeros(x.shape[0], self.inner, self.state, dtype=torch.float32)
+        y, h, peak = recurrence(decay, inject, C.float()[:, :, None, :], h, track_peak)
+        return y + self.D.float() * x.float(), h, peak
 
 
 @functools.cache

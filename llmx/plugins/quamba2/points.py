@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from llmx.core.quant.qlinear import quantize_activation
 from llmx.plugins.quamba2.cluster import channel_stat
 
 
 def fake_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Symmetric int8 quantize-dequantize with given (broadcastable) static scales."""
-    return torch.clamp(torch.round(x / scale), -128, 127) * scale
+    codes, s = quantize_activation(x, 8, scale)
+    return codes * s
 
 
 class Int8Point(torch.nn.Module):
@@ -49,10 +51,10 @@ class Int8Point(torch.nn.Module):
 
 class Observer(torch.nn.Module):
     """Records, over calibration batches: per-channel max |v|; per-channel max over samples of the mean |v| over
-    tokens (Quamba2's sorting statistic); and the EMA of the per-batch ``percentile`` of |v| (Quamba1's x scale,
-    momentum ``momentum``). Passes its input through unchanged."""
+    tokens (Quamba2's sorting statistic); and, when ``percentile`` is set, the EMA of the per-batch percentile of |v|
+    (Quamba1's x scale, momentum ``momentum``). Passes its input through unchanged."""
 
-    def __init__(self, percentile: float = 0.9995, momentum: float = 0.01):
+    def __init__(self, percentile: float | None = None, momentum: float = 0.01):
         super().__init__()
         self.percentile, self.momentum = percentile, momentum
         self.absmax: torch.Tensor | None = None
@@ -66,9 +68,10 @@ class Observer(torch.nn.Module):
         mean = channel_stat(a.reshape(a.shape[0], -1, a.shape[-1]))
         self.absmax = cmax if self.absmax is None else torch.maximum(self.absmax, cmax)
         self.meanabs = mean if self.meanabs is None else torch.maximum(self.meanabs, mean)
-        k = max(1, min(flat.numel(), int(round(self.percentile * flat.numel()))))
-        p = float(flat.reshape(-1).kthvalue(k).values)
-        self.pct = p if self.pct is None else (1 - self.momentum) * self.pct + self.momentum * p
+        if self.percentile is not None:
+            k = max(1, min(flat.numel(), int(round(self.percentile * flat.numel()))))
+            p = float(flat.reshape(-1).kthvalue(k).values)
+            self.pct = p if self.pct is None else (1 - self.momentum) * self.pct + self.momentum * p
         return x
 
     def tensor_scale(self) -> torch.Tensor:
