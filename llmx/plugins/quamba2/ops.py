@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from llmx.core import kernels
+from llmx.core.quant.qlinear import quantize_activation
 
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -20,8 +21,8 @@ def conv_silu_quant_reference(xbc: torch.Tensor, weight: torch.Tensor, bias: tor
     t, c, k = xbc.shape[1], weight.shape[0], weight.shape[-1]
     y = F.conv1d(xbc.float().transpose(1, 2), weight.float(), bias.float() if bias is not None else None,
                  padding=k - 1, groups=c)[..., :t]
-    y = F.silu(y).transpose(1, 2)
-    return torch.clamp(torch.round(y / out_scale.to(y.device, torch.float32)), -128, 127).to(torch.int8)
+    codes, _ = quantize_activation(F.silu(y).transpose(1, 2), 8, out_scale.to(y.device, torch.float32))
+    return codes.to(torch.int8)
 
 
 def conv_silu_quant(xbc: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
