@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llmx.core.training import TrainConfig, train
+from llmx.core.train.loop import TrainConfig, train
 
 TOKENS = torch.Generator().manual_seed(0)
 DATA = torch.randint(3, 259, (64, 24), generator=TOKENS)

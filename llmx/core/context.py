@@ -27,11 +27,15 @@ class RunContext:
 
     @property
     def device(self) -> str:
-        if self.config.device != "auto":
-            return self.config.device
-        import torch
+        """The run's device; ``auto`` picks CUDA when present, and under torchrun ``cuda`` is this rank's GPU."""
+        from llmx.core.train.distributed import local_device
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = self.config.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return local_device(device)
 
     def _ensure_model(self) -> None:
         if "model" not in self.state:

@@ -50,7 +50,10 @@ def unigram_nll(train: torch.Tensor, test: torch.Tensor, vocab_size: int) -> flo
 
 @torch.no_grad()
 def mean_nll(model: torch.nn.Module, batch: torch.Tensor, chunk: int = 16) -> float:
-    """Mean LM loss over ``[n, seq]`` windows (each window scored on its own)."""
-    losses = [model(input_ids=batch[i:i + chunk], labels=batch[i:i + chunk]).loss.item() * len(batch[i:i + chunk])
-              for i in range(0, len(batch), chunk)]
-    return sum(losses) / len(batch)
+    """Mean LM loss over ``[n, seq]`` windows (each window scored on its own, on the model's device)."""
+    device = next(model.parameters()).device
+    total = 0.0
+    for i in range(0, len(batch), chunk):
+        x = batch[i:i + chunk].to(device)
+        total += model(input_ids=x, labels=x).loss.item() * len(x)
+    return total / len(batch)

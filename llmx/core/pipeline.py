@@ -27,10 +27,15 @@ class RunResult:
         return {"run_dir": str(self.path), "stages": self.stages}
 
 
+EXTRAS = {"cupy": "gpu", "peft": "lora"}
+
+
 def check_requirements(run: ResolvedRun) -> None:
-    """Exit 3 before anything is written when a stage needs what this machine lacks."""
+    """Exit 3 before anything is written when a stage needs what this machine lacks: the method's declared
+    requirements, and those its params add (``params.requirements()``, such as ``peft`` for a LoRA adapter)."""
     for stage in run.stages:
-        for req in stage.spec.requires:
+        extra = getattr(stage.params, "requirements", lambda: ())()
+        for req in (*stage.spec.requires, *extra):
             if req == "gpu" or (req == "cupy" and run.config.device.startswith("cuda")):
                 import torch
 
@@ -38,11 +43,10 @@ def check_requirements(run: ResolvedRun) -> None:
                     raise MissingRequirement(f"method '{stage.spec.name}' needs a CUDA GPU and none is available")
             module = "cupy" if req == "gpu" else req
             if req != "gpu" and importlib.util.find_spec(module) is None:
-                extra = "gpu" if module == "cupy" else module
+                hint = f"pip install 'llmx[{EXTRAS[module]}]'" if module in EXTRAS else f"pip install {module}"
                 raise MissingRequirement(
                     f"method '{stage.spec.name}' needs the Python package '{module}', which is not installed",
-                    hint=f"Install it with: pip install 'llmx[{extra}]'" if module == "cupy" else f"pip install {module}",
-                )
+                    hint=f"Install it with: {hint}")
 
 
 def seed_everything(seed: int, threads: int | None) -> None:
@@ -59,22 +63,11 @@ def seed_everything(seed: int, threads: int | None) -> None:
             torch.set_num_threads(threads)
 
 
-def init_distributed() -> int:
-    """Under ``torchrun`` (``WORLD_SIZE`` > 1) join the process group (NCCL on CUDA, gloo otherwise); return the rank."""
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0
-    import torch
-
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return torch.distributed.get_rank()
-
-
 def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     check_requirements(run)
-    rank = init_distributed()
+    from llmx.core.train import distributed
+
+    rank = distributed.init()
     path = runs.create(run, rank)
     result = RunResult(path)
     log = logging.getLogger("llmx.run")

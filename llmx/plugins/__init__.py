@@ -5,6 +5,7 @@ BUILTIN = (
     "llmx.plugins.rtn.plugin",
     "llmx.plugins.gptq.plugin",
     "llmx.plugins.bnb.plugin",
+    "llmx.plugins.train_stages.plugin",
     "llmx.plugins.clover.plugin",
     "llmx.plugins.align_baselines.plugin",
     "llmx.plugins.pipa.plugin",

@@ -1,4 +1,5 @@
-"""Model loading: named specs from plugins (``tiny:llama``), local folders, or Hugging Face ids."""
+"""Model loading: named specs from plugins (``tiny:llama``), local folders (a saved model, or a PEFT adapter folder
+loaded on its base model and merged), or Hugging Face ids."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
     if local:
         if not path.is_dir():
             raise UsageError(f"model folder not found: {name}")
+        from llmx.core.train import adapters
+
+        if adapters.is_adapter_folder(path):
+            return adapters.load(path, read_metadata(path).get("source"), dtype, device)
         if not (path / "config.json").is_file():
             raise UsageError(f"{name} is not a model folder (no config.json)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -87,9 +92,10 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise UsageError(f"{f}: not valid JSON ({exc.msg})") from exc
 
 
-def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
-    """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer and ``llmx.json``
-    (llmx version and what produced the model) beside it."""
+def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] | None = None,
+         files: dict[str, bytes] | None = None) -> Path:
+    """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer, ``llmx.json`` (llmx version
+    and what produced the model) and any extra ``files`` (name -> bytes) beside it."""
     import json
 
     from llmx import __version__
@@ -112,4 +118,6 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / METADATA).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
     return Path(path)

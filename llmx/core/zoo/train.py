@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from llmx.core.evaluation import mean_nll
-from llmx.core.training import TrainConfig, TrainResult, train
+from llmx.core.train.loop import TrainConfig, TrainResult, train
 from llmx.core.zoo.presets import Preset
 
 
@@ -23,7 +23,7 @@ def pretrain(model: torch.nn.Module, train_ids: torch.Tensor, val_ids: torch.Ten
     gen = torch.Generator().manual_seed(seed)
     held_out = val_windows(val_ids, p)
 
-    def loss(step: int, micro: int) -> torch.Tensor:  # a stateful sampler: zoo builds never resume
+    def loss(i: int) -> torch.Tensor:  # a stateful sampler: zoo builds never resume
         starts = torch.randint(0, len(train_ids) - p.seq_len - 1, (p.batch,), generator=gen)
         x = torch.stack([train_ids[s:s + p.seq_len] for s in starts])
         return model(input_ids=x, labels=x).loss

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from llmx.core.align.params import AlignParams
+from llmx.core.train.align.params import AlignParams
 
 
 class DPOParams(AlignParams):

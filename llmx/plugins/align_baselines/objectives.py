@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmx.core import preference as P
-from llmx.core.align.run import LogpBatch, run
+from llmx.core.train.align.run import LogpBatch, run
 from llmx.plugins.align_baselines.config import DPOParams, KTOParams, SimPOParams
 
 

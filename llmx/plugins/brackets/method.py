@@ -45,7 +45,7 @@ def build(ctx: RunContext, p: BracketsDataParams) -> dict:
 @torch.no_grad()
 def evaluate(ctx: RunContext, p: BracketsEvalParams) -> dict:
     from llmx.core import models
-    from llmx.core.align.batch import collate, encode, forward
+    from llmx.core.train.align.batch import collate, encode, forward
 
     model, tok = ctx.model, ctx.tokenizer
     reference, _ = models.load(p.reference or ctx.config.model, dtype=ctx.config.dtype, device=ctx.device)

@@ -83,7 +83,7 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
     """Freeze everything but one core per KV group and pair (on K for Q-K, on V for V-O), train, merge back."""
     from llmx.core.data import random_windows
     from llmx.core.evaluation import mean_nll
-    from llmx.core.training import TrainConfig, train
+    from llmx.core.train.loop import TrainConfig, train
 
     model = ctx.model
     layers = _layers(ctx)

@@ -5,7 +5,7 @@ an empty selection on either side contributes zero (still counted in the batch m
 from __future__ import annotations
 
 from llmx.core import preference as P
-from llmx.core.align.run import LogpBatch, run
+from llmx.core.train.align.run import LogpBatch, run
 from llmx.plugins.confpo.config import ConfPOParams
 
 

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmx.core.align.params import AlignParams
+from llmx.core.train.align.params import AlignParams
 
 
 class PIPAParams(AlignParams):

@@ -10,7 +10,7 @@ step (the notes leave ``step`` vs ``token`` ratios open; this is ``step``).
 from __future__ import annotations
 
 from llmx.core import preference as P
-from llmx.core.align.run import LogpBatch, run
+from llmx.core.train.align.run import LogpBatch, run
 from llmx.plugins.pipa.config import PIPAParams
 
 
@@ -39,7 +39,7 @@ class PIPA:
 
 
 def pipa(ctx, p: PIPAParams) -> dict:
-    from llmx.core.align.data import load
+    from llmx.core.train.align.data import load
 
     kind, _ = load(p.data)
     return {"variant": p.variant, **run(ctx, p, PIPA(p, kind), "pipa")}

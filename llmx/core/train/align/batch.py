@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmx.core.align.data import Example
+from llmx.core.train.align.data import Example
 from llmx.core.preference import token_logps
 
 

@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 
-from llmx.core.align import batch as B
-from llmx.core.align import data as D
-from llmx.core.align.params import AlignParams
+from llmx.core.train.align import batch as B
+from llmx.core.train.align import data as D
+from llmx.core.train.align.params import AlignParams
 from llmx.core.context import RunContext
 from llmx.core.preference import masked_mean, masked_sum
 from llmx.errors import UsageError
@@ -107,7 +107,7 @@ def logps(policy, reference, g_head, batcher: Batcher, idx: list[int], objective
 
 
 def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dict[str, Any]:
-    from llmx.core.training import TrainConfig, train
+    from llmx.core.train.loop import TrainConfig, train
 
     kind, rows = D.load(p.data)
     if kind not in objective.kinds:

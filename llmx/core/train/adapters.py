@@ -1,0 +1,92 @@
+"""LoRA adapters through the real ``peft`` library: wrap a model, save the adapter folder PEFT itself loads
+(``PeftModel.from_pretrained``), or merge it into the base weights; load a saved adapter folder as ``--model``."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from llmx.core.train.params import LoraParams
+from llmx.errors import MissingRequirement, UsageError
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def require_peft() -> None:
+    if importlib.util.find_spec("peft") is None:
+        raise MissingRequirement("LoRA adapters need the Python package 'peft', which is not installed",
+                                 hint="Install it with: pip install 'llmx[lora]'")
+
+
+def is_adapter_folder(path: Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def is_peft(model: Any) -> bool:
+    return type(model).__module__.startswith("peft.")
+
+
+def wrap(model: Any, p: LoraParams) -> Any:
+    """A ``PeftModel`` with a LoRA adapter on ``p.target_modules``; only the adapter's tensors train."""
+    require_peft()
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
+                        task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(f"cannot add a LoRA adapter: {first} (set lora.target_modules)") from exc
+
+
+def save(model: Any, tokenizer: Any, path: Path, metadata: dict[str, Any], files: dict[str, bytes] | None = None) -> Path:
+    """The adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``), the tokenizer and
+    ``llmx.json`` naming the base model, written atomically."""
+    import json
+
+    from llmx import __version__
+    from llmx.core import atomic
+    from llmx.core.models import METADATA, quiet_transformers
+
+    quiet_transformers()
+    with atomic.folder(path) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / METADATA).write_text(json.dumps({"llmx": __version__, **metadata}, indent=2, default=str) + "\n")
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
+    return Path(path)
+
+
+def merge(model: Any) -> Any:
+    """The base model with the adapter folded into its weights (no PEFT layers left)."""
+    return model.merge_and_unload()
+
+
+def load(path: Path, base: str | None, dtype: str, device: str) -> tuple[Any, Any]:
+    """A saved adapter folder on its base model (``llmx.json``'s ``source``, else PEFT's ``base_model_name_or_path``),
+    merged, with the tokenizer saved beside the adapter."""
+    import json
+
+    require_peft()
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    from llmx.core import models
+
+    if base is None:
+        base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"{path}: adapter folder names no base model")
+    model, tok = models.load(base, dtype=dtype, device=device)
+    if (path / "tokenizer_config.json").is_file():
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        wrapped = PeftModel.from_pretrained(model, str(path))
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"cannot load adapter {path} on {base}: {first}") from exc
+    return merge(wrapped).to(device), tok

@@ -1,0 +1,51 @@
+"""Data parallelism under ``torchrun``: the process group, each rank's device, and gradient averaging."""
+
+from __future__ import annotations
+
+import os
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside ``torch.distributed``."""
+    import torch
+
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main() -> bool:
+    """Rank 0 (or no process group): the process that writes shared artifacts."""
+    return world()[0] == 0
+
+
+def local_device(device: str) -> str:
+    """Under ``torchrun`` a bare ``cuda`` means this process's GPU, ``cuda:$LOCAL_RANK``."""
+    if device == "cuda" and "LOCAL_RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    return device
+
+
+def init() -> int:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1) join the process group (NCCL on CUDA, gloo otherwise) and pin this
+    process's GPU; return the rank."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return world()[0]
+    import torch
+
+    if not torch.distributed.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    return torch.distributed.get_rank()
+
+
+def all_sum(values: list, size: int) -> None:
+    """Sum each tensor across ranks in place (callers pre-divide by the world size)."""
+    import torch
+
+    if size > 1:
+        for v in values:
+            torch.distributed.all_reduce(v)

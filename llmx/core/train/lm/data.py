@@ -1,0 +1,52 @@
+"""Packed token windows for causal-LM training: documents joined by EOS, cut into non-overlapping ``seq_len``
+windows, visited in a seeded random order that is reshuffled each epoch. The windows of a micro-batch are a pure
+function of its index (the loop's contract)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from llmx.errors import UsageError
+
+
+def fingerprint(stream: torch.Tensor) -> str:
+    """16 hex digits of the token stream: checkpoint series and cooldowns refuse other data."""
+    return hashlib.sha256(stream.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+class TokenWindows:
+    def __init__(self, stream: torch.Tensor, seq_len: int, seed: int):
+        n = len(stream) // seq_len
+        if n < 1:
+            raise UsageError(f"the training data has {len(stream)} tokens, fewer than one window of {seq_len}")
+        self.windows = stream[: n * seq_len].view(n, seq_len)
+        self.seed = seed
+        self._orders: dict[int, torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._orders:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._orders[epoch] = torch.randperm(len(self), generator=gen)
+        return self._orders[epoch]
+
+    def batch(self, i: int, size: int) -> torch.Tensor:
+        """The ``size`` windows of micro-batch ``i`` (``[size, seq_len]``)."""
+        rows = []
+        for k in range(i * size, (i + 1) * size):
+            epoch, at = divmod(k, len(self))
+            rows.append(self.windows[self.order(epoch)[at]])
+        return torch.stack(rows)
+
+
+def eval_windows(stream: torch.Tensor, seq_len: int, n: int) -> torch.Tensor:
+    """Evenly spaced, fixed held-out windows (the same at every evaluation)."""
+    n = min(n, len(stream) // seq_len)
+    if n < 1:
+        raise UsageError(f"the validation data has {len(stream)} tokens, fewer than one window of {seq_len}")
+    starts = torch.linspace(0, len(stream) - seq_len, n).long()
+    return torch.stack([stream[s:s + seq_len] for s in starts])

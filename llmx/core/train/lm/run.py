@@ -1,0 +1,82 @@
+"""The ``lm`` stage: causal-LM training from scratch or continued, on any text source, with held-out loss, a
+checkpoint series at token budgets and cooldown branches (``series``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from llmx.core.context import RunContext
+from llmx.core.train.distributed import world
+from llmx.core.train.lm import series
+from llmx.core.train.lm.data import TokenWindows, eval_windows, fingerprint
+from llmx.core.train.lm.params import LMParams
+from llmx.core.train.stage import finish, fit, prepare, save_trained
+
+
+def fresh(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """A new model of the same architecture, initialised from its config with ``seed``."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        new = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    return new.to(next(model.parameters()).device)
+
+
+def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
+    from llmx.core.data import token_stream
+    from llmx.core.evaluation import mean_nll
+
+    info = series.read_info(p.cooldown_from) if p.cooldown_from else None
+    if p.cooldown_from:
+        from llmx.core import models
+
+        ctx.set_model(*models.load(p.cooldown_from, dtype="float32", device=ctx.device))
+    source = p.data or ctx.config.data.source
+    tok, model = ctx.tokenizer, ctx.model
+    if p.init == "scratch":
+        model = fresh(model, ctx.config.seed)
+    stream = token_stream(tok, source, "train", p.max_tokens)
+    windows = TokenWindows(stream, p.seq_len, ctx.config.seed)
+    held = eval_windows(token_stream(tok, source, "validation", 8 * p.eval_windows * p.seq_len), p.seq_len,
+                        p.eval_windows)
+    _, size = world()
+    tps = p.batch_size * p.seq_len * p.grad_accum * size
+    config = p.loop_config(eval_every=p.eval_every)
+    shape = {"schedule": p.schedule, "lr": p.lr, "warmup": p.warmup, "steps": p.steps,
+             "decay_steps": config.decay_steps, "min_lr_ratio": p.min_lr_ratio, "weight_decay": p.weight_decay,
+             "tokens_per_step": tps, "seq_len": p.seq_len, "batch_size": p.batch_size, "grad_accum": p.grad_accum,
+             "world_size": size, "seed": ctx.config.seed, "model": p.cooldown_from or ctx.config.model,
+             "init": p.init, "data": {"source": source, "fingerprint": fingerprint(stream), "tokens": len(stream)}}
+    if info is not None:
+        config = series.cooldown(info, shape, p.cooldown_fraction, config)
+        shape.update(schedule="wsd", steps=config.steps, decay_steps=config.decay_steps, lr=config.lr,
+                     warmup=config.warmup, cooldown_from=p.cooldown_from)
+    at = series.budget_steps(p.save_at_tokens, tps, config.steps)
+    model = prepare(ctx, model, p)
+    device = next(model.parameters()).device
+    before = mean_nll(model.eval(), held)
+
+    def loss(i: int) -> torch.Tensor:
+        x = windows.batch(i, p.batch_size).to(device)
+        return model(input_ids=x, labels=x).loss
+
+    resume = p.resume or p.cooldown_from
+    folder = ctx.artifact("series")
+    writer = series.Series(folder, shape, at, lambda path, files: save_trained(ctx, model, path, p, "lm", files),
+                           series.carried(p.resume))
+    result = fit(ctx, model, loss, p, config, evaluate=lambda: mean_nll(model, held), resume=resume,
+                 after_step=writer if at else None)
+    out = finish(ctx, model, p, "lm", result)
+    out.update({"init": p.init, "train_tokens": len(stream), "tokens_per_step": tps,
+                "tokens_seen": result.steps * tps, "data_fingerprint": shape["data"]["fingerprint"],
+                "heldout_loss_before": before, "heldout_loss": mean_nll(ctx.model, held)})
+    if writer.entries:
+        out["series"] = str(folder / series.MANIFEST)
+        out["series_checkpoints"] = len(writer.entries)
+    if info is not None:
+        out.update(cooldown_from=p.cooldown_from, branch_step=int(info["step"]), cooldown_steps=config.decay_steps)
+    return out
+

@@ -1,0 +1,187 @@
+"""The training loop shared by the zoo's pre-training and every training stage (lm, sft, align, CLOVER, ...).
+
+AdamW with a warmup + cosine / linear / constant / WSD schedule (``core.train.schedule``), gradient accumulation and
+clipping, bf16 autocast over fp32 master weights, optional periodic evaluation with early stopping (the best state is
+restored), per-step metrics to ``metrics.jsonl``, checkpoints with exact resume, and data parallelism under
+``torchrun`` (gloo or NCCL).
+
+Exact resume and data parallelism rest on one contract: ``loss(i)`` is a pure function of the global micro-batch
+index ``i`` (the batch is chosen by its number, not by a stateful sampler). Optimizer step ``s`` consumes indices
+``s * n .. s * n + n - 1`` with ``n = grad_accum * world_size``; rank ``r`` takes ``s * n + m * world_size + r`` for
+``m < grad_accum`` and the gradients are averaged, so ``w`` processes with ``grad_accum = k`` equal one process with
+``grad_accum = w * k``, and no two ranks ever see the same micro-batch. A checkpoint then only needs the trained
+tensors, the optimiser, the step and the RNG states.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from llmx.core import atomic
+from llmx.core.train import checkpoint
+from llmx.core.train.distributed import all_sum, world
+from llmx.core.train.schedule import DecayShape, Schedule, lr_at
+from llmx.errors import UsageError
+
+Precision = Literal["fp32", "bf16-mixed"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    lr: float
+    warmup: int = 0
+    schedule: Schedule = "cosine"
+    min_lr_ratio: float = 0.1
+    decay_steps: int = 0  # WSD: steps of the final decay
+    decay_shape: DecayShape = "linear"
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = 1.0
+    grad_accum: int = 1
+    precision: Precision = "fp32"
+    eval_every: int | None = None
+    patience: int | None = None  # early stopping on ``evaluate``; the best state is restored
+    checkpoint_every: int | None = None
+    keep_checkpoints: int | None = None
+    stop_after: int | None = None  # end the run after this many steps (a preemption), checkpointing first
+
+    def lr_at(self, step: int) -> float:
+        return lr_at(step, lr=self.lr, steps=self.steps, warmup=self.warmup, schedule=self.schedule,
+                     min_lr_ratio=self.min_lr_ratio, decay_steps=self.decay_steps, decay_shape=self.decay_shape)
+
+    def micro_batches(self, size: int) -> int:
+        """Global micro-batches per optimizer step."""
+        return self.grad_accum * size
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    best_step: int
+    best_eval: float
+    seconds: float
+    last_loss: float
+    resumed_from: int = 0
+    optimizer_bytes: int = 0  # measured: every tensor the optimiser holds (AdamW: both moments)
+
+
+@dataclass
+class StepState:
+    """What an ``after_step`` callback sees: the steps done, the rate of the last step, the trained tensors and the
+    optimiser (so a callback can write a resumable snapshot)."""
+
+    done: int
+    lr: float
+    named: dict[str, torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+
+
+LossFn = Callable[[int], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
+
+
+def micro_index(step: int, micro: int, c: TrainConfig, rank: int, size: int) -> int:
+    """The global micro-batch index of this rank's ``micro``-th micro-batch of ``step`` (module docstring)."""
+    return step * c.micro_batches(size) + micro * size + rank
+
+
+def _metrics_log(path: Path | None, start: int):
+    """Open ``metrics.jsonl`` for appending; on a resume, records past the resumed step are dropped first, so a
+    series of interruptions never duplicates a step."""
+    if path is None:
+        return None
+    if start and path.is_file():
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
+        atomic.write_text(path, "".join(line + "\n" for line in kept))
+    elif not start and path.is_file():
+        path.unlink()
+    return path.open("a")
+
+
+def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[str, torch.nn.Parameter], loss: LossFn,
+          c: TrainConfig, evaluate: Callable[[], float] | None = None, progress=None,
+          metrics_file: Path | None = None, checkpoint_dir: Path | None = None, resume: Path | None = None,
+          after_step: Callable[[StepState], None] | None = None) -> TrainResult:
+    """Optimise ``params`` on ``loss(i)`` (see the module docstring for its contract)."""
+    named = dict(params) if isinstance(params, dict) else {str(i): p for i, p in enumerate(params)}
+    named = {k: p for k, p in named.items() if p.requires_grad}
+    trained = list(named.values())
+    low = sorted({str(p.dtype) for p in trained if p.dtype != torch.float32})
+    if low:
+        raise UsageError(f"training needs float32 master weights; the trained tensors are {', '.join(low)} "
+                         "(load the model in float32; precision: bf16-mixed runs the forward in bfloat16)")
+    opt = torch.optim.AdamW(trained, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+    rank, size = world()
+    start = checkpoint.restore(checkpoint.load(resume), named, opt, resume) if resume is not None else 0
+    if start > c.steps:
+        raise UsageError(f"the checkpoint is at step {start}, past this run's {c.steps} steps")
+    device_type = trained[0].device.type
+    bf16 = c.precision == "bf16-mixed"
+    best = (float("inf"), 0, None)
+    stale, t0, step, loss_value = 0, time.perf_counter(), start - 1, float("nan")
+    log = _metrics_log(metrics_file, start) if rank == 0 else None
+    model.train()
+    try:
+        for step in (progress or (lambda r, **_: r))(range(start, c.steps), description="training"):
+            lr = c.lr_at(step)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            totals: dict[str, torch.Tensor] = {}
+            for micro in range(c.grad_accum):
+                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+                    out = loss(micro_index(step, micro, c, rank, size))
+                value, stats = out if isinstance(out, tuple) else (out, {})
+                (value.float() / (c.grad_accum * size)).backward()
+                for k, v in {"loss": value, **stats}.items():
+                    v = torch.as_tensor(v, dtype=torch.float32, device=value.device).detach().mean()
+                    totals[k] = totals.get(k, 0.0) + v / (c.grad_accum * size)
+            if size > 1:
+                for p in trained:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                all_sum([p.grad for p in trained] + list(totals.values()), size)
+            if c.grad_clip:
+                torch.nn.utils.clip_grad_norm_(trained, c.grad_clip)
+            opt.step()
+            figures = {k: float(v) for k, v in totals.items()}
+            loss_value = figures["loss"]
+            record = {"step": step + 1, "lr": lr, **figures}
+            if evaluate is not None and c.eval_every and ((step + 1) % c.eval_every == 0 or step + 1 == c.steps):
+                model.eval()
+                record["eval"] = value = evaluate()
+                model.train()
+                if value < best[0]:
+                    keep = copy.deepcopy(model.state_dict()) if c.patience is not None else None
+                    best, stale = (value, step + 1, keep), 0
+                else:
+                    stale += 1
+            if log:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+            done = step + 1
+            if after_step is not None:
+                after_step(StepState(done, lr, named, opt))
+            if checkpoint_dir is not None and rank == 0 and (
+                    (c.checkpoint_every and done % c.checkpoint_every == 0) or done == c.stop_after):
+                checkpoint.save(checkpoint_dir, done, named, opt, keep=c.keep_checkpoints)
+            if (c.patience is not None and stale >= c.patience) or done == c.stop_after:
+                break
+    finally:
+        if log:
+            log.close()
+    if best[2] is not None:
+        model.load_state_dict(best[2])
+    model.eval()
+    state_bytes = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                      if isinstance(t, torch.Tensor))
+    return TrainResult(steps=step + 1, best_step=best[1], best_eval=best[0], seconds=time.perf_counter() - t0,
+                       last_loss=loss_value, resumed_from=start, optimizer_bytes=state_bytes)

@@ -1,0 +1,86 @@
+"""What every training stage does around the loop: fp32 master weights, gradient checkpointing, an optional LoRA
+adapter, the loop with the run's metrics / checkpoints / resume, then saving (rank 0 only) and handing the trained
+model on to the next stage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmx.core.context import RunContext
+from llmx.core.train import adapters
+from llmx.core.train.distributed import is_main
+from llmx.core.train.loop import StepState, TrainConfig, TrainResult, train
+from llmx.core.train.params import LoopParams, TrainParams
+
+
+def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.Module:
+    """The model to train: float32 master weights (a half-precision load is upcast, with a warning; bf16-mixed
+    autocasts the compute instead), gradient checkpointing when asked, and the LoRA adapter when asked."""
+    low = {str(t.dtype) for t in model.parameters() if t.is_floating_point() and t.dtype != torch.float32}
+    if low:
+        ctx.log.warning("training keeps float32 master weights: upcasting the %s model (precision: bf16-mixed runs "
+                        "the compute in bfloat16)", ", ".join(sorted(low)))
+        model.float()
+    if p.gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            from llmx.errors import UsageError
+
+            raise UsageError(f"{type(model).__name__} does not support gradient checkpointing")
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if isinstance(p, TrainParams) and p.adapter == "lora":
+        model = adapters.wrap(model, p.lora)
+        if p.gradient_checkpointing:
+            model.enable_input_require_grads()
+    return model
+
+
+def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    return {n: t for n, t in model.named_parameters() if t.requires_grad}
+
+
+def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: LoopParams,
+        config: TrainConfig | None = None, evaluate: Callable[[], float] | None = None,
+        params: dict[str, torch.nn.Parameter] | None = None, resume: str | None = None,
+        after_step: Callable[[StepState], None] | None = None) -> TrainResult:
+    """The shared loop with this stage's metrics file, checkpoint folder and resume point."""
+    resume = resume or p.resume
+    return train(model, params if params is not None else trainable(model), loss, config or p.loop_config(),
+                 evaluate=evaluate, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
+                 checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(resume) if resume else None,
+                 after_step=after_step)
+
+
+def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainParams, method: str,
+                 files: dict[str, bytes] | None = None) -> Path:
+    """The adapter folder for a model with a LoRA adapter, else the full model (``save_pretrained``)."""
+    from llmx.core import models
+
+    meta = {"source": ctx.config.model, "method": method, "params": p.model_dump(mode="json")}
+    if adapters.is_peft(model):
+        return adapters.save(model, ctx.tokenizer, path, meta, files)
+    return models.save(model, ctx.tokenizer, path, meta, files)
+
+
+def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str, result: TrainResult) -> dict[str, Any]:
+    """Save the trained model (the adapter folder, or the merged model with ``lora.merge``) and hand the merged
+    model to the following stages; return the figures every training stage reports."""
+    out: dict[str, Any] = {"steps": result.steps, "final_loss": result.last_loss,
+                           "trainable_params": sum(t.numel() for t in trainable(model).values()),
+                           "optimizer_bytes": result.optimizer_bytes, "train_seconds": round(result.seconds, 3)}
+    if result.resumed_from:
+        out["resumed_from"] = result.resumed_from
+    if p.gradient_checkpointing:
+        model.gradient_checkpointing_disable()
+    if p.adapter == "lora":
+        if p.save and not p.lora.merge and is_main():
+            out["adapter_dir"] = str(save_trained(ctx, model, ctx.artifact("adapter"), p, method))
+        model = adapters.merge(model)
+    if p.save and is_main() and (p.adapter == "none" or p.lora.merge):
+        out["model_dir"] = str(save_trained(ctx, model, ctx.artifact("model"), p, method))
+    ctx.set_model(model.eval())
+    return out

@@ -1,0 +1,10 @@
+from llmx.core.spec import MethodSpec, Stage
+from llmx.core.train.lm.params import LMParams
+from llmx.hookspecs import hookimpl
+
+
+@hookimpl
+def llmx_methods():
+    yield MethodSpec("lm", (Stage.TRAIN,), "llmx.core.train.lm.run:run", LMParams,
+                     summary="Causal-LM training, from scratch or continued, with checkpoint series and cooldowns.",
+                     paper="training stage")
