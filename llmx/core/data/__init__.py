@@ -18,6 +18,12 @@ def in_validation(key: str, percent: int = VALIDATION_PERCENT) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100 < percent
 
 
+def holdout(rows: list, fraction: float = 0.1) -> tuple[list, list]:
+    """Rows split into (train, held-out) by a hash of each row's index: the same split on every machine."""
+    held = [int(hashlib.sha256(str(i).encode()).hexdigest()[:8], 16) % 1000 < fraction * 1000 for i in range(len(rows))]
+    return [r for r, h in zip(rows, held, strict=True) if not h], [r for r, h in zip(rows, held, strict=True) if h]
+
+
 def documents(source: str, split: str) -> list[str]:
     """The documents of ``split`` ('train' or 'validation') from a named dataset or a local file."""
     from llmx.core.plugins import host

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from llmx.core.spec import Params
 
@@ -59,12 +59,6 @@ class LoopParams(Params):
                       grad_accum=self.grad_accum, precision=self.precision, checkpoint_every=self.checkpoint_every,
                       keep_checkpoints=self.keep_checkpoints, stop_after=self.stop_after)
         return TrainConfig(**{**values, **overrides})
-
-    @model_validator(mode="after")
-    def _warmup(self) -> LoopParams:
-        if self.warmup >= self.steps and self.steps > 1:
-            raise ValueError(f"warmup ({self.warmup}) must be below steps ({self.steps})")
-        return self
 
 
 class TrainParams(LoopParams):

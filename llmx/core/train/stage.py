@@ -39,6 +39,12 @@ def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.
     return model
 
 
+def release(model: torch.nn.Module, p: LoopParams) -> None:
+    """Undo what ``prepare`` switched on for training only (gradient checkpointing)."""
+    if p.gradient_checkpointing:
+        model.gradient_checkpointing_disable()
+
+
 def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {n: t for n, t in model.named_parameters() if t.requires_grad}
 
@@ -74,8 +80,7 @@ def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str,
                            "optimizer_bytes": result.optimizer_bytes, "train_seconds": round(result.seconds, 3)}
     if result.resumed_from:
         out["resumed_from"] = result.resumed_from
-    if p.gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+    release(model, p)
     if p.adapter == "lora":
         if p.save and not p.lora.merge and is_main():
             out["adapter_dir"] = str(save_trained(ctx, model, ctx.artifact("adapter"), p, method))

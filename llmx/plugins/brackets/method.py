@@ -58,7 +58,7 @@ def evaluate(ctx: RunContext, p: BracketsEvalParams) -> dict:
         good += sum(task.judge(prompt, c) for c in completions)
         total += len(completions)
         items = [encode(tok, prompt, c or tok.eos_token, 512) for c in completions]
-        t = collate(items, tok.pad_token_id)
+        t = collate(items, tok.pad_token_id, next(model.parameters()).device)
         ratio = (forward(model, t)[0] - forward(reference, t)[0]) * t.response_mask
         kl_seq += float(ratio.sum())
         n_tok += float(t.response_mask.sum())

@@ -5,6 +5,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from llmx.core.spec import Params
+from llmx.core.train.params import LoopParams
 
 Target = Literal["qk", "vo"]
 
@@ -26,15 +27,14 @@ class CloverPruneParams(Params):
         return self
 
 
-class CloverTrainParams(Params):
+class CloverTrainParams(LoopParams):
     basis: Literal["svd", "raw"] = Field("svd", description="svd: CLOVER (orthogonalise, then train a core between "
                                          "the frozen singular vectors); raw: the same budget on the current vectors "
                                          "(the vanilla baseline).")
     targets: list[Target] | None = Field(None, description="Pairs whose cores train (default: all the model allows).")
-    steps: int = Field(100, gt=0)
     lr: float = Field(1e-3, gt=0)
-    warmup: int = Field(10, ge=0)
-    batch_size: int = Field(8, gt=0)
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
     seq_len: int = Field(128, gt=1)
     eval_windows: int = Field(32, gt=0, description="Held-out windows for the loss before and after.")
     save: bool = Field(True, description="Save the merged model (no extra parameters) as a run artifact.")

@@ -70,9 +70,9 @@ def prune(ctx: RunContext, p: CloverPruneParams) -> dict:
 class Core(torch.nn.Module):
     """One trainable ``r x r`` matrix per KV group, applied to the rows of a projection (weight and bias)."""
 
-    def __init__(self, groups: int, dim: int, dtype: torch.dtype):
+    def __init__(self, groups: int, dim: int, like: torch.Tensor):
         super().__init__()
-        self.core = torch.nn.Parameter(torch.eye(dim, dtype=dtype).repeat(groups, 1, 1))
+        self.core = torch.nn.Parameter(torch.eye(dim, dtype=like.dtype, device=like.device).repeat(groups, 1, 1))
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
         g, r, _ = self.core.shape
@@ -83,9 +83,10 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
     """Freeze everything but one core per KV group and pair (on K for Q-K, on V for V-O), train, merge back."""
     from llmx.core.data import random_windows
     from llmx.core.evaluation import mean_nll
-    from llmx.core.train.loop import TrainConfig, train
+    from llmx.core.train.distributed import is_main, world
+    from llmx.core.train.stage import fit, prepare, release
 
-    model = ctx.model
+    model = prepare(ctx, ctx.model, p)
     layers = _layers(ctx)
     targets = _targets(layers, p.targets)
     n_params = sum(t.numel() for t in model.parameters())
@@ -101,34 +102,36 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
         kv = head_counts(attn)[1]
         for target in targets:
             lin, dim = (attn.k_proj, attn.qk_dim) if target == "qk" else (attn.v_proj, attn.vo_dim)
-            core = Core(kv, dim, lin.weight.dtype)
+            core = Core(kv, dim, lin.weight)
             for name in ("weight", "bias") if lin.bias is not None else ("weight",):
                 parametrize.register_parametrization(lin, name, core)
             cores.append((lin, core))
-    trainable = [c.core for _, c in cores]
+    trainable = {f"core.{i}": c.core for i, (_, c) in enumerate(cores)}
     source = ctx.config.data.source
-    train_windows = random_windows(ctx.tokenizer, source, p.steps * p.batch_size, p.seq_len, ctx.config.seed)
+    count = p.steps * p.grad_accum * world()[1] * p.batch_size  # one window per example of every micro-batch
+    train_windows = random_windows(ctx.tokenizer, source, count, p.seq_len, ctx.config.seed)
     held_out = random_windows(ctx.tokenizer, source, p.eval_windows, p.seq_len, ctx.config.seed, split="validation")
     seen = train_windows[: p.eval_windows]  # windows the first steps train on: the objective itself
     before, train_before = mean_nll(model.eval(), held_out), mean_nll(model, seen)
 
-    def loss(step: int, micro: int) -> torch.Tensor:
-        x = train_windows[step * p.batch_size:(step + 1) * p.batch_size]
+    device = next(model.parameters()).device
+
+    def loss(i: int) -> torch.Tensor:  # micro-batch i: a pure function of i (exact resume, disjoint DDP shards)
+        x = train_windows[i * p.batch_size:(i + 1) * p.batch_size].to(device)
         return model(input_ids=x, labels=x).loss
 
-    result = train(model, trainable, loss, TrainConfig(steps=p.steps, lr=p.lr, warmup=p.warmup, schedule="linear",
-                                                        min_lr_ratio=0.0), progress=ctx.progress,
-                   metrics_file=ctx.artifact("metrics.jsonl"))
+    result = fit(ctx, model, loss, p, params=trainable)
+    release(model, p)
     after, train_after = mean_nll(model, held_out), mean_nll(model, seen)
     for lin, _ in cores:
         for name in list(lin.parametrizations):
             parametrize.remove_parametrizations(lin, name, leave_parametrized=True)
     merged = mean_nll(model, held_out)
-    out = {"basis": p.basis, "targets": ",".join(targets), "trainable_params": sum(t.numel() for t in trainable),
+    out = {"basis": p.basis, "targets": ",".join(targets), "trainable_params": sum(t.numel() for t in trainable.values()),
            "steps": result.steps, "train_nll_before": train_before, "train_nll_after": train_after,
            "val_nll_before": before, "val_nll_after": after, "val_nll_merged": merged,
            "params_before": n_params, "params_after": sum(t.numel() for t in model.parameters())}
-    if p.save:
+    if p.save and is_main():
         from llmx.core import models
 
         out["model_dir"] = str(models.save(model, ctx.tokenizer, ctx.artifact("model"),

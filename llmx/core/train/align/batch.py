@@ -45,7 +45,7 @@ class Tensors:
     prompt_end: torch.Tensor  # [B] index of the last prompt token (where g reads the hidden state)
 
 
-def collate(items: list[Encoded], pad_id: int) -> Tensors:
+def collate(items: list[Encoded], pad_id: int, device: torch.device | str = "cpu") -> Tensors:
     width = max(len(e.ids) for e in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -54,10 +54,11 @@ def collate(items: list[Encoded], pad_id: int) -> Tensors:
         ids[i, :len(e.ids)] = torch.tensor(e.ids)
         attn[i, :len(e.ids)] = 1
         resp[i, e.start - 1:len(e.ids) - 1] = 1
-    return Tensors(ids, attn, resp, torch.tensor([e.start - 1 for e in items]))
+    prompt_end = torch.tensor([e.start - 1 for e in items])
+    return Tensors(ids.to(device), attn.to(device), resp.to(device), prompt_end.to(device))
 
 
-def step_matrix(items: list[Encoded], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def step_matrix(items: list[Encoded], width: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, S, T-1]`` token-to-step membership over token_logps positions, and the ``[B, S]`` step mask."""
     n = max(len(e.step_bounds) for e in items)
     member = torch.zeros(len(items), n, width - 1)
@@ -66,7 +67,7 @@ def step_matrix(items: list[Encoded], width: int) -> tuple[torch.Tensor, torch.T
         for k, (a, b) in enumerate(e.step_bounds):
             member[i, k, a - 1:b - 1] = 1
             mask[i, k] = 1
-    return member, mask
+    return member.to(device), mask.to(device)
 
 
 def forward(model, t: Tensors, hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

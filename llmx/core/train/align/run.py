@@ -4,7 +4,6 @@ loop, then measure held-out preference accuracy and drift from the reference."""
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -15,6 +14,8 @@ from llmx.core.train.align import batch as B
 from llmx.core.train.align import data as D
 from llmx.core.train.align.params import AlignParams
 from llmx.core.context import RunContext
+from llmx.core.data import holdout
+from llmx.core.train.distributed import is_main
 from llmx.core.preference import masked_mean, masked_sum
 from llmx.errors import UsageError
 
@@ -54,13 +55,6 @@ class Objective(Protocol):
     def loss(self, b: LogpBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
-def split_rows(rows: list, fraction: float = 0.1) -> tuple[list, list]:
-    def held(i: int) -> bool:
-        return int(hashlib.sha256(str(i).encode()).hexdigest()[:8], 16) % 1000 < fraction * 1000
-
-    return [r for i, r in enumerate(rows) if not held(i)], [r for i, r in enumerate(rows) if held(i)]
-
-
 class Batcher:
     """Encodes rows once; ``batch(indices)`` returns the tensors a forward needs."""
 
@@ -68,46 +62,63 @@ class Batcher:
         self.tok, self.kind, self.rows = tok, kind, rows
         self.encoded = [[B.encode(tok, p, r, max_len) for p, r in B.examples_for(kind, ex)] for ex in rows]
 
-    def tensors(self, idx: list[int]) -> tuple[B.Tensors, list[B.Encoded]]:
+    def tensors(self, idx: list[int], device: torch.device | str = "cpu") -> tuple[B.Tensors, list[B.Encoded]]:
         if self.kind == "paired":
             items = [self.encoded[i][0] for i in idx] + [self.encoded[i][1] for i in idx]
         else:
             items = [self.encoded[i][0] for i in idx]
-        return B.collate(items, self.tok.pad_token_id), items
+        return B.collate(items, self.tok.pad_token_id, device), items
 
 
-def logps(policy, reference, g_head, batcher: Batcher, idx: list[int], objective: Objective) -> LogpBatch:
-    t, items = batcher.tensors(idx)
+class Reference:
+    """The frozen reference's log-probs: a frozen copy of the policy, or, when the policy trains a LoRA adapter,
+    the policy itself with the adapter disabled (no second copy of the weights, as TRL does)."""
+
+    def __init__(self, policy):
+        from llmx.core.train.adapters import is_peft
+
+        self.policy = policy
+        self.copy = None if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def __call__(self, t: B.Tensors) -> torch.Tensor:
+        if self.copy is not None:
+            return B.forward(self.copy, t)[0]
+        with self.policy.disable_adapter():
+            return B.forward(self.policy, t)[0]
+
+
+def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int], objective: Objective) -> LogpBatch:
+    device = next(policy.parameters()).device
+    t, items = batcher.tensors(idx, device)
     pi, hidden = B.forward(policy, t, hidden=objective.g is not None)
-    ref = None
-    if objective.needs_reference:
-        with torch.no_grad():
-            ref, _ = B.forward(reference, t)
+    ref = reference(t) if objective.needs_reference else None
     b = LogpBatch(batcher.kind, pi, ref, t.response_mask)
     rows = [batcher.rows[i] for i in idx]
     if batcher.kind == "unpaired":
-        b.labels = torch.tensor([float(r.label) for r in rows])
+        b.labels = torch.tensor([float(r.label) for r in rows], device=device)
     if batcher.kind == "step":
-        b.member, b.step_mask = B.step_matrix(items, t.input_ids.shape[1])
-        b.labels = torch.zeros_like(b.step_mask)
+        b.member, b.step_mask = B.step_matrix(items, t.input_ids.shape[1], device)
+        labels = torch.zeros(b.step_mask.shape)
         for i, r in enumerate(rows):
-            b.labels[i, :len(r.step_labels)] = torch.tensor([float(v) for v in r.step_labels[:b.step_mask.shape[1]]])
+            labels[i, :len(r.step_labels)] = torch.tensor([float(v) for v in r.step_labels[:b.step_mask.shape[1]]])
+        b.labels = labels.to(device)
     if objective.g == "answer":
         n = len(idx)
-        at = hidden[torch.arange(n), t.prompt_end[:n]]
+        at = hidden[torch.arange(n, device=device), t.prompt_end[:n]]
         b.g = g_head(at.float()).squeeze(-1)
     elif objective.g == "step":
         starts = torch.zeros(len(idx), b.member.shape[1], dtype=torch.long)
         for i, e in enumerate(items):
             for k, (a, _) in enumerate(e.step_bounds):
                 starts[i, k] = a - 1
-        at = hidden[torch.arange(len(idx))[:, None], starts]
+        at = hidden[torch.arange(len(idx), device=device)[:, None], starts.to(device)]
         b.g = g_head(at.float()).squeeze(-1)
     return b
 
 
 def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dict[str, Any]:
-    from llmx.core.train.loop import TrainConfig, train
+    from llmx.core.train.stage import finish, fit, prepare, trainable
 
     kind, rows = D.load(p.data)
     if kind not in objective.kinds:
@@ -118,43 +129,34 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
             raise UsageError(f"{p.eval_data} holds {eval_kind} rows; {p.data} holds {kind} rows")
         train_rows = rows
     else:
-        train_rows, held = split_rows(rows)
-    policy, tok = ctx.model, ctx.tokenizer
-    reference = copy.deepcopy(policy).eval().requires_grad_(False)  # the loss's p0 (when needed) and the drift baseline
-    g_head = torch.nn.Linear(policy.config.hidden_size, 1) if objective.g else None
+        train_rows, held = holdout(rows)
+    tok = ctx.tokenizer
+    policy = prepare(ctx, ctx.model, p)
+    reference = Reference(policy)  # the loss's p0 (when needed) and the drift baseline
+    device = next(policy.parameters()).device
+    g_head = torch.nn.Linear(policy.config.hidden_size, 1).to(device) if objective.g else None
     train_b = Batcher(tok, kind, train_rows, p.max_len)
     order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(ctx.config.seed)).tolist()
 
-    def indices(step: int, micro: int) -> list[int]:  # a pure function of (step, micro): exact resume
-        start = (step * p.grad_accum + micro) * p.batch_size
-        return [order[(start + i) % len(order)] for i in range(p.batch_size)]
-
-    def loss(step: int, micro: int):
-        value, stats = objective.loss(logps(policy, reference, g_head, train_b, indices(step, micro), objective))
+    def loss(i: int):  # micro-batch i holds rows i * batch_size ...: a pure function of i (exact resume, DDP shards)
+        idx = [order[(i * p.batch_size + j) % len(order)] for j in range(p.batch_size)]
+        value, stats = objective.loss(logps(policy, reference, g_head, train_b, idx, objective))
         return value.mean(), {k: v.float().mean() for k, v in stats.items()}
 
-    params = dict(policy.named_parameters())
+    params = trainable(policy)
     if g_head is not None:
         params.update({f"g_head.{k}": v for k, v in g_head.named_parameters()})
-    config = TrainConfig(steps=p.steps, lr=p.lr, warmup=p.warmup, grad_accum=p.grad_accum, schedule="cosine",
-                         weight_decay=0.0, checkpoint_every=p.checkpoint_every)
-    result = train(policy, params, loss, config, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
-                   checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(p.resume) if p.resume else None)
-    out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held), "steps": result.steps,
-           "final_loss": result.last_loss}
+    result = fit(ctx, policy, loss, p, params=params)
+    out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held)}
     if held:
         out.update(evaluate(policy, reference, Batcher(tok, kind, held, p.max_len), p.batch_size))
     else:
         ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
-    if p.save:
-        from llmx.core import models
+    out.update(finish(ctx, policy, p, name, result))
+    if p.save and g_head is not None and is_main():
+        from safetensors.torch import save_file
 
-        out["model_dir"] = str(models.save(policy, tok, ctx.artifact("model"),
-                                           {"source": ctx.config.model, "method": name, "params": p.model_dump()}))
-        if g_head is not None:
-            from safetensors.torch import save_file
-
-            save_file(g_head.state_dict(), str(ctx.artifact("g_head.safetensors")))
+        save_file(g_head.state_dict(), str(ctx.artifact("g_head.safetensors")))
     return out
 
 
