@@ -8,7 +8,7 @@ import typer
 
 from llmx.cli import options as o
 from llmx.cli.app import examples
-from llmx.cli.build import apply_flags, merged_files, resolve_cli, stage_pipeline
+from llmx.cli.build import apply_flags, merged_files, resolve_cli, route_data, stage_pipeline
 from llmx.cli.output import emit, state, stdout
 from llmx.core.config import ResolvedRun
 from llmx.core.spec import Stage
@@ -18,7 +18,10 @@ STAGE_HELP = {
                      ("llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity",
                       "llmx quantize --method quamba2 --bits w4a8 --model ref:mamba2 --eval perplexity")),
     Stage.PRUNE: ("Prune a model (heads, channels, weights).", ("llmx prune --method clover --model ref:llama --set ratio=0.5",)),
-    Stage.TRAIN: ("Fine-tune a model.", ("llmx train --method clover --model ref:llama",)),
+    Stage.TRAIN: ("Train or fine-tune a model (--data is the method's data where it takes one: sft's rows, lm's corpus).",
+                  ("llmx train --method lm --model tiny:llama --set init=scratch --set save_at_tokens=[8192,16384]",
+                   "llmx train --method sft --model ref:llama --data rows.jsonl --set adapter=lora --set lora.r=16",
+                   "llmx train --method clover --model ref:llama")),
     Stage.ALIGN: ("Align a model on preference data (--data is the .jsonl of preference rows).",
                   ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
     Stage.DECODE: ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
@@ -75,18 +78,18 @@ def _stage_command(stage: Stage):
 
         if bits is not None and stage is not Stage.QUANTIZE:
             raise UsageError("--bits applies to quantize only; use --set for this stage's params")
-        prefs = stage is Stage.ALIGN  # for align, --data is the preference file (a param of the method)
         raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, dtype=dtype,
-                          data=None if prefs else data, name=name or stage.value, output_dir=output_dir)
+                          name=name or stage.value, output_dir=output_dir)
         params = {"bits": bits} if bits is not None else {}
-        if prefs and data is not None:
-            params["data"] = data
         raw = stage_pipeline(raw, stage, method, params, evals if stage is not Stage.EVAL else None)
+        if data is not None:
+            raw = route_data(raw, stage, data)
         source = ", ".join(str(c) for c in configs) if configs else None
         execute(resolve_cli(raw, sets, 0, source=source))
 
     command.__doc__ = (STAGE_HELP[stage][0] + " Builds the same RunConfig as `llmx run`;"
-                       " `--set KEY=VALUE` sets the method's params.")
+                       " `--set KEY=VALUE` sets the method's params; `--data` is the method's own `data` param where"
+                       " it has one, else the run's text corpus.")
     return command
 
 

@@ -13,10 +13,19 @@ from llmx.errors import MissingRequirement, UsageError
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def require_peft() -> None:
+def peft():
+    """The ``peft`` module (exit 3 with the install hint when absent); bitsandbytes, which it imports, kept quiet."""
+    import logging
+    import warnings
+
     if importlib.util.find_spec("peft") is None:
         raise MissingRequirement("LoRA adapters need the Python package 'peft', which is not installed",
                                  hint="Install it with: pip install 'llmx[lora]'")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    import peft as module
+
+    return module
 
 
 def is_adapter_folder(path: Path) -> bool:
@@ -29,13 +38,11 @@ def is_peft(model: Any) -> bool:
 
 def wrap(model: Any, p: LoraParams) -> Any:
     """A ``PeftModel`` with a LoRA adapter on ``p.target_modules``; only the adapter's tensors train."""
-    require_peft()
-    from peft import LoraConfig, get_peft_model
-
-    config = LoraConfig(r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
-                        task_type="CAUSAL_LM")
+    lib = peft()
+    config = lib.LoraConfig(r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
+                            task_type="CAUSAL_LM")
     try:
-        return get_peft_model(model, config)
+        return lib.get_peft_model(model, config)
     except ValueError as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(f"cannot add a LoRA adapter: {first} (set lora.target_modules)") from exc
@@ -71,8 +78,7 @@ def load(path: Path, base: str | None, dtype: str, device: str) -> tuple[Any, An
     merged, with the tokenizer saved beside the adapter."""
     import json
 
-    require_peft()
-    from peft import PeftModel
+    lib = peft()
     from transformers import AutoTokenizer
 
     from llmx.core import models
@@ -85,7 +91,7 @@ def load(path: Path, base: str | None, dtype: str, device: str) -> tuple[Any, An
     if (path / "tokenizer_config.json").is_file():
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     try:
-        wrapped = PeftModel.from_pretrained(model, str(path))
+        wrapped = lib.PeftModel.from_pretrained(model, str(path))
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"cannot load adapter {path} on {base}: {first}") from exc

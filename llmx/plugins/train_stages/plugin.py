@@ -1,5 +1,6 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.core.train.lm.params import LMParams
+from llmx.core.train.sft.params import SFTParams
 from llmx.hookspecs import hookimpl
 
 
@@ -7,4 +8,7 @@ from llmx.hookspecs import hookimpl
 def llmx_methods():
     yield MethodSpec("lm", (Stage.TRAIN,), "llmx.core.train.lm.run:run", LMParams,
                      summary="Causal-LM training, from scratch or continued, with checkpoint series and cooldowns.",
+                     paper="training stage")
+    yield MethodSpec("sft", (Stage.TRAIN,), "llmx.core.train.sft.run:run", SFTParams,
+                     summary="Supervised fine-tuning on prompt/completion or chat rows, loss on completions only.",
                      paper="training stage")

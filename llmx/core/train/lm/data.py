@@ -8,6 +8,7 @@ import hashlib
 
 import torch
 
+from llmx.core.data.sampling import EpochOrder
 from llmx.errors import UsageError
 
 
@@ -22,25 +23,14 @@ class TokenWindows:
         if n < 1:
             raise UsageError(f"the training data has {len(stream)} tokens, fewer than one window of {seq_len}")
         self.windows = stream[: n * seq_len].view(n, seq_len)
-        self.seed = seed
-        self._orders: dict[int, torch.Tensor] = {}
+        self.order = EpochOrder(n, seed)
 
     def __len__(self) -> int:
         return len(self.windows)
 
-    def order(self, epoch: int) -> torch.Tensor:
-        if epoch not in self._orders:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._orders[epoch] = torch.randperm(len(self), generator=gen)
-        return self._orders[epoch]
-
     def batch(self, i: int, size: int) -> torch.Tensor:
         """The ``size`` windows of micro-batch ``i`` (``[size, seq_len]``)."""
-        rows = []
-        for k in range(i * size, (i + 1) * size):
-            epoch, at = divmod(k, len(self))
-            rows.append(self.windows[self.order(epoch)[at]])
-        return torch.stack(rows)
+        return self.windows[self.order.batch(i, size)]
 
 
 def eval_windows(stream: torch.Tensor, seq_len: int, n: int) -> torch.Tensor:

@@ -1,0 +1,27 @@
+"""Parameters of the ``sft`` stage. No torch import here: method listings load this module."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from llmx.core.train.params import TrainParams
+
+
+class SFTParams(TrainParams):
+    data: str = Field(description="Training rows (.jsonl): {prompt, completion} or {messages: [{role, content}]}.")
+    eval_data: str | None = Field(None, description="Held-out rows; default: 10% of data, by row hash.")
+    max_length: int = Field(256, gt=2, description="Tokens per row (prompt + completion); the completion is cut "
+                            "from the right to fit.")
+    max_prompt_length: int = Field(128, gt=0, description="Prompt tokens kept; the prompt is cut from the left.")
+    completion_only: bool = Field(True, description="Loss on the completion (assistant) tokens only; false: on "
+                                  "every token.")
+    packing: bool = Field(False, description="Pack rows into max_length sequences; each row attends only to "
+                          "itself (position ids restart per row).")
+    eval_every: int | None = Field(None, gt=0, description="Held-out loss every N steps (and at the end).")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> SFTParams:
+        if self.max_prompt_length >= self.max_length:
+            raise ValueError(f"max_prompt_length ({self.max_prompt_length}) must be below max_length "
+                             f"({self.max_length}), so every completion keeps a token")
+        return self

@@ -1,0 +1,80 @@
+"""The ``sft`` stage: encode and truncate every row once, pack when asked, train on the completion tokens with the
+shared loop, and report the held-out completion loss before and after."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from llmx.core.context import RunContext
+from llmx.core.data import holdout
+from llmx.core.data.sampling import EpochOrder
+from llmx.core.train.sft import batch as B
+from llmx.core.train.sft import data as D
+from llmx.core.train.sft.encode import Encoded, encode
+from llmx.core.train.sft.params import SFTParams
+from llmx.core.train.stage import finish, fit, prepare
+
+
+@torch.no_grad()
+def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int) -> float:
+    """Mean NLL per trained token over the held-out rows (each row padded on its own batch, no packing)."""
+    device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for s in range(0, len(items), batch_size):
+        t = B.padded(items[s:s + batch_size], pad_id, device)
+        logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits[:, :-1].float()
+        target = t["labels"][:, 1:]
+        keep = target != B.IGNORE
+        nll = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum")
+        total, count = total + float(nll), count + int(keep.sum())
+    model.train(was)
+    return total / max(count, 1)
+
+
+def run(ctx: RunContext, p: SFTParams) -> dict[str, Any]:
+    rows = D.load(p.data)
+    train_rows, held_rows = (rows, D.load(p.eval_data)) if p.eval_data else holdout(rows)
+    tok = ctx.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    def enc(rs: list[D.Row]) -> list[Encoded]:
+        return [encode(tok, r, p.max_length, p.max_prompt_length, p.completion_only) for r in rs]
+
+    items, held = enc(train_rows), enc(held_rows)
+    cut_prompt, cut_completion = sum(e.prompt_cut for e in items), sum(e.completion_cut for e in items)
+    if cut_prompt or cut_completion:
+        ctx.log.warning("truncated %d of %d prompts from the left (max_prompt_length %d) and %d completions from the "
+                        "right (max_length %d)", cut_prompt, len(items), p.max_prompt_length, cut_completion,
+                        p.max_length)
+    model = prepare(ctx, ctx.model, p)
+    device = next(model.parameters()).device
+    if p.packing:
+        B.check_packing(model, len(tok))
+        shuffled = EpochOrder(len(items), ctx.config.seed).perm(0)
+        units = B.pack([items[k] for k in shuffled], p.max_length)
+    else:
+        units = items
+    order = EpochOrder(len(units), ctx.config.seed)
+
+    def loss(i: int) -> torch.Tensor:  # micro-batch i: a pure function of i (exact resume, disjoint DDP shards)
+        chosen = [units[k] for k in order.batch(i, p.batch_size)]
+        t = B.packed(chosen, pad, p.max_length, device) if p.packing else B.padded(chosen, pad, device)
+        return model(**t).loss
+
+    before = heldout_loss(model, held, pad, p.batch_size) if held else None
+    evaluate = (lambda: heldout_loss(model, held, pad, p.batch_size)) if held else None
+    result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None), evaluate=evaluate)
+    out: dict[str, Any] = {"train_rows": len(items), "eval_rows": len(held), "packing": p.packing,
+                           "sequences": len(units), "prompts_truncated": cut_prompt,
+                           "completions_truncated": cut_completion,
+                           "trained_tokens_per_epoch": sum(sum(e.trained) for e in items)}
+    if held:
+        out.update(heldout_loss_before=before, heldout_loss=heldout_loss(model, held, pad, p.batch_size))
+    else:
+        ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
+    out.update(finish(ctx, model, p, "sft", result))
+    return out
