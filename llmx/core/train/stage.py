@@ -31,7 +31,7 @@ def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.
 
             raise UsageError(f"{type(model).__name__} does not support gradient checkpointing")
         model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing(model, True)
     if isinstance(p, TrainParams) and p.adapter == "lora":
         model = adapters.wrap(model, p.lora)
         if p.gradient_checkpointing:
@@ -39,10 +39,23 @@ def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.
     return model
 
 
+def checkpointing(model: torch.nn.Module, on: bool) -> None:
+    """Activation (gradient) checkpointing, non-reentrant, through transformers' current API or its older name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
 def release(model: torch.nn.Module, p: LoopParams) -> None:
     """Undo what ``prepare`` switched on for training only (gradient checkpointing)."""
     if p.gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+        checkpointing(model, False)
 
 
 def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
