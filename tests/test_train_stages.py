@@ -1,0 +1,174 @@
+"""The lm and sft stages through the CLI: checkpoint series and bit-identical resume, cooldown branches, LoRA
+adapters through PEFT, bad rows and missing extras."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+LM = ("--set", "init=scratch", "--set", "steps=8", "--set", "warmup=2", "--set", "batch_size=2", "--set", "seq_len=32",
+      "--set", "eval_every=4", "--set", "eval_windows=4", "--set", "schedule=constant",
+      "--set", "save_at_tokens=[128,384]")
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    import json as module
+
+    path = tmp_path / "corpus.txt"
+    path.write_text(inspect.getsource(module.decoder) * 3)
+    return path
+
+
+def lm(cli, out: Path, corpus: Path, *sets: str):
+    r = cli("--json", "train", "--method", "lm", "--model", "tiny:llama", "--data", corpus, *LM, *sets, "-o", out)
+    assert r.code == 0, r.err
+    return r.json()["stages"][0]["metrics"]
+
+
+def tensors(folder: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def test_series_manifest_and_bit_identical_resume_mid_series(cli, tmp_path, corpus):
+    whole = lm(cli, tmp_path / "a", corpus)
+    series = Path(whole["series"])
+    manifest = json.loads(series.read_text())
+    assert [(e["tokens"], e["step"], e["tokens_seen"]) for e in manifest["checkpoints"]] == [(128, 2, 128), (384, 6, 384)]
+    assert manifest["run"]["schedule"] == "constant" and manifest["run"]["tokens_per_step"] == 64
+    assert manifest["run"]["data"]["fingerprint"] == whole["data_fingerprint"]
+    assert manifest["checkpoints"][0]["lr"] == pytest.approx(1e-3)
+    first = series.parent / "tokens_128"
+    assert {"config.json", "model.safetensors", "training_state.pt", "checkpoint.json"} <= {f.name for f in first.iterdir()}
+    r = cli("--json", "eval", "--method", "perplexity", "--model", first, "--data", corpus, "--set", "max_tokens=200",
+            "-o", tmp_path / "e")
+    assert r.code == 0, r.err  # a series checkpoint is a loadable model folder
+
+    cut = lm(cli, tmp_path / "b", corpus, "--set", "stop_after=4")
+    assert cut["steps"] == 4
+    ckpt = Path(cut["model_dir"]).parent / "checkpoints"
+    resumed = lm(cli, tmp_path / "c", corpus, "--set", f"resume={ckpt}")
+    assert resumed["resumed_from"] == 4 and resumed["steps"] == 8
+    late = json.loads(Path(resumed["series"]).read_text())["checkpoints"]
+    assert [e["tokens"] for e in late] == [128, 384] and Path(late[0]["path"]).is_absolute()
+    for name in ("tokens_384",):
+        a, c = tensors(series.parent / name), tensors(Path(resumed["series"]).parent / name)
+        assert all(torch.equal(a[k], c[k]) for k in a), name
+    a, c = tensors(whole["model_dir"]), tensors(resumed["model_dir"])
+    assert all(torch.equal(a[k], c[k]) for k in a)
+    lines = (Path(resumed["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [5, 6, 7, 8]
+
+
+def test_cooldown_branches_a_decay_from_a_stable_checkpoint(cli, tmp_path, corpus):
+    whole = lm(cli, tmp_path / "a", corpus)
+    branch = Path(whole["series"]).parent / "tokens_384"
+    r = cli("--json", "train", "--method", "lm", "--data", corpus, *LM[2:], "--set", f"cooldown_from={branch}",
+            "--set", "cooldown_fraction=0.5", "--set", "save_at_tokens=[]", "-o", tmp_path / "d")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    assert (m["branch_step"], m["cooldown_steps"], m["steps"], m["resumed_from"]) == (6, 3, 9, 6)
+    rates = [json.loads(x)["lr"] for x in (Path(m["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()]
+    assert rates == pytest.approx([1e-3 * (0.1 + 0.9 * f) for f in (2 / 3, 1 / 3, 0.0)])
+    assert m["heldout_loss"] < m["heldout_loss_before"]
+
+    cosine = lm(cli, tmp_path / "f", corpus, "--set", "schedule=cosine")
+    bad = Path(cosine["series"]).parent / "tokens_128"
+    r = cli("train", "--method", "lm", "--data", corpus, *LM[2:], "--set", f"cooldown_from={bad}", "-o", tmp_path / "g")
+    assert r.code == 2 and "cosine schedule" in r.err
+    assert not (tmp_path / "g").exists() or not any((tmp_path / "g").iterdir())
+    r = cli("train", "--method", "lm", "--data", corpus, *LM[2:], "--set", "seq_len=16",
+            "--set", f"cooldown_from={branch}", "-o", tmp_path / "g")
+    assert r.code == 2 and "tokens_per_step" in r.err
+
+
+def test_save_at_tokens_past_the_run_is_a_usage_error(cli, tmp_path, corpus):
+    r = cli("train", "--method", "lm", "--model", "tiny:llama", "--data", corpus, *LM, "--set",
+            "save_at_tokens=[100000]", "-o", tmp_path)
+    assert r.code == 2 and "past the run's 512 tokens" in r.err
+
+
+def rows(tmp_path: Path, n: int = 24) -> Path:
+    path = tmp_path / "rows.jsonl"
+    lines = []
+    for i in range(n):
+        if i % 2:
+            lines.append({"prompt": f"n = {i} # double:", "completion": f" {2 * i}"})
+        else:
+            lines.append({"messages": [{"role": "user", "content": f"double {i}"},
+                                       {"role": "assistant", "content": str(2 * i)}]})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def sft(cli, out: Path, data: Path, *sets: str):
+    return cli("--json", "train", "--method", "sft", "--model", "tiny:llama", "--data", data, "--set", "steps=4",
+               "--set", "batch_size=4", "--set", "max_length=48", "--set", "max_prompt_length=24", *sets, "-o", out)
+
+
+def test_sft_full_and_lora_adapters_that_peft_and_llmx_load(cli, tmp_path):
+    data = rows(tmp_path)
+    full = sft(cli, tmp_path / "full", data)
+    assert full.code == 0, full.err
+    f = full.json()["stages"][0]["metrics"]
+    assert f["heldout_loss"] < f["heldout_loss_before"] and f["train_rows"] + f["eval_rows"] == 24
+    r = sft(cli, tmp_path / "lora", data, "--set", "adapter=lora", "--set", "lora.r=4", "--set", "packing=true",
+            "--set", "lr=1e-2", "--eval", "perplexity", "--set", "pipeline.1.params.max_tokens=300")
+    assert r.code == 0, r.err
+    stages = r.json()["stages"]
+    m = stages[0]["metrics"]
+    assert m["trainable_params"] < f["trainable_params"] / 10 and m["optimizer_bytes"] < f["optimizer_bytes"] / 10
+    assert m["sequences"] < m["train_rows"]  # packed
+    adapter = Path(m["adapter_dir"])
+    assert (adapter / "adapter_config.json").is_file() and not (adapter / "model.safetensors").exists()
+    from peft import PeftModel
+
+    from llmx.core.models.archs import build_random
+
+    peft_model = PeftModel.from_pretrained(build_random("llama")[0], str(adapter))
+    e = cli("--json", "eval", "--method", "perplexity", "--model", adapter, "--set", "max_tokens=300",
+            "-o", tmp_path / "e")
+    assert e.code == 0, e.err
+    # the adapter folder, loaded by llmx, scores exactly as the merged model the stage handed to its eval stage
+    assert e.json()["stages"][0]["metrics"]["nll"] == pytest.approx(stages[1]["metrics"]["nll"], rel=1e-5)
+    assert any("lora_B" in n and t.abs().sum() > 0 for n, t in peft_model.named_parameters())
+
+    merged = sft(cli, tmp_path / "merged", data, "--set", "adapter=lora", "--set", "lora.merge=true")
+    assert merged.code == 0, merged.err
+    keys = tensors(merged.json()["stages"][0]["metrics"]["model_dir"])
+    assert not any("lora" in k for k in keys) and "lm_head.weight" in keys
+
+
+def test_bad_sft_row_names_file_and_line_and_writes_nothing(cli, tmp_path):
+    data = rows(tmp_path)
+    text = data.read_text().splitlines()
+    text[4] = json.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    data.write_text("\n".join(text) + "\n")
+    r = sft(cli, tmp_path / "out", data)
+    assert r.code == 2 and f"{data}:5: no non-empty assistant message" in r.err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    r = sft(cli, tmp_path / "out", data, "--set", "max_prompt_length=64")
+    assert r.code == 2 and "max_prompt_length (64) must be below max_length (48)" in r.err
+
+
+def test_lora_without_peft_exits_3_before_anything_is_written(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
+    r = sft(cli, tmp_path / "out", rows(tmp_path), "--set", "adapter=lora")
+    assert r.code == 3 and "pip install 'llmx[lora]'" in r.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_data_flag_goes_to_the_method_param_or_the_run_corpus(cli, tmp_path):
+    r = cli("--json", "--dry-run", "train", "--method", "lm", "--model", "tiny:llama", "--data", "corpus.txt")
+    assert r.json()["config"]["pipeline"][0]["params"]["data"] == "corpus.txt"
+    r = cli("--json", "--dry-run", "train", "--method", "clover", "--model", "tiny:llama", "--data", "corpus.txt")
+    assert r.json()["config"]["data"]["source"] == "corpus.txt"
+
