@@ -144,7 +144,7 @@ def test_bf16_mixed_keeps_fp32_master_weights_and_computes_in_bf16():
         model, _ = tiny()
         hook = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         x = torch.randint(3, 259, (2, 16), generator=torch.Generator().manual_seed(0))
-        train(model, dict(model.named_parameters()), lambda i: model(input_ids=x, labels=x).loss,
+        train(model, dict(model.named_parameters()), lambda i, m=model, x=x: m(input_ids=x, labels=x).loss,
               TrainConfig(steps=2, lr=1e-2, precision=precision))
         hook.remove()
         assert all(p.dtype == torch.float32 for p in model.parameters())

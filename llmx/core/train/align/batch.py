@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmx.core.train.align.data import Example
 from llmx.core.preference import token_logps
+from llmx.core.train.align.data import Example
 
 
 @dataclass

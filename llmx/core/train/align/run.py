@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 
+from llmx.core.context import RunContext
+from llmx.core.data import holdout
+from llmx.core.preference import masked_mean, masked_sum
 from llmx.core.train.align import batch as B
 from llmx.core.train.align import data as D
 from llmx.core.train.align.params import AlignParams
-from llmx.core.context import RunContext
-from llmx.core.data import holdout
 from llmx.core.train.distributed import is_main
-from llmx.core.preference import masked_mean, masked_sum
 from llmx.errors import UsageError
 
 
