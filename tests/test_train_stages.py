@@ -172,3 +172,21 @@ def test_data_flag_goes_to_the_method_param_or_the_run_corpus(cli, tmp_path):
     r = cli("--json", "--dry-run", "train", "--method", "clover", "--model", "tiny:llama", "--data", "corpus.txt")
     assert r.json()["config"]["data"]["source"] == "corpus.txt"
 
+
+
+def test_align_with_a_lora_adapter_uses_the_disabled_adapter_as_reference(cli, tmp_path):
+    data = Path(__file__).resolve().parents[1] / "configs" / "smoke" / "data" / "brackets_paired.jsonl"
+    r = cli("--json", "align", "--method", "dpo", "--model", "tiny:llama", "--data", data, "--set", "steps=3",
+            "--set", "batch_size=2", "--set", "max_len=64", "--set", "adapter=lora", "--set", "lr=1e-2",
+            "--set", "lora.target_modules=all-linear", "-o", tmp_path)
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    assert Path(m["adapter_dir"], "adapter_config.json").is_file() and m["trainable_params"] < 40_000
+    assert m["heldout_logratio_per_token"] != 0  # the policy moved away from its adapter-free self
+
+
+def test_lm_with_a_lora_adapter_saves_series_adapters(cli, tmp_path, corpus):
+    m = lm(cli, tmp_path, corpus, "--set", "init=pretrained", "--set", "adapter=lora", "--set", "lr=1e-2")
+    first = Path(m["series"]).parent / "tokens_128"
+    assert (first / "adapter_config.json").is_file() and (first / "training_state.pt").is_file()
+    assert m["heldout_loss"] < m["heldout_loss_before"]
