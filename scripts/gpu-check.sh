@@ -14,9 +14,9 @@ status=${PIPESTATUS[0]}
 for f in configs/smoke/*.yaml; do
   name=$(basename "$f" .yaml)
   if "$BIN/llmx" --json run "$f" --device cuda --output-dir "$OUT/runs" > "$OUT/smoke-$name.json" 2> "$OUT/smoke-$name.err"; then
-    echo "smoke ok:   $f"
+    echo "smoke ok:   $f" | tee -a "$OUT/smoke.txt"
   else
-    echo "smoke FAIL: $f ($(tail -1 "$OUT/smoke-$name.err"))"; status=1
+    echo "smoke FAIL: $f ($(tail -1 "$OUT/smoke-$name.err"))" | tee -a "$OUT/smoke.txt"; status=1
   fi
-done | tee "$OUT/smoke.txt"
+done
 exit $status
