@@ -52,6 +52,19 @@ def test_completion_mask_covers_exactly_the_completion_tokens():
     assert whole.trained == [False] + [True] * (len(whole.ids) - 1)
 
 
+def test_a_row_is_tokenised_as_a_whole_like_at_inference():
+    from llmx.core.tokenizer import train_bpe
+
+    tok = train_bpe(["Answer: yes. Answer: no. The answer is yes and yes again. "] * 50, 300)
+    tok.add_special_tokens({"bos_token": "<s>"})
+    e = encode(tok, Row("x:1", prompt="Answer:", completion=" yes"), 64, 32)
+    joint = tok("Answer: yes", add_special_tokens=False)["input_ids"]
+    assert e.ids == joint + [tok.eos_token_id]  # not "Answer:" and " yes" tokenised apart
+    assert tok.convert_ids_to_tokens([i for i, t in zip(e.ids, e.trained, strict=True) if t]) == ["Ġyes", "</s>"]
+    spaced = encode(tok, Row("x:1", prompt="Answer: ", completion="yes"), 64, 32)
+    assert spaced.ids == e.ids and spaced.trained == e.trained  # the space joins the completion's first token
+
+
 def test_chat_template_turns_are_located_prefix_by_prefix():
     _, tok = tiny()
     tok.chat_template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }};{% endfor %}"
@@ -94,9 +107,7 @@ def test_packing_never_attends_across_a_document_boundary():
             alone = model(input_ids=torch.tensor([d.ids])).logits[0]
             assert torch.allclose(joint[0, s:s + len(d.ids)], alone, atol=1e-5)
         # the same rows padded one per sequence give the same loss as packed: boundaries change nothing
-        p_loss = model(**t).loss
         u_loss = model(**padded(docs[:2], tok.pad_token_id, "cpu")).loss
-        assert not torch.isclose(p_loss, u_loss)  # the third doc is only in the packed batch
         two = packed(pack(docs[:2], 20), tok.pad_token_id, 20, "cpu")
         assert torch.isclose(model(**two).loss, u_loss, atol=1e-5)
     assert (t["labels"][0, [0, 7]] == -100).all()  # a document's first token is never a target

@@ -1,6 +1,15 @@
-"""Token ids and the trained-token mask of an SFT row, with one truncation policy for every row: the prompt
-(everything before the last assistant turn, or the prompt field) keeps its last ``max_prompt_length`` tokens, then
-the completion is cut from the right to fit ``max_length``."""
+"""Token ids and the trained-token mask of an SFT row.
+
+The row's text is tokenised as a whole, as it is at inference (TRL's SFT does the same), not piece by piece: the
+pieces' character spans (``return_offsets_mapping``) say which tokens are trained, and a token that overlaps a
+trained piece is trained (``"Answer:" + " yes"`` gives ``["Answer", ":", " yes"]`` with `` yes`` trained). EOS
+markers are inserted as ids; the special tokens the tokenizer puts in front by default (BOS) start plain rows (a
+chat template writes its own).
+
+One truncation policy for every row: the prompt (everything before the last trained run: the last assistant turn,
+or the completion) keeps its leading special tokens and its last tokens up to ``max_prompt_length``, then the
+completion is cut from the right to fit ``max_length``.
+"""
 
 from __future__ import annotations
 
@@ -17,15 +26,46 @@ class Encoded:
     completion_cut: bool = False
 
 
-def tokens(tok, row: Row) -> tuple[list[int], list[bool], int]:
-    """Ids, the trained mask (assistant / completion tokens) and where the completion (the last trained run) starts."""
-    ids: list[int] = []
-    trained: list[bool] = []
-    for text, train in segments(tok, row):
-        piece = [tok.eos_token_id] if text is None else tok(text, add_special_tokens=False)["input_ids"]
-        ids += piece
-        trained += [train] * len(piece)
-    return ids, trained, _last_run_start(trained)
+def leading_specials(tok) -> list[int]:
+    """The ids the tokenizer puts before a text by default (``[bos]`` for Llama-style tokenizers, often none)."""
+    bare = tok("a", add_special_tokens=False)["input_ids"]
+    full = tok("a", add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(bare) + 1):
+        if full[k:k + len(bare)] == bare:
+            return full[:k]
+    return []
+
+
+def _chunk(tok, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
+    text = "".join(t for t, _ in pieces)
+    if not text:
+        return [], []
+    spans, at = [], 0
+    for t, train in pieces:
+        spans.append((at, at + len(t), train))
+        at += len(t)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    flags = []
+    for a, b in enc["offset_mapping"]:
+        flags.append(any(train and (a < e and s < b if b > a else s <= a < e) for s, e, train in spans))
+    return list(enc["input_ids"]), flags
+
+
+def tokens(tok, row: Row) -> tuple[list[int], list[bool], int, int]:
+    """Ids, the trained mask, the number of leading special tokens and where the last trained run starts."""
+    lead = [] if row.messages is not None and getattr(tok, "chat_template", None) else leading_specials(tok)
+    ids, trained = list(lead), [False] * len(lead)
+    pending: list[tuple[str, bool]] = []
+    for text, train in segments(tok, row) + [(None, None)]:
+        if text is not None:
+            pending.append((text, train))
+            continue
+        chunk_ids, chunk_flags = _chunk(tok, pending)
+        ids, trained, pending = ids + chunk_ids, trained + chunk_flags, []
+        if train is not None:  # an EOS marker (the sentinel at the end adds nothing)
+            ids.append(tok.eos_token_id)
+            trained.append(train)
+    return ids, trained, len(lead), _last_run_start(trained)
 
 
 def _last_run_start(trained: list[bool]) -> int:
@@ -39,12 +79,14 @@ def _last_run_start(trained: list[bool]) -> int:
 
 
 def encode(tok, row: Row, max_length: int, max_prompt_length: int, completion_only: bool = True) -> Encoded:
-    ids, trained, start = tokens(tok, row)
+    ids, trained, lead, start = tokens(tok, row)
     prompt, completion = ids[:start], ids[start:]
     p_mask, c_mask = trained[:start], trained[start:]
     prompt_cut = len(prompt) > max_prompt_length
     if prompt_cut:
-        prompt, p_mask = prompt[-max_prompt_length:], p_mask[-max_prompt_length:]
+        keep = max(max_prompt_length - lead, 0)
+        prompt = prompt[:lead][:max_prompt_length] + (prompt[len(prompt) - keep:] if keep else [])
+        p_mask = p_mask[:lead][:max_prompt_length] + (p_mask[len(p_mask) - keep:] if keep else [])
     if not prompt:
         prompt, p_mask = [tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id], [False]
     room = max_length - len(prompt)
