@@ -144,6 +144,22 @@ def test_sft_full_and_lora_adapters_that_peft_and_llmx_load(cli, tmp_path):
     assert not any("lora" in k for k in keys) and "lm_head.weight" in keys
 
 
+def test_sft_step_is_the_mean_over_its_tokens_however_it_is_split(cli, tmp_path):
+    data = tmp_path / "uneven.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} #", "completion": " x" * (1 + 7 * (i % 3))}) + "\n"
+                            for i in range(24)))
+    folders = []
+    for batch, accum in ((4, 1), (2, 2), (1, 4)):
+        r = sft(cli, tmp_path / f"b{batch}", data, "--set", f"batch_size={batch}", "--set", f"grad_accum={accum}",
+                "--set", "lr=1e-2")
+        assert r.code == 0, r.err
+        folders.append(r.json()["stages"][0]["metrics"]["model_dir"])
+    first = tensors(folders[0])
+    for other in folders[1:]:
+        second = tensors(other)
+        assert all(torch.allclose(first[k], second[k], atol=2e-6) for k in first), other
+
+
 def test_bad_sft_row_names_file_and_line_and_writes_nothing(cli, tmp_path):
     data = rows(tmp_path)
     text = data.read_text().splitlines()

@@ -11,6 +11,11 @@ index ``i`` (the batch is chosen by its number, not by a stateful sampler). Opti
 ``m < grad_accum`` and the gradients are averaged, so ``w`` processes with ``grad_accum = k`` equal one process with
 ``grad_accum = w * k``, and no two ranks ever see the same micro-batch. A checkpoint then only needs the trained
 tensors, the optimiser, the step and the RNG states.
+
+Each micro-batch's loss is a mean. With ``weight(i)`` (its number of target tokens, say) the step's gradient is the
+weighted mean over all of the step's micro-batches on every rank, so a step is the mean over its tokens whatever the
+split into micro-batches and processes (transformers' ``num_items_in_batch``); the weights are a pure function of
+``i`` too, so no rank waits for another's count. Without it micro-batches weigh equally.
 """
 
 from __future__ import annotations
@@ -109,7 +114,8 @@ def _metrics_log(path: Path | None, start: int):
 def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[str, torch.nn.Parameter], loss: LossFn,
           c: TrainConfig, evaluate: Callable[[], float] | None = None, progress=None,
           metrics_file: Path | None = None, checkpoint_dir: Path | None = None, resume: Path | None = None,
-          after_step: Callable[[StepState], None] | None = None) -> TrainResult:
+          after_step: Callable[[StepState], None] | None = None,
+          weight: Callable[[int], float] | None = None) -> TrainResult:
     """Optimise ``params`` on ``loss(i)`` (see the module docstring for its contract)."""
     named = dict(params) if isinstance(params, dict) else {str(i): p for i, p in enumerate(params)}
     named = {k: p for k, p in named.items() if p.requires_grad}
@@ -136,14 +142,18 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
                 group["lr"] = lr
             opt.zero_grad(set_to_none=True)
             totals: dict[str, torch.Tensor] = {}
+            n = c.micro_batches(size)
+            whole = sum(weight(step * n + k) for k in range(n)) if weight is not None else n
             for micro in range(c.grad_accum):
+                i = micro_index(step, micro, c, rank, size)
+                share = (weight(i) if weight is not None else 1) / max(whole, 1e-12)
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-                    out = loss(micro_index(step, micro, c, rank, size))
+                    out = loss(i)
                 value, stats = out if isinstance(out, tuple) else (out, {})
-                (value.float() / (c.grad_accum * size)).backward()
+                (value.float() * share).backward()
                 for k, v in {"loss": value, **stats}.items():
                     v = torch.as_tensor(v, dtype=torch.float32, device=value.device).detach().mean()
-                    totals[k] = totals.get(k, 0.0) + v / (c.grad_accum * size)
+                    totals[k] = totals.get(k, 0.0) + v * share
             if size > 1:
                 for p in trained:
                     if p.grad is None:

@@ -65,13 +65,14 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: LoopParams,
         config: TrainConfig | None = None, evaluate: Callable[[], float] | None = None,
         params: dict[str, torch.nn.Parameter] | None = None, resume: str | None = None,
-        after_step: Callable[[StepState], None] | None = None) -> TrainResult:
+        after_step: Callable[[StepState], None] | None = None,
+        weight: Callable[[int], float] | None = None) -> TrainResult:
     """The shared loop with this stage's metrics file, checkpoint folder and resume point."""
     resume = resume or p.resume
     return train(model, params if params is not None else trainable(model), loss, config or p.loop_config(),
                  evaluate=evaluate, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
                  checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(resume) if resume else None,
-                 after_step=after_step)
+                 after_step=after_step, weight=weight)
 
 
 def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainParams, method: str,

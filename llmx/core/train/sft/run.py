@@ -1,5 +1,6 @@
 """The ``sft`` stage: encode and truncate every row once, pack when asked, train on the completion tokens with the
-shared loop, and report the held-out completion loss before and after."""
+shared loop (a step's loss is the mean over all of its completion tokens, however it is split into micro-batches
+and processes), and report the held-out completion loss before and after."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def run(ctx: RunContext, p: SFTParams) -> dict[str, Any]:
     else:
         units = items
     order = EpochOrder(len(units), ctx.config.seed)
+    targets = [sum(u.trained) for u in units]  # trained tokens per unit (a row's first token never is one)
 
     def loss(i: int) -> torch.Tensor:  # micro-batch i: a pure function of i (exact resume, disjoint DDP shards)
         chosen = [units[k] for k in order.batch(i, p.batch_size)]
@@ -67,7 +69,8 @@ def run(ctx: RunContext, p: SFTParams) -> dict[str, Any]:
 
     before = heldout_loss(model, held, pad, p.batch_size) if held else None
     evaluate = (lambda: heldout_loss(model, held, pad, p.batch_size)) if held else None
-    result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None), evaluate=evaluate)
+    result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None), evaluate=evaluate,
+                 weight=lambda i: sum(targets[k] for k in order.batch(i, p.batch_size)))
     out: dict[str, Any] = {"train_rows": len(items), "eval_rows": len(held), "packing": p.packing,
                            "sequences": len(units), "prompts_truncated": cut_prompt,
                            "completions_truncated": cut_completion,
