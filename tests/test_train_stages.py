@@ -87,6 +87,26 @@ def test_cooldown_branches_a_decay_from_a_stable_checkpoint(cli, tmp_path, corpu
     assert r.code == 2 and "tokens_per_step" in r.err
 
 
+@pytest.mark.parametrize("adapter", ["none", "lora"])
+def test_a_cooldown_equals_a_wsd_run_whose_decay_starts_at_the_checkpoint(cli, tmp_path, corpus, adapter):
+    sets = ("--set", "eval_every=2", "--set", f"adapter={adapter}", "--set", "init=pretrained", "--set", "lr=1e-2")
+    whole = lm(cli, tmp_path / "a", corpus, *sets)
+    evals = {json.loads(x)["step"]: json.loads(x).get("eval")
+             for x in (Path(whole["series"]).parent.parent / "metrics.jsonl").read_text().splitlines()}
+    branch = Path(whole["series"]).parent / "tokens_384"
+    r = cli("--json", "train", "--method", "lm", "--data", corpus, *LM[2:], *sets, "--set", f"cooldown_from={branch}",
+            "--set", "cooldown_fraction=0.5", "--set", "save_at_tokens=[]", "-o", tmp_path / "d")
+    assert r.code == 0, r.err
+    cooled = r.json()["stages"][0]["metrics"]
+    assert cooled["heldout_loss_before"] == pytest.approx(evals[6], abs=1e-5)
+    wsd = lm(cli, tmp_path / "w", corpus, *sets, "--set", "schedule=wsd", "--set", "steps=9",
+             "--set", "decay_fraction=0.3333", "--set", "save_at_tokens=[]")
+    key = "adapter_dir" if adapter == "lora" else "model_dir"
+    name = "adapter_model.safetensors" if adapter == "lora" else "model.safetensors"
+    a, b = load_file(str(Path(cooled[key]) / name)), load_file(str(Path(wsd[key]) / name))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
 def test_save_at_tokens_past_the_run_is_a_usage_error(cli, tmp_path, corpus):
     r = cli("train", "--method", "lm", "--model", "tiny:llama", "--data", corpus, *LM, "--set",
             "save_at_tokens=[100000]", "-o", tmp_path)

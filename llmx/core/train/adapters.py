@@ -73,9 +73,9 @@ def merge(model: Any) -> Any:
     return model.merge_and_unload()
 
 
-def load(path: Path, base: str | None, dtype: str, device: str) -> tuple[Any, Any]:
+def attach(path: Path, base: str | None, dtype: str, device: str, trainable: bool = False) -> tuple[Any, Any]:
     """A saved adapter folder on its base model (``llmx.json``'s ``source``, else PEFT's ``base_model_name_or_path``),
-    merged, with the tokenizer saved beside the adapter."""
+    as a ``PeftModel``, with the tokenizer saved beside the adapter."""
     import json
 
     lib = peft()
@@ -91,8 +91,14 @@ def load(path: Path, base: str | None, dtype: str, device: str) -> tuple[Any, An
     if (path / "tokenizer_config.json").is_file():
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     try:
-        wrapped = lib.PeftModel.from_pretrained(model, str(path))
+        wrapped = lib.PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"cannot load adapter {path} on {base}: {first}") from exc
-    return merge(wrapped).to(device), tok
+    return wrapped.to(device), tok
+
+
+def load(path: Path, base: str | None, dtype: str, device: str) -> tuple[Any, Any]:
+    """A saved adapter folder on its base model, merged (``--model ADAPTER_FOLDER``)."""
+    model, tok = attach(path, base, dtype, device)
+    return merge(model), tok

@@ -18,24 +18,27 @@ from llmx.core.train.params import LoopParams, TrainParams
 
 
 def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.Module:
-    """The model to train: float32 master weights (a half-precision load is upcast, with a warning; bf16-mixed
-    autocasts the compute instead), gradient checkpointing when asked, and the LoRA adapter when asked."""
-    low = {str(t.dtype) for t in model.parameters() if t.is_floating_point() and t.dtype != torch.float32}
-    if low:
-        ctx.log.warning("training keeps float32 master weights: upcasting the %s model (precision: bf16-mixed runs "
-                        "the compute in bfloat16)", ", ".join(sorted(low)))
-        model.float()
+    """The model to train: gradient checkpointing when asked, the LoRA adapter when asked (a model that already
+    carries one keeps it), and float32 master weights for the trained tensors (a half-precision model is upcast where
+    it trains, with a warning: a LoRA adapter's frozen base stays as loaded; bf16-mixed autocasts the compute)."""
     if p.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             from llmx.errors import UsageError
 
             raise UsageError(f"{type(model).__name__} does not support gradient checkpointing")
+        model._llmx_use_cache = model.config.use_cache
         model.config.use_cache = False
         checkpointing(model, True)
-    if isinstance(p, TrainParams) and p.adapter == "lora":
+    if isinstance(p, TrainParams) and p.adapter == "lora" and not adapters.is_peft(model):
         model = adapters.wrap(model, p.lora)
         if p.gradient_checkpointing:
             model.enable_input_require_grads()
+    low = [t for t in trainable(model).values() if t.dtype != torch.float32]
+    if low:
+        ctx.log.warning("training keeps float32 master weights: upcasting the %s trained tensors (precision: "
+                        "bf16-mixed runs the compute in bfloat16)", ", ".join(sorted({str(t.dtype) for t in low})))
+        for t in low:
+            t.data = t.data.float()
     return model
 
 
@@ -53,9 +56,10 @@ def checkpointing(model: torch.nn.Module, on: bool) -> None:
 
 
 def release(model: torch.nn.Module, p: LoopParams) -> None:
-    """Undo what ``prepare`` switched on for training only (gradient checkpointing)."""
+    """Undo what ``prepare`` switched on for training only (gradient checkpointing, and the cache it turned off)."""
     if p.gradient_checkpointing:
         checkpointing(model, False)
+        model.config.use_cache = getattr(model, "_llmx_use_cache", True)
 
 
 def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -76,17 +80,19 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
 
 
 def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainParams, method: str,
-                 files: dict[str, bytes] | None = None) -> Path:
-    """The adapter folder for a model with a LoRA adapter, else the full model (``save_pretrained``)."""
+                 files: dict[str, bytes] | None = None, source: str | None = None) -> Path:
+    """The adapter folder for a model with a LoRA adapter, else the full model (``save_pretrained``); ``source``
+    (default: the run's model) is the base an adapter folder loads on."""
     from llmx.core import models
 
-    meta = {"source": ctx.config.model, "method": method, "params": p.model_dump(mode="json")}
+    meta = {"source": source or ctx.config.model, "method": method, "params": p.model_dump(mode="json")}
     if adapters.is_peft(model):
         return adapters.save(model, ctx.tokenizer, path, meta, files)
     return models.save(model, ctx.tokenizer, path, meta, files)
 
 
-def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str, result: TrainResult) -> dict[str, Any]:
+def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str, result: TrainResult,
+           source: str | None = None) -> dict[str, Any]:
     """Save the trained model (the adapter folder, or the merged model with ``lora.merge``) and hand the merged
     model to the following stages; return the figures every training stage reports."""
     out: dict[str, Any] = {"steps": result.steps, "final_loss": result.last_loss,
@@ -97,9 +103,9 @@ def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str,
     release(model, p)
     if p.adapter == "lora":
         if p.save and not p.lora.merge and is_main():
-            out["adapter_dir"] = str(save_trained(ctx, model, ctx.artifact("adapter"), p, method))
+            out["adapter_dir"] = str(save_trained(ctx, model, ctx.artifact("adapter"), p, method, source=source))
         model = adapters.merge(model)
     if p.save and is_main() and (p.adapter == "none" or p.lora.merge):
-        out["model_dir"] = str(save_trained(ctx, model, ctx.artifact("model"), p, method))
+        out["model_dir"] = str(save_trained(ctx, model, ctx.artifact("model"), p, method, source=source))
     ctx.set_model(model.eval())
     return out

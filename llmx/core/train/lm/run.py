@@ -30,17 +30,14 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
     from llmx.core.evaluation import mean_nll
 
     info = series.read_info(p.cooldown_from) if p.cooldown_from else None
-    if p.cooldown_from:
-        from llmx.core import models
-
-        ctx.set_model(*models.load(p.cooldown_from, dtype="float32", device=ctx.device))
-    source = p.data or ctx.config.data.source
+    source = _branch(ctx, p) if p.cooldown_from else ctx.config.model
+    data = p.data or ctx.config.data.source
     tok, model = ctx.tokenizer, ctx.model
     if p.init == "scratch":
         model = fresh(model, ctx.config.seed)
-    stream = token_stream(tok, source, "train", p.max_tokens)
+    stream = token_stream(tok, data, "train", p.max_tokens)
     windows = TokenWindows(stream, p.seq_len, ctx.config.seed)
-    held = eval_windows(token_stream(tok, source, "validation", 8 * p.eval_windows * p.seq_len), p.seq_len,
+    held = eval_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len), p.seq_len,
                         p.eval_windows)
     _, size = world()
     tps = p.batch_size * p.seq_len * p.grad_accum * size
@@ -48,8 +45,8 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
     shape = {"schedule": p.schedule, "lr": p.lr, "warmup": p.warmup, "steps": p.steps,
              "decay_steps": config.decay_steps, "min_lr_ratio": p.min_lr_ratio, "weight_decay": p.weight_decay,
              "tokens_per_step": tps, "seq_len": p.seq_len, "batch_size": p.batch_size, "grad_accum": p.grad_accum,
-             "world_size": size, "seed": ctx.config.seed, "model": p.cooldown_from or ctx.config.model,
-             "init": p.init, "data": {"source": source, "fingerprint": fingerprint(stream), "tokens": len(stream)}}
+             "world_size": size, "seed": ctx.config.seed, "model": source, "init": p.init,
+             "data": {"source": data, "fingerprint": fingerprint(stream), "tokens": len(stream)}}
     if info is not None:
         config = series.cooldown(info, shape, p.cooldown_fraction, config)
         shape.update(schedule="wsd", steps=config.steps, decay_steps=config.decay_steps, lr=config.lr,
@@ -65,11 +62,12 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
 
     resume = p.resume or p.cooldown_from
     folder = ctx.artifact("series")
-    writer = series.Series(folder, shape, at, lambda path, files: save_trained(ctx, model, path, p, "lm", files),
+    writer = series.Series(folder, shape, at,
+                           lambda path, files: save_trained(ctx, model, path, p, "lm", files, source=source),
                            series.carried(p.resume))
     result = fit(ctx, model, loss, p, config, evaluate=lambda: mean_nll(model, held), resume=resume,
                  after_step=writer if at else None)
-    out = finish(ctx, model, p, "lm", result)
+    out = finish(ctx, model, p, "lm", result, source=source)
     out.update({"init": p.init, "train_tokens": len(stream), "tokens_per_step": tps,
                 "tokens_seen": result.steps * tps, "data_fingerprint": shape["data"]["fingerprint"],
                 "heldout_loss_before": before, "heldout_loss": mean_nll(ctx.model, held)})
@@ -80,3 +78,25 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
         out.update(cooldown_from=p.cooldown_from, branch_step=int(info["step"]), cooldown_steps=config.decay_steps)
     return out
 
+
+
+def _branch(ctx: RunContext, p: LMParams) -> str:
+    """Load a cooldown's checkpoint: a model folder, or an adapter folder on its base (the adapter stays trainable,
+    unmerged, so the restored optimiser state meets the same tensors). Returns the base model's name."""
+    from pathlib import Path
+
+    from llmx.core import models
+    from llmx.core.train import adapters
+    from llmx.errors import UsageError
+
+    folder = Path(p.cooldown_from)
+    if not adapters.is_adapter_folder(folder):
+        if p.adapter == "lora":
+            raise UsageError("cooldown_from: the checkpoint is a full model; a LoRA run branches from a LoRA checkpoint")
+        ctx.set_model(*models.load(str(folder), dtype="float32", device=ctx.device))
+        return str(folder)
+    if p.adapter != "lora":
+        raise UsageError("cooldown_from: the checkpoint is a LoRA adapter; set adapter: lora")
+    base = models.read_metadata(folder).get("source")
+    ctx.set_model(*adapters.attach(folder, base, ctx.config.dtype, ctx.device, trainable=True))
+    return base
