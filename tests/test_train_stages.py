@@ -62,7 +62,11 @@ def test_series_manifest_and_bit_identical_resume_mid_series(cli, tmp_path, corp
     a, c = tensors(whole["model_dir"]), tensors(resumed["model_dir"])
     assert all(torch.equal(a[k], c[k]) for k in a)
     lines = (Path(resumed["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines] == [5, 6, 7, 8]
+    cut_lines = (Path(cut["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(1, 9))  # the whole curve, no step twice
+    assert lines[:4] == cut_lines and lines == (Path(whole["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()
+    again = lm(cli, tmp_path / "d", corpus, "--set", f"resume={Path(whole['series']).parent / 'tokens_128'}")
+    assert [e["tokens"] for e in json.loads(Path(again["series"]).read_text())["checkpoints"]] == [128, 384]
 
 
 def test_cooldown_branches_a_decay_from_a_stable_checkpoint(cli, tmp_path, corpus):
@@ -73,8 +77,9 @@ def test_cooldown_branches_a_decay_from_a_stable_checkpoint(cli, tmp_path, corpu
     assert r.code == 0, r.err
     m = r.json()["stages"][0]["metrics"]
     assert (m["branch_step"], m["cooldown_steps"], m["steps"], m["resumed_from"]) == (6, 3, 9, 6)
-    rates = [json.loads(x)["lr"] for x in (Path(m["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()]
-    assert rates == pytest.approx([1e-3 * (0.1 + 0.9 * f) for f in (2 / 3, 1 / 3, 0.0)])
+    records = [json.loads(x) for x in (Path(m["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 10))  # the branch's history, then its decay
+    assert [r["lr"] for r in records[6:]] == pytest.approx([1e-3 * (0.1 + 0.9 * f) for f in (2 / 3, 1 / 3, 0.0)])
     assert m["heldout_loss"] < m["heldout_loss_before"]
 
     cosine = lm(cli, tmp_path / "f", corpus, "--set", "schedule=cosine")

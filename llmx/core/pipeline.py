@@ -67,7 +67,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     check_requirements(run)
     from llmx.core.train import distributed
 
-    rank = distributed.init()
+    rank = distributed.init(run.config.device)
     path = runs.create(run, rank)
     result = RunResult(path)
     log = logging.getLogger("llmx.run")

@@ -78,6 +78,24 @@ def resolve(path: Path) -> Path:
     return path
 
 
+def resumed_step(path: Path) -> int:
+    """The step a checkpoint file holds, read from its name (``step_<n>.pt``) or a series checkpoint's
+    ``checkpoint.json``, without loading the tensors."""
+    path = resolve(Path(path))
+    if path.name == STATE:
+        import json
+
+        return int(json.loads((path.parent / "checkpoint.json").read_text())["step"])
+    return int(path.stem.removeprefix("step_"))
+
+
+def stage_folder(path: Path) -> Path:
+    """The stage artifact folder that wrote a checkpoint (``checkpoints/step_<n>.pt`` or
+    ``series/tokens_<n>/training_state.pt`` inside it)."""
+    path = resolve(Path(path))
+    return path.parents[2] if path.name == STATE else path.parents[1]
+
+
 def load(path: Path) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True``; anything that is not plain tensors and containers is refused."""
     path = resolve(Path(path))

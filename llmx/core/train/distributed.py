@@ -27,15 +27,15 @@ def local_device(device: str) -> str:
     return device
 
 
-def init() -> int:
-    """Under ``torchrun`` (``WORLD_SIZE`` > 1) join the process group (NCCL on CUDA, gloo otherwise) and pin this
-    process's GPU; return the rank."""
+def init(device: str = "auto") -> int:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1) join the process group (NCCL for a CUDA run, gloo otherwise) and pin
+    this process's GPU; return the rank."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return world()[0]
     import torch
 
     if not torch.distributed.is_initialized():
-        cuda = torch.cuda.is_available()
+        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group("nccl" if cuda else "gloo")

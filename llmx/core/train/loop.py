@@ -98,16 +98,19 @@ def micro_index(step: int, micro: int, c: TrainConfig, rank: int, size: int) -> 
     return step * c.micro_batches(size) + micro * size + rank
 
 
-def _metrics_log(path: Path | None, start: int):
-    """Open ``metrics.jsonl`` for appending; on a resume, records past the resumed step are dropped first, so a
-    series of interruptions never duplicates a step."""
+def _metrics_log(path: Path | None, start: int, resume: Path | None):
+    """Open ``metrics.jsonl`` for appending. A resumed run first writes the history up to its step, from this file
+    or else from the run it resumes (its stage folder's ``metrics.jsonl``), so the file is the whole curve and never
+    repeats a step."""
     if path is None:
         return None
-    if start and path.is_file():
-        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
-        atomic.write_text(path, "".join(line + "\n" for line in kept))
-    elif not start and path.is_file():
-        path.unlink()
+    kept: list[str] = []
+    if start:
+        earlier = checkpoint.stage_folder(resume) / path.name
+        source = path if path.is_file() else earlier
+        if source.is_file():
+            kept = [x for x in source.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= start]
+    atomic.write_text(path, "".join(line + "\n" for line in kept))
     return path.open("a")
 
 
@@ -133,7 +136,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
     bf16 = c.precision == "bf16-mixed"
     best = (float("inf"), 0, None)
     stale, t0, step, loss_value = 0, time.perf_counter(), start - 1, float("nan")
-    log = _metrics_log(metrics_file, start) if rank == 0 else None
+    log = _metrics_log(metrics_file, start, resume) if rank == 0 else None
     model.train()
     try:
         for step in (progress or (lambda r, **_: r))(range(start, c.steps), description="training"):

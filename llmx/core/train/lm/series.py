@@ -38,11 +38,8 @@ def carried(resume: str | None) -> list[dict[str, Any]]:
     """Entries of the interrupted run's series up to the resumed step (their folders stay where they are)."""
     if not resume:
         return []
-    source = checkpoint.resolve(Path(resume))
-    if not source.stem.startswith("step_"):
-        return []
-    start = int(source.stem.removeprefix("step_"))
-    manifest = source.parent.parent / "series" / MANIFEST
+    start = checkpoint.resumed_step(Path(resume))
+    manifest = checkpoint.stage_folder(Path(resume)) / "series" / MANIFEST
     if not manifest.is_file():
         return []
     entries = json.loads(manifest.read_text())["checkpoints"]
