@@ -1,5 +1,5 @@
-"""Data parallelism in every stage that trains (lm, sft, align, CLOVER): two gloo processes see disjoint
-micro-batches and end with the weights of one process with twice the accumulation."""
+"""Data parallelism in every stage that trains (lm, sft, align, CLOVER; SFT also packed with a LoRA adapter): two gloo
+processes with two micro-batches each see disjoint micro-batches and end with the weights of one process with four."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ def stages(data: Path) -> dict[str, dict]:
                                           "eval_every": None}},
         "sft": {"method": "sft", "params": {**common, "data": str(data / "rows.jsonl"), "max_length": 32,
                                             "max_prompt_length": 16}},
+        "sft-lora-packed": {"method": "sft", "params": {**common, "data": str(data / "rows.jsonl"), "max_length": 32,
+                                                        "max_prompt_length": 16, "packing": True, "adapter": "lora",
+                                                        "lora": {"merge": True, "target_modules": "all-linear"}}},
         "align": {"method": "dpo", "params": {**common, "data": str(data / "pairs.jsonl"), "max_len": 32}},
         "clover": {"method": "clover", "stage": "train",
                    "params": {**common, "seq_len": 16, "eval_windows": 2}},
@@ -81,7 +84,7 @@ def _worker(rank: int, size: int, init: str, data: str, out: str) -> None:
 
     plugins.configure([])
     try:
-        folders = run_all(Path(data), Path(out), accum=1, record=Path(out) / f"seen_{rank}.json")
+        folders = run_all(Path(data), Path(out), accum=2, record=Path(out) / f"seen_{rank}.json")
         if rank == 0:
             (Path(out) / "folders.json").write_text(json.dumps({k: str(v) for k, v in folders.items()}))
     finally:
@@ -98,14 +101,14 @@ def test_two_gloo_processes_see_disjoint_batches_and_match_one_with_twice_the_ac
                                 join=True)
     from llmx.core.models.archs import build_random
 
-    single = run_all(data, tmp_path / "single", accum=2, record=tmp_path / "seen_single.json")
+    single = run_all(data, tmp_path / "single", accum=4, record=tmp_path / "seen_single.json")
     ranks = [json.loads((ddp / f"seen_{r}.json").read_text()) for r in range(2)]
     one = json.loads((tmp_path / "seen_single.json").read_text())
     folders = {k: Path(v) for k, v in json.loads((ddp / "folders.json").read_text()).items()}
     for name in stages(data):
         a, b = set(ranks[0][name]), set(ranks[1][name])
         assert not a & b, name  # no micro-batch is seen by both ranks
-        assert sorted(a | b) == sorted(one[name]) == list(range(STEPS * 2)), name
+        assert sorted(a | b) == sorted(one[name]) == list(range(STEPS * 4)), name
         left, right = load_file(str(folders[name] / "model.safetensors")), load_file(str(single[name] / "model.safetensors"))
         for key, value in right.items():
             assert torch.allclose(left[key], value, atol=1e-5), f"{name}: {key}"

@@ -40,10 +40,23 @@ def test_sft_with_packing_lora_and_gradient_checkpointing_on_cuda(cli, tmp_path)
     assert r.json()["stages"][0]["metrics"]["heldout_loss"] > 0
 
 
-@pytest.mark.parametrize("method,data", [("dpo", "brackets_paired"), ("kto", "brackets_unpaired"),
-                                         ("pipa", "brackets_steps")])
-def test_align_on_cuda(cli, tmp_path, method, data):
+@pytest.mark.parametrize("method,data,adapter", [("dpo", "brackets_paired", "none"), ("dpo", "brackets_paired", "lora"),
+                                                 ("kto", "brackets_unpaired", "none"), ("pipa", "brackets_steps", "none")])
+def test_align_on_cuda(cli, tmp_path, method, data, adapter):
     r = cli("--json", "align", "--method", method, "--model", "tiny:llama", "--device", "cuda",
             "--data", SMOKE / "data" / f"{data}.jsonl", "--set", "steps=2", "--set", "batch_size=2",
-            "--set", "max_len=64", "-o", tmp_path)
+            "--set", "max_len=64", "--set", f"adapter={adapter}", "--set", "checkpoint_every=1", "-o", tmp_path)
     assert r.code == 0, r.err
+
+
+def test_cuda_rng_state_is_checkpointed_and_restored(tmp_path):
+    from llmx.core.train import checkpoint
+
+    torch.cuda.manual_seed(7)
+    torch.rand(3, device="cuda")
+    model = torch.nn.Linear(4, 4).cuda()
+    named = dict(model.named_parameters())
+    path = checkpoint.save(tmp_path, 1, named, torch.optim.AdamW(named.values()))
+    expected = torch.rand(3, device="cuda")
+    checkpoint.set_rng_state(checkpoint.load(path)["rng"])
+    assert torch.equal(torch.rand(3, device="cuda"), expected)

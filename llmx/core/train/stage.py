@@ -87,6 +87,10 @@ def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainPa
 
     meta = {"source": source or ctx.config.model, "method": method, "params": p.model_dump(mode="json")}
     if adapters.is_peft(model):
+        base = Path(str(meta["source"]))
+        if base.is_dir() and adapters.is_adapter_folder(base):
+            ctx.log.warning("this adapter was trained on %s, a base merged with another adapter: llmx loads it "
+                            "(--model); PEFT's base_model_name_or_path names only the first base", base)
         return adapters.save(model, ctx.tokenizer, path, meta, files)
     return models.save(model, ctx.tokenizer, path, meta, files)
 
