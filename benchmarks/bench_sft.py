@@ -3,13 +3,14 @@
     python benchmarks/bench_sft.py [--model ref:llama] [--steps 200] [--seeds 0 1 2]
 
 The task: three Python-expression completions the reference model (trained on standard-library code) has never
-been taught: ``"word".upper() ==`` -> ``"WORD"``, ``sorted([..]) ==`` -> the sorted list, ``len("..") ==`` -> the
-length; 2000 training rows, 200 held-out, loss on the completion only. Each configuration gets the same steps and
-batch and its own learning rate (a sweep on seed 0, best held-out loss, extended upward while the best is the
-largest tried), then runs on every seed. Each run is its
-own process, so its peak RSS is its own. Reported: trainable parameters, optimiser bytes (measured on the AdamW
-state), peak RSS, seconds per step, held-out completion loss (mean and min-max over seeds).
-Writes benchmarks/results/sft_<model>.json and .md.
+been taught: ``"name".upper() ==`` -> ``"NAME"``, ``sorted([..]) ==`` -> the sorted list, ``len("..") ==`` -> the
+length; 2000 training rows, and two disjoint sets of 200 (no prompt shared with any other set): validation, on which
+each configuration's learning rate is chosen (a sweep on seed 0, extended past either end while the best is at it),
+and test, on which every reported loss is measured (a fresh run per seed at the chosen rate). Every configuration
+gets the same steps, batch and warmup; the loss is on the completion only. Each run is its own process, so its
+peak RSS is its own (PEFT is imported in every run, so library overhead is equal). Reported: trainable parameters,
+optimiser bytes (measured on the AdamW state), peak RSS, seconds per step, test completion loss (mean and min-max
+over seeds). Writes benchmarks/results/sft_<model>.json and .md.
 """
 
 from __future__ import annotations
@@ -33,21 +34,30 @@ CONFIGS = {"full": {"adapter": "none", "lrs": [1e-4, 3e-4, 1e-3]},
            "lora-r16": {"adapter": "lora", "r": 16, "lrs": [1e-3, 3e-3, 1e-2]}}
 
 
-def task_rows(n: int, seed: int) -> list[dict[str, str]]:
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        kind = i % 3
-        if kind == 0:
-            w = rng.choice(WORDS) + rng.choice(["", "_" + rng.choice(WORDS)])
-            rows.append({"prompt": f'"{w}".upper() ==', "completion": f' "{w.upper()}"'})
-        elif kind == 1:
-            xs = [rng.randint(0, 9) for _ in range(rng.randint(3, 6))]
-            rows.append({"prompt": f"sorted({xs}) ==", "completion": f" {sorted(xs)}"})
-        else:
-            w = rng.choice(WORDS)[: rng.randint(2, 6)]
-            rows.append({"prompt": f'len("{w}") ==', "completion": f" {len(w)}"})
-    return rows
+def task_row(rng: random.Random) -> dict[str, str]:
+    kind = rng.randrange(3)
+    if kind == 0:
+        w = "_".join(rng.choice(WORDS) for _ in range(rng.randint(1, 2))) + rng.choice(["", str(rng.randint(0, 9))])
+        return {"prompt": f'"{w}".upper() ==', "completion": f' "{w.upper()}"'}
+    if kind == 1:
+        xs = [rng.randint(0, 9) for _ in range(rng.randint(3, 6))]
+        return {"prompt": f"sorted({xs}) ==", "completion": f" {sorted(xs)}"}
+    w = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+    return {"prompt": f'len("{w}") ==', "completion": f" {len(w)}"}
+
+
+def task_sets(sizes: dict[str, int], seed: int = 0) -> dict[str, list[dict[str, str]]]:
+    """Disjoint sets of rows: no prompt appears in two sets (or twice in one)."""
+    rng, seen, out = random.Random(seed), set(), {}
+    for name, n in sizes.items():
+        rows = []
+        while len(rows) < n:
+            row = task_row(rng)
+            if row["prompt"] not in seen:
+                seen.add(row["prompt"])
+                rows.append(row)
+        out[name] = rows
+    return out
 
 
 def child(spec: dict) -> None:
@@ -86,35 +96,36 @@ def main() -> None:
     if args.child:
         return child(json.loads(args.child))
     with tempfile.TemporaryDirectory() as tmp:
-        train, held = Path(tmp) / "train.jsonl", Path(tmp) / "eval.jsonl"
-        train.write_text("".join(json.dumps(r) + "\n" for r in task_rows(2000, 0)))
-        held.write_text("".join(json.dumps(r) + "\n" for r in task_rows(200, 1)))
-        base = {"model": args.model, "train": str(train), "eval": str(held), "steps": args.steps}
+        files = {}
+        for name, rows_ in task_sets({"train": 2000, "validation": 200, "test": 200}).items():
+            files[name] = Path(tmp) / f"{name}.jsonl"
+            files[name].write_text("".join(json.dumps(r) + "\n" for r in rows_))
+        base = {"model": args.model, "train": str(files["train"]), "steps": args.steps}
         rows, sweeps = [], {}
         for name, cfg in CONFIGS.items():
             spec = {**base, "adapter": cfg["adapter"], "r": cfg.get("r")}
-            sweep = {lr: run({**spec, "lr": lr, "seed": args.seeds[0]}) for lr in cfg["lrs"]}
-            while max(sweep) == min(sweep, key=lambda k: sweep[k]["heldout_loss"]):  # best at the edge: go further
-                lr = 3 * max(sweep)
-                sweep[lr] = run({**spec, "lr": lr, "seed": args.seeds[0]})
-            sweeps[name] = {str(lr): m["heldout_loss"] for lr, m in sweep.items()}
-            lr = min(sweep, key=lambda k: sweep[k]["heldout_loss"])
-            runs = [sweep[lr]] + [run({**spec, "lr": lr, "seed": s}) for s in args.seeds[1:]]
+            tune = {**spec, "eval": str(files["validation"]), "seed": args.seeds[0]}
+            sweep = {lr: run({**tune, "lr": lr})["heldout_loss"] for lr in cfg["lrs"]}
+            while (best := min(sweep, key=sweep.get)) in (min(sweep), max(sweep)) and len(sweep) < 7:  # go past an end
+                lr = best * 3 if best == max(sweep) else best / 3
+                sweep[lr] = run({**tune, "lr": lr})["heldout_loss"]
+            sweeps[name] = {f"{lr:g}": loss for lr, loss in sorted(sweep.items())}
+            runs = [run({**spec, "eval": str(files["test"]), "lr": best, "seed": s}) for s in args.seeds]
             losses = [m["heldout_loss"] for m in runs]
             first = runs[0]
-            rows.append({"config": name, "lr": lr, "trainable_params": first["trainable_params"],
+            rows.append({"config": name, "lr": best, "trainable_params": first["trainable_params"],
                          "optimizer_mb": first["optimizer_bytes"] / 2**20,
                          "peak_rss_mb": statistics.median(m["peak_rss_mb"] for m in runs),
                          "s_per_step": statistics.median(m["train_seconds"] / m["steps"] for m in runs),
-                         "heldout_before": first["heldout_loss_before"], "heldout_after": statistics.mean(losses),
+                         "test_before": first["heldout_loss_before"], "test_after": statistics.mean(losses),
                          "after_min": min(losses), "after_max": max(losses)})
             print(rows[-1], flush=True)
-    columns = ["config", "lr", "trainable_params", "optimizer_mb", "peak_rss_mb", "s_per_step", "heldout_before",
-               "heldout_after", "after_min", "after_max"]
+    columns = ["config", "lr", "trainable_params", "optimizer_mb", "peak_rss_mb", "s_per_step", "test_before",
+               "test_after", "after_min", "after_max"]
     table = markdown(columns, rows)
     slug = args.model.replace(":", "_")
     write(f"sft_{slug}", {"model": args.model, "steps": args.steps, "batch_size": 16, "seeds": args.seeds,
-                          "machine": machine(), "lr_sweeps": sweeps, "rows": rows})
+                          "machine": machine(), "lr_sweeps_validation_loss": sweeps, "rows": rows})
     (Path(__file__).parent / "results" / f"sft_{slug}.md").write_text(table + "\n")
     print(table)
 
