@@ -231,3 +231,31 @@ def test_lm_with_a_lora_adapter_saves_series_adapters(cli, tmp_path, corpus):
     first = Path(m["series"]).parent / "tokens_128"
     assert (first / "adapter_config.json").is_file() and (first / "training_state.pt").is_file()
     assert m["heldout_loss"] < m["heldout_loss_before"]
+
+
+@pytest.mark.slow
+def test_a_model_with_real_widths_gqa_and_biases_trains(cli, tmp_path):
+    """Hidden 2048, 16 query heads over 4 KV heads, biased Q/K/V (Qwen2-style): lm, then sft with packed LoRA."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from llmx.core.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=2048, intermediate_size=2816, num_hidden_layers=1,
+                         num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=256,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    folder = tmp_path / "qwen2-wide"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    text = tmp_path / "corpus.txt"
+    text.write_text(inspect.getsource(json.decoder))
+    r = cli("--json", "train", "--method", "lm", "--model", folder, "--data", text, "--set", "steps=2",
+            "--set", "batch_size=2", "--set", "seq_len=32", "--set", "eval_windows=2", "--set", "save=false",
+            "-o", tmp_path / "lm")
+    assert r.code == 0, r.err
+    r = sft(cli, tmp_path / "sft", rows(tmp_path), "--model", folder, "--set", "steps=2", "--set", "packing=true",
+            "--set", "adapter=lora", "--set", "gradient_checkpointing=true", "--set", "precision=bf16-mixed")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    assert m["trainable_params"] == 8 * (2048 + 2048) + 8 * (2048 + 512)  # r x (in + out) on q_proj and v_proj
