@@ -8,8 +8,9 @@ length; 2000 training rows, and two disjoint sets of 200 (no prompt shared with 
 each configuration's learning rate is chosen (a sweep on seed 0, extended past either end while the best is at it),
 and test, on which every reported loss is measured (a fresh run per seed at the chosen rate). Every configuration
 gets the same steps, batch and warmup; the loss is on the completion only. Each run is its own process, so its
-peak RSS is its own (PEFT is imported in every run, so library overhead is equal). Reported: trainable parameters,
-optimiser bytes (measured on the AdamW state), peak RSS, seconds per step, test completion loss (mean and min-max
+memory is its own (PEFT is imported in every run, so library overhead is equal). Reported: trainable parameters,
+optimiser bytes (measured on the AdamW state), peak RSS and the resident set while training (sampled), seconds per
+step, test completion loss (mean and min-max
 over seeds). Writes benchmarks/results/sft_<model>.json and .md.
 """
 
@@ -61,20 +62,35 @@ def task_sets(sizes: dict[str, int], seed: int = 0) -> dict[str, list[dict[str, 
 
 
 def child(spec: dict) -> None:
-    """One run in this process: print its metrics and peak RSS as JSON. PEFT is imported by every run, so library
-    overhead is the same in each and the RSS differences are the training's."""
+    """One run in this process: print its metrics and memory as JSON. PEFT is imported by every run, so library
+    overhead is the same in each. A thread samples the resident set every 10 ms: ``train_rss_mb`` is the median of
+    the samples in the last half of the run (training dominates it), ``peak_rss_mb`` the process's peak."""
     import resource
+    import threading
+    import time
 
     import peft  # noqa: F401
+    import psutil
     from common import run_pipeline
 
+    samples, done = [], threading.Event()
+
+    def sample() -> None:
+        me = psutil.Process()
+        while not done.is_set():
+            samples.append(me.memory_info().rss)
+            time.sleep(0.01)
+
+    threading.Thread(target=sample, daemon=True).start()
     params = {"data": spec["train"], "eval_data": spec["eval"], "steps": spec["steps"], "batch_size": 16,
               "warmup": spec["steps"] // 10, "lr": spec["lr"], "max_length": 64, "max_prompt_length": 32,
               "adapter": spec["adapter"], "save": False}
     if spec["adapter"] == "lora":
         params["lora"] = {"r": spec["r"], "alpha": 2 * spec["r"], "target_modules": "all-linear"}
     m = run_pipeline(spec["model"], [{"method": "sft", "params": params}], threads=1, seed=spec["seed"])[0]
+    done.set()
     m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    m["train_rss_mb"] = statistics.median(samples[len(samples) // 2:]) / 2**20
     print(json.dumps(m))
 
 
@@ -116,11 +132,12 @@ def main() -> None:
             rows.append({"config": name, "lr": best, "trainable_params": first["trainable_params"],
                          "optimizer_mb": first["optimizer_bytes"] / 2**20,
                          "peak_rss_mb": statistics.median(m["peak_rss_mb"] for m in runs),
+                         "train_rss_mb": statistics.median(m["train_rss_mb"] for m in runs),
                          "s_per_step": statistics.median(m["train_seconds"] / m["steps"] for m in runs),
                          "test_before": first["heldout_loss_before"], "test_after": statistics.mean(losses),
                          "after_min": min(losses), "after_max": max(losses)})
             print(rows[-1], flush=True)
-    columns = ["config", "lr", "trainable_params", "optimizer_mb", "peak_rss_mb", "s_per_step", "test_before",
+    columns = ["config", "lr", "trainable_params", "optimizer_mb", "peak_rss_mb", "train_rss_mb", "s_per_step", "test_before",
                "test_after", "after_min", "after_max"]
     table = markdown(columns, rows)
     slug = args.model.replace(":", "_")
