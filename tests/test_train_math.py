@@ -81,6 +81,15 @@ def test_chat_template_turns_are_located_prefix_by_prefix():
         encode(tok, row, 256, 128)
 
 
+def test_a_chat_templates_leading_bos_survives_truncation():
+    _, tok = tiny()
+    tok.chat_template = ("{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }};{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    row = Row("x:4", messages=[{"role": "user", "content": "a long question"}, {"role": "assistant", "content": "no"}])
+    e = encode(tok, row, 20, 8)
+    assert e.prompt_cut and e.ids[0] == tok.bos_token_id and tok.decode(e.ids).endswith("t]no;")
+
+
 def test_one_truncation_policy_prompt_from_the_left_completion_from_the_right():
     _, tok = tiny()
     e = encode(tok, Row("x:1", prompt="abcdefghij", completion="0123456789"), 12, 4)

@@ -69,6 +69,22 @@ def test_series_manifest_and_bit_identical_resume_mid_series(cli, tmp_path, corp
     assert [e["tokens"] for e in json.loads(Path(again["series"]).read_text())["checkpoints"]] == [128, 384]
 
 
+def test_resume_from_a_checkpoint_kept_anywhere_and_configs_keep_their_cache(cli, tmp_path, corpus, monkeypatch):
+    import shutil
+
+    cut = lm(cli, tmp_path / "b", corpus, "--set", "stop_after=4", "--set", "gradient_checkpointing=true")
+    step = Path(cut["model_dir"]).parent / "checkpoints" / "step_4.pt"
+    shutil.copy(step, tmp_path / "ck.pt")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "foreign": true}\n')
+    monkeypatch.chdir(tmp_path)
+    resumed = lm(cli, tmp_path / "c", corpus, "--set", "resume=ck.pt", "--set", "gradient_checkpointing=true")
+    assert resumed["resumed_from"] == 4 and resumed["steps"] == 8
+    lines = (Path(resumed["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [5, 6, 7, 8]  # no history to copy, and none made up
+    for folder in (Path(resumed["model_dir"]), Path(resumed["series"]).parent / "tokens_384"):
+        assert json.loads((folder / "config.json").read_text())["use_cache"] is True, folder
+
+
 def test_cooldown_branches_a_decay_from_a_stable_checkpoint(cli, tmp_path, corpus):
     whole = lm(cli, tmp_path / "a", corpus)
     branch = Path(whole["series"]).parent / "tokens_384"

@@ -73,20 +73,26 @@ def merge(model: Any) -> Any:
     return model.merge_and_unload()
 
 
+def base_of(path: Path, source: str | None) -> str:
+    """The base model of an adapter folder: llmx's ``source``, else PEFT's ``base_model_name_or_path``."""
+    import json
+
+    base = source or json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"{path}: adapter folder names no base model")
+    return base
+
+
 def attach(path: Path, base: str | None, dtype: str, device: str, trainable: bool = False) -> tuple[Any, Any]:
     """A saved adapter folder on its base model (``llmx.json``'s ``source``, else PEFT's ``base_model_name_or_path``),
     as a ``PeftModel``, with the tokenizer saved beside the adapter."""
-    import json
 
     lib = peft()
     from transformers import AutoTokenizer
 
     from llmx.core import models
 
-    if base is None:
-        base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not base:
-        raise UsageError(f"{path}: adapter folder names no base model")
+    base = base_of(path, base)
     model, tok = models.load(base, dtype=dtype, device=device)
     if (path / "tokenizer_config.json").is_file():
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -79,21 +79,29 @@ def resolve(path: Path) -> Path:
 
 
 def resumed_step(path: Path) -> int:
-    """The step a checkpoint file holds, read from its name (``step_<n>.pt``) or a series checkpoint's
-    ``checkpoint.json``, without loading the tensors."""
+    """The step a checkpoint holds: from its name (``step_<n>.pt``), a series checkpoint's ``checkpoint.json``, or
+    else the file itself."""
+    import json
+    import re
+
     path = resolve(Path(path))
-    if path.name == STATE:
-        import json
+    if match := re.fullmatch(r"step_(\d+)\.pt", path.name):
+        return int(match.group(1))
+    info = path.parent / "checkpoint.json"
+    if path.name == STATE and info.is_file():
+        return int(json.loads(info.read_text())["step"])
+    return int(load(path)["step"])
 
-        return int(json.loads((path.parent / "checkpoint.json").read_text())["step"])
-    return int(path.stem.removeprefix("step_"))
 
-
-def stage_folder(path: Path) -> Path:
+def stage_folder(path: Path) -> Path | None:
     """The stage artifact folder that wrote a checkpoint (``checkpoints/step_<n>.pt`` or
-    ``series/tokens_<n>/training_state.pt`` inside it)."""
-    path = resolve(Path(path))
-    return path.parents[2] if path.name == STATE else path.parents[1]
+    ``series/tokens_<n>/training_state.pt`` inside it); None for a checkpoint kept anywhere else."""
+    path = resolve(Path(path)).resolve()
+    if path.name == STATE and path.parent.parent.name == "series":
+        return path.parents[2]
+    if path.parent.name == "checkpoints":
+        return path.parents[1]
+    return None
 
 
 def load(path: Path) -> dict[str, Any]:

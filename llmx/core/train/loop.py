@@ -106,9 +106,9 @@ def _metrics_log(path: Path | None, start: int, resume: Path | None):
         return None
     kept: list[str] = []
     if start:
-        earlier = checkpoint.stage_folder(resume) / path.name
-        source = path if path.is_file() else earlier
-        if source.is_file():
+        folder = checkpoint.stage_folder(resume) if not path.is_file() else None
+        source = path if path.is_file() else (folder / path.name if folder is not None else None)
+        if source is not None and source.is_file():
             kept = [x for x in source.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= start]
     atomic.write_text(path, "".join(line + "\n" for line in kept))
     return path.open("a")

@@ -59,7 +59,8 @@ def release(model: torch.nn.Module, p: LoopParams) -> None:
     """Undo what ``prepare`` switched on for training only (gradient checkpointing, and the cache it turned off)."""
     if p.gradient_checkpointing:
         checkpointing(model, False)
-        model.config.use_cache = getattr(model, "_llmx_use_cache", True)
+        held = model.get_base_model() if adapters.is_peft(model) else model
+        model.config.use_cache = held.__dict__.pop("_llmx_use_cache", True)
 
 
 def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -83,9 +84,21 @@ def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainPa
                  files: dict[str, bytes] | None = None, source: str | None = None) -> Path:
     """The adapter folder for a model with a LoRA adapter, else the full model (``save_pretrained``); ``source``
     (default: the run's model) is the base an adapter folder loads on."""
+    meta = {"source": source or ctx.config.model, "method": method, "params": p.model_dump(mode="json")}
+    cache = getattr(model, "_llmx_use_cache", None)  # a save during training keeps the model's own cache setting
+    if cache is not None:
+        model.config.use_cache = cache
+    try:
+        return _save(ctx, model, path, meta, files)
+    finally:
+        if cache is not None:
+            model.config.use_cache = False
+
+
+def _save(ctx: RunContext, model: torch.nn.Module, path: Path, meta: dict[str, Any],
+          files: dict[str, bytes] | None) -> Path:
     from llmx.core import models
 
-    meta = {"source": source or ctx.config.model, "method": method, "params": p.model_dump(mode="json")}
     if adapters.is_peft(model):
         base = Path(str(meta["source"]))
         if base.is_dir() and adapters.is_adapter_folder(base):

@@ -97,6 +97,12 @@ def _branch(ctx: RunContext, p: LMParams) -> str:
         return str(folder)
     if p.adapter != "lora":
         raise UsageError("cooldown_from: the checkpoint is a LoRA adapter; set adapter: lora")
-    base = models.read_metadata(folder).get("source")
+    import json
+
+    base = adapters.base_of(folder, models.read_metadata(folder).get("source"))
+    saved = json.loads((folder / adapters.ADAPTER_CONFIG).read_text())
+    if (saved.get("r"), saved.get("lora_alpha")) != (p.lora.r, p.lora.alpha):
+        ctx.log.warning("cooldown_from: continuing the checkpoint's adapter (r %s, alpha %s); lora.* settings here "
+                        "are ignored", saved.get("r"), saved.get("lora_alpha"))
     ctx.set_model(*adapters.attach(folder, base, ctx.config.dtype, ctx.device, trainable=True))
     return base

@@ -38,10 +38,11 @@ def carried(resume: str | None) -> list[dict[str, Any]]:
     """Entries of the interrupted run's series up to the resumed step (their folders stay where they are)."""
     if not resume:
         return []
-    start = checkpoint.resumed_step(Path(resume))
-    manifest = checkpoint.stage_folder(Path(resume)) / "series" / MANIFEST
-    if not manifest.is_file():
+    folder = checkpoint.stage_folder(Path(resume))
+    manifest = folder / "series" / MANIFEST if folder is not None else None
+    if manifest is None or not manifest.is_file():
         return []
+    start = checkpoint.resumed_step(Path(resume))
     entries = json.loads(manifest.read_text())["checkpoints"]
     return [{**e, "path": str((manifest.parent / e["path"]).resolve())} for e in entries if e["step"] <= start]
 

@@ -4,7 +4,7 @@ The row's text is tokenised as a whole, as it is at inference (TRL's SFT does th
 pieces' character spans (``return_offsets_mapping``) say which tokens are trained, and a token that overlaps a
 trained piece is trained (``"Answer:" + " yes"`` gives ``["Answer", ":", " yes"]`` with `` yes`` trained). EOS
 markers are inserted as ids; the special tokens the tokenizer puts in front by default (BOS) start plain rows (a
-chat template writes its own).
+chat template writes its own). A slow tokenizer (no offset mapping) tokenises each piece on its own.
 
 One truncation policy for every row: the prompt (everything before the last trained run: the last assistant turn,
 or the completion) keeps its leading special tokens and its last tokens up to ``max_prompt_length``, then the
@@ -40,6 +40,12 @@ def _chunk(tok, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
     text = "".join(t for t, _ in pieces)
     if not text:
         return [], []
+    if not getattr(tok, "is_fast", False):  # no offset mapping: each piece on its own (may split a token)
+        ids, flags = [], []
+        for t, train in pieces:
+            piece = tok(t, add_special_tokens=False)["input_ids"]
+            ids, flags = ids + piece, flags + [train] * len(piece)
+        return ids, flags
     spans, at = [], 0
     for t, train in pieces:
         spans.append((at, at + len(t), train))
@@ -53,7 +59,8 @@ def _chunk(tok, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
 
 def tokens(tok, row: Row) -> tuple[list[int], list[bool], int, int]:
     """Ids, the trained mask, the number of leading special tokens and where the last trained run starts."""
-    lead = [] if row.messages is not None and getattr(tok, "chat_template", None) else leading_specials(tok)
+    templated = row.messages is not None and getattr(tok, "chat_template", None)
+    lead = [] if templated else leading_specials(tok)
     ids, trained = list(lead), [False] * len(lead)
     pending: list[tuple[str, bool]] = []
     for text, train in segments(tok, row) + [(None, None)]:
@@ -65,7 +72,12 @@ def tokens(tok, row: Row) -> tuple[list[int], list[bool], int, int]:
         if train is not None:  # an EOS marker (the sentinel at the end adds nothing)
             ids.append(tok.eos_token_id)
             trained.append(train)
-    return ids, trained, len(lead), _last_run_start(trained)
+    n = len(lead)
+    if templated:  # the template's own leading specials (BOS, a header token) survive truncation as BOS does
+        special = set(tok.all_special_ids)
+        while n < len(ids) and ids[n] in special and not trained[n]:
+            n += 1
+    return ids, trained, n, _last_run_start(trained)
 
 
 def _last_run_start(trained: list[bool]) -> int:
