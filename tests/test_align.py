@@ -85,3 +85,52 @@ def test_brackets_checker():
     assert judge("x = f(", "a, b)\n") and not judge("x = f(", "a, b)") and not judge("x = f(", "a, (b)\n")
     train, val = prompts("train", 30, 0), prompts("validation", 30, 0)
     assert len(train) == 30 and not set(train) & set(val) and all(p.endswith("(") for p in train)
+
+
+def test_both_sides_of_a_truncated_pair_keep_the_same_prompt_tokens():
+    from llmx.core.models.archs import build_random
+    from llmx.core.train.align.batch import encode
+
+    _, tok = build_random("llama")
+    prompt = "x = compute(" * 20  # 240 byte tokens: far past any budget
+    short, long = encode(tok, prompt, "1)", 128), encode(tok, prompt, "a, b, c, d, e, f, g, h)" * 8, 128)
+    assert short.prompt_cut and long.prompt_cut and long.response_cut and not short.response_cut
+    assert short.ids[:short.start] == long.ids[:long.start] and short.start == 64  # half of max_len by default
+    assert len(long.ids) == 128 and encode(tok, prompt, "1)", 128, 100).start == 100
+
+
+def test_held_out_rows_share_no_prompt_with_training_rows(tmp_path):
+    import json
+
+    from llmx.core.data import holdout
+    from llmx.core.train.align.data import load
+
+    path = tmp_path / "unpaired.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i % 20}", "completion": f" c{i}", "label": i % 2 == 0}) + "\n"
+                            for i in range(200)))
+    _, rows = load(path)
+    train, held = holdout(rows, key=lambda r: r.prompt)
+    assert held and train and not {r.prompt for r in train} & {r.prompt for r in held}
+    by_index = holdout(rows)
+    assert {r.prompt for r in by_index[0]} & {r.prompt for r in by_index[1]}  # what splitting by row did
+
+
+def test_reference_free_methods_keep_no_copy_of_the_weights(cli, tmp_path, monkeypatch):
+    import copy
+
+    import torch
+
+    copies = []
+    real = copy.deepcopy
+
+    def spy(obj, *a, **k):
+        if isinstance(obj, torch.nn.Module):
+            copies.append(type(obj).__name__)
+        return real(obj, *a, **k)
+
+    monkeypatch.setattr(copy, "deepcopy", spy)
+    for method, expected in (("simpo", 0), ("dpo", 1)):
+        copies.clear()
+        m = align(cli, tmp_path / method, method, "paired", "--set", "save=false")
+        assert len(copies) == expected, (method, copies)
+        assert m["heldout_logratio_per_token"] != 0  # drift still measured, against the starting policy

@@ -18,9 +18,11 @@ def in_validation(key: str, percent: int = VALIDATION_PERCENT) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100 < percent
 
 
-def holdout(rows: list, fraction: float = 0.1) -> tuple[list, list]:
-    """Rows split into (train, held-out) by a hash of each row's index: the same split on every machine."""
-    held = [int(hashlib.sha256(str(i).encode()).hexdigest()[:8], 16) % 1000 < fraction * 1000 for i in range(len(rows))]
+def holdout(rows: list, fraction: float = 0.1, key=None) -> tuple[list, list]:
+    """Rows split into (train, held-out) by a hash of each row's ``key(row)`` (default: its index): the same split on
+    every machine; rows sharing a key (a prompt, say) land on the same side."""
+    keys = [str(key(r)) if key is not None else str(i) for i, r in enumerate(rows)]
+    held = [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % 1000 < fraction * 1000 for k in keys]
     return [r for r, h in zip(rows, held, strict=True) if not h], [r for r, h in zip(rows, held, strict=True) if h]
 
 

@@ -1,7 +1,9 @@
 """Tokenised preference batches and the log-probabilities every align loss is computed from.
 
-Sequences are ``prompt + response`` (prompt truncated from the left to fit ``max_len``); the response mask covers
-response tokens only (prompt and padding excluded), aligned with ``token_logps`` (position t predicts token t+1).
+Sequences are ``prompt + response``. One truncation policy, the same for every side of a pair: the prompt keeps its
+last ``max_prompt_len`` tokens, then the response (with its EOS) is cut from the right to fit ``max_len``, so
+chosen and rejected are always scored under the same prompt tokens. The response mask covers response tokens only
+(prompt and padding excluded), aligned with ``token_logps`` (position t predicts token t+1).
 """
 
 from __future__ import annotations
@@ -19,22 +21,28 @@ class Encoded:
     ids: list[int]
     start: int  # index of the first response token
     step_bounds: list[tuple[int, int]] = field(default_factory=list)  # [start, end) token spans of the steps
+    prompt_cut: bool = False
+    response_cut: bool = False
 
 
-def encode(tok, prompt: str, response: str | list[str], max_len: int) -> Encoded:
+def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt_len: int | None = None) -> Encoded:
+    """``max_prompt_len`` defaults to half of ``max_len``."""
+    keep = max_prompt_len if max_prompt_len is not None else max_len // 2
     p = tok(prompt, add_special_tokens=False)["input_ids"]
+    prompt_cut = len(p) > keep
+    p = (p[-keep:] if prompt_cut else p) or [tok.bos_token_id]
     steps = response if isinstance(response, list) else [response]
     r, bounds = [], []
     for s in steps:
         piece = tok(s, add_special_tokens=False)["input_ids"]
         bounds.append((len(r), len(r) + len(piece)))
         r += piece
-    r = (r + [tok.eos_token_id])[:max_len - 1]
-    p = p[-(max_len - len(r)):] if len(p) + len(r) > max_len else p
-    p = p or [tok.bos_token_id]
+    r = r + [tok.eos_token_id]
+    response_cut = len(r) > max_len - len(p)
+    r = r[:max_len - len(p)]
     offset = len(p)
     spans = [(offset + a, offset + min(b, len(r))) for a, b in bounds if a < len(r)]
-    return Encoded(p + r, offset, spans)
+    return Encoded(p + r, offset, spans, prompt_cut, response_cut)
 
 
 @dataclass

@@ -3,7 +3,7 @@ listings load this module."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmx.core.train.params import TrainParams
 
@@ -12,4 +12,15 @@ class AlignParams(TrainParams):
     data: str = Field(description="Training preference data (.jsonl): paired, unpaired or step-level rows.")
     eval_data: str | None = Field(None, description="Held-out rows of the same kind; default: 10% of data, by row hash.")
     beta: float = Field(0.1, gt=0)
-    max_len: int = Field(128, gt=8, description="Tokens per prompt + response (the prompt is cut from the left).")
+    max_len: int = Field(128, gt=8, description="Tokens per prompt + response.")
+    max_prompt_length: int | None = Field(None, gt=0, description="Prompt tokens kept (cut from the left), the same "
+                                          "for both sides of a pair; then responses are cut from the right to fit "
+                                          "max_len. Default: half of max_len.")
+    disable_dropout: bool = Field(True, description="Turn the policy's dropout off while aligning (as TRL), so the "
+                                  "policy and the reference score the same function.")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> AlignParams:
+        if self.max_prompt_length is not None and self.max_prompt_length >= self.max_len:
+            raise ValueError(f"max_prompt_length ({self.max_prompt_length}) must be below max_len ({self.max_len})")
+        return self

@@ -57,9 +57,15 @@ class Objective(Protocol):
 class Batcher:
     """Encodes rows once; ``batch(indices)`` returns the tensors a forward needs."""
 
-    def __init__(self, tok, kind: str, rows: list[D.Example], max_len: int):
+    def __init__(self, tok, kind: str, rows: list[D.Example], max_len: int, max_prompt_len: int | None = None):
         self.tok, self.kind, self.rows = tok, kind, rows
-        self.encoded = [[B.encode(tok, p, r, max_len) for p, r in B.examples_for(kind, ex)] for ex in rows]
+        self.encoded = [[B.encode(tok, p, r, max_len, max_prompt_len) for p, r in B.examples_for(kind, ex)]
+                        for ex in rows]
+
+    def truncated(self) -> tuple[int, int]:
+        """(rows whose prompt was cut, sequences whose response was cut)."""
+        return (sum(e[0].prompt_cut for e in self.encoded),
+                sum(x.response_cut for e in self.encoded for x in e))
 
     def tensors(self, idx: list[int], device: torch.device | str = "cpu") -> tuple[B.Tensors, list[B.Encoded]]:
         if self.kind == "paired":
@@ -71,27 +77,51 @@ class Batcher:
 
 class Reference:
     """The frozen reference's log-probs: a frozen copy of the policy, or, when the policy trains a LoRA adapter,
-    the policy itself with the adapter disabled (no second copy of the weights, as TRL does)."""
+    the policy itself with the adapter disabled (no second copy of the weights, as TRL does). ``frozen=False``
+    scores with the policy as it is now (used once, before training)."""
 
-    def __init__(self, policy):
+    def __init__(self, policy, frozen: bool = True):
         from llmx.core.train.adapters import is_peft
 
         self.policy = policy
-        self.copy = None if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
+        self.copy = copy.deepcopy(policy).eval().requires_grad_(False) if frozen and not is_peft(policy) else None
+        self.adapter = frozen and is_peft(policy)
 
     @torch.no_grad()
-    def __call__(self, t: B.Tensors) -> torch.Tensor:
+    def __call__(self, t: B.Tensors, idx: list[int] | None = None) -> torch.Tensor:
         if self.copy is not None:
             return B.forward(self.copy, t)[0]
-        with self.policy.disable_adapter():
+        if self.adapter:
+            with self.policy.disable_adapter():
+                return B.forward(self.policy, t)[0]
+        was = self.policy.training
+        self.policy.eval()
+        try:
             return B.forward(self.policy, t)[0]
+        finally:
+            self.policy.train(was)
+
+
+class Precomputed:
+    """Reference log-probs of fixed rows computed once, before training, by ``score``: what a reference-free method
+    needs for its held-out drift figures without keeping a copy of the weights."""
+
+    def __init__(self, score: Reference, rows: Batcher, batch_size: int):
+        self.by_rows: dict[tuple[int, ...], torch.Tensor] = {}
+        device = next(score.policy.parameters()).device
+        for s in range(0, len(rows.rows), batch_size):
+            idx = list(range(s, min(s + batch_size, len(rows.rows))))
+            self.by_rows[tuple(idx)] = score(rows.tensors(idx, device)[0])
+
+    def __call__(self, t: B.Tensors, idx: list[int] | None = None) -> torch.Tensor:
+        return self.by_rows[tuple(idx)]
 
 
 def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int], objective: Objective) -> LogpBatch:
     device = next(policy.parameters()).device
     t, items = batcher.tensors(idx, device)
     pi, hidden = B.forward(policy, t, hidden=objective.g is not None)
-    ref = reference(t) if objective.needs_reference else None
+    ref = reference(t, idx) if objective.needs_reference else None
     b = LogpBatch(batcher.kind, pi, ref, t.response_mask)
     rows = [batcher.rows[i] for i in idx]
     if batcher.kind == "unpaired":
@@ -128,13 +158,26 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
             raise UsageError(f"{p.eval_data} holds {eval_kind} rows; {p.data} holds {kind} rows")
         train_rows = rows
     else:
-        train_rows, held = holdout(rows)
+        train_rows, held = holdout(rows, key=lambda r: r.prompt)  # no prompt on both sides of the split
     tok = ctx.tokenizer
     policy = prepare(ctx, ctx.model, p)
-    reference = Reference(policy)  # the loss's p0 (when needed) and the drift baseline
+    if p.disable_dropout:
+        for m in policy.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
     device = next(policy.parameters()).device
     g_head = torch.nn.Linear(policy.config.hidden_size, 1).to(device) if objective.g else None
-    train_b = Batcher(tok, kind, train_rows, p.max_len)
+    train_b = Batcher(tok, kind, train_rows, p.max_len, p.max_prompt_length)
+    held_b = Batcher(tok, kind, held, p.max_len, p.max_prompt_length) if held else None
+    cut_prompts, cut_responses = train_b.truncated()
+    if cut_prompts or cut_responses:
+        ctx.log.warning("truncated %d of %d prompts from the left (max_prompt_length %s) and %d responses from the "
+                        "right (max_len %d)", cut_prompts, len(train_rows), p.max_prompt_length or p.max_len // 2,
+                        cut_responses, p.max_len)
+    if objective.needs_reference:
+        reference = Reference(policy)  # the loss's p0 and the drift baseline
+    else:  # reference-free: no copy of the weights, only the starting policy's held-out log-probs
+        reference = Precomputed(Reference(policy, frozen=False), held_b, p.batch_size) if held_b else None
     order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(ctx.config.seed)).tolist()
 
     def loss(i: int):  # micro-batch i holds rows i * batch_size ...: a pure function of i (exact resume, DDP shards)
@@ -146,9 +189,10 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     if g_head is not None:
         params.update({f"g_head.{k}": v for k, v in g_head.named_parameters()})
     result = fit(ctx, policy, loss, p, params=params)
-    out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held)}
+    out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held), "prompts_truncated": cut_prompts,
+           "responses_truncated": cut_responses}
     if held:
-        out.update(evaluate(policy, reference, Batcher(tok, kind, held, p.max_len), p.batch_size))
+        out.update(evaluate(policy, reference, held_b, p.batch_size))
     else:
         ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
     out.update(finish(ctx, policy, p, name, result))
