@@ -134,3 +134,16 @@ def test_reference_free_methods_keep_no_copy_of_the_weights(cli, tmp_path, monke
         m = align(cli, tmp_path / method, method, "paired", "--set", "save=false")
         assert len(copies) == expected, (method, copies)
         assert m["heldout_logratio_per_token"] != 0  # drift still measured, against the starting policy
+
+
+def test_pipa_m_still_learns_on_the_smoke_pairs_after_20_steps(cli, tmp_path):
+    def last(stabilizer):
+        m = align(cli, tmp_path / stabilizer, "pipa", "paired", "--set", "variant=m", "--set", "save=false",
+                  "--set", f"m_stabilizer={stabilizer}", steps=20)
+        lines = (tmp_path / stabilizer).glob("*/artifacts/0_pipa/metrics.jsonl")
+        return m, json.loads(next(lines).read_text().splitlines()[-1])
+
+    _, smooth = last("softplus")
+    _, hard = last("clamp")
+    assert smooth["bound_rate"] > 0  # the chosen rows are past the bound ...
+    assert smooth["grad_norm"] > 0.1 and hard["grad_norm"] < 1e-3  # ... where only the smooth bound still learns

@@ -111,3 +111,18 @@ def test_each_pipa_variant_recovers_the_truth_in_the_world_of_its_prior():
               for v, fn in variants.items()}
     assert result[("m", "m")] < 0.02 and result[("n", "n")] < 0.02
     assert result[("m", "n")] > 0.1 and result[("n", "m")] > 0.1
+
+
+def test_pipa_m_smooth_bound_keeps_a_gradient_where_the_hard_clamp_has_none():
+    pi = torch.tensor([-2.0, -30.0], requires_grad=True)  # row 0: f g / p0 > 1 (infeasible), row 1: far below
+    ref, g = torch.tensor([-5.0, -10.0]), torch.tensor([2.0, 2.0])
+    hard = P.pipa_m_log_q(pi, ref, g, stabilizer="clamp")
+    grad_hard = torch.autograd.grad(hard.sum(), pi)[0]
+    smooth = P.pipa_m_log_q(pi, ref, g, stabilizer="softplus")
+    grad_smooth = torch.autograd.grad(smooth.sum(), pi)[0]
+    assert grad_hard[0] == 0 and grad_smooth[0] > 0.04  # sigmoid(-u) at u = 2.87
+    u1 = -30.0 + torch.nn.functional.logsigmoid(torch.tensor(2.0)) + 10.0
+    assert torch.isclose(smooth[1], u1, atol=1e-6) and torch.isclose(hard[1], u1)  # identical far from the bound
+    assert torch.all(smooth < 0) and torch.all(hard <= -1e-6)
+    u = pi.detach() + torch.nn.functional.logsigmoid(g) - ref
+    assert torch.allclose(smooth.detach().exp(), torch.sigmoid(u))  # the smooth bound models q as sigmoid(u)

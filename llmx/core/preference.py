@@ -77,9 +77,17 @@ def pipa_n_paired_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tens
     return -F.logsigmoid(beta * ((pi_w - ref_w) - (pi_l - ref_l)))
 
 
-def pipa_m_log_q(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, clamp: float = -1e-6) -> torch.Tensor:
-    """``log q = log f + log g - log p0``, clamped to stay a probability (how the paper keeps ``q <= 1`` is unknown)."""
-    return (pi + F.logsigmoid(g_logit) - ref).clamp(max=clamp)
+def pipa_m_log_q(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, clamp: float = -1e-6,
+                 stabilizer: str = "clamp") -> torch.Tensor:
+    """``u = log f + log g - log p0`` kept below 0 so ``q`` is a probability (how the paper does it is unknown).
+    ``clamp``: ``min(u, clamp)``, exact wherever ``q < 1`` but without gradient where it binds (learning stops on
+    those rows); ``softplus``: the smooth bound ``-softplus(-u)``, i.e. ``q = sigmoid(u) = f g / (f g + p0)``, which
+    always has a gradient but is another model of ``q`` wherever ``q`` is not small (then the clamp is only a
+    numerical floor)."""
+    u = pi + F.logsigmoid(g_logit) - ref
+    if stabilizer == "softplus":
+        u = -F.softplus(-u)
+    return u.clamp(max=clamp)
 
 
 def _log1m_exp(log_q: torch.Tensor) -> torch.Tensor:
@@ -88,19 +96,19 @@ def _log1m_exp(log_q: torch.Tensor) -> torch.Tensor:
 
 
 def pipa_m_loss(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, label: torch.Tensor,
-                clamp: float = -1e-6) -> torch.Tensor:
+                clamp: float = -1e-6, stabilizer: str = "clamp") -> torch.Tensor:
     """PIPA-M, unpaired (or per step): ``-(c log q + (1 - c) log(1 - q))`` with ``q = f g / p0``."""
-    log_q = pipa_m_log_q(pi.float(), ref.float(), g_logit.float(), clamp)
+    log_q = pipa_m_log_q(pi.float(), ref.float(), g_logit.float(), clamp, stabilizer)
     c = label.float()
     return -(c * log_q + (1 - c) * _log1m_exp(log_q))
 
 
 def pipa_m_paired_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
-                       g_logit: torch.Tensor, clamp: float = -1e-6) -> torch.Tensor:
+                       g_logit: torch.Tensor, clamp: float = -1e-6, stabilizer: str = "clamp") -> torch.Tensor:
     """PIPA-M conditioned on exactly one positive: ``-log[q_w (1-q_l) / (q_w (1-q_l) + (1-q_w) q_l)]``
     (derived; ``g`` does not cancel)."""
-    lw = pipa_m_log_q(pi_w.float(), ref_w.float(), g_logit.float(), clamp)
-    ll = pipa_m_log_q(pi_l.float(), ref_l.float(), g_logit.float(), clamp)
+    lw = pipa_m_log_q(pi_w.float(), ref_w.float(), g_logit.float(), clamp, stabilizer)
+    ll = pipa_m_log_q(pi_l.float(), ref_l.float(), g_logit.float(), clamp, stabilizer)
     a = lw + _log1m_exp(ll)
     b = _log1m_exp(lw) + ll
     return -(a - torch.logaddexp(a, b))

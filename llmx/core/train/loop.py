@@ -2,8 +2,8 @@
 
 AdamW with a warmup + cosine / linear / constant / WSD schedule (``core.train.schedule``), gradient accumulation and
 clipping, bf16 autocast over fp32 master weights, optional periodic evaluation with early stopping (the best state is
-restored), per-step metrics to ``metrics.jsonl``, checkpoints with exact resume, and data parallelism under
-``torchrun`` (gloo or NCCL).
+restored), per-step metrics to ``metrics.jsonl`` (loss, rate, gradient norm before clipping and the loss's own
+figures), checkpoints with exact resume, and data parallelism under ``torchrun`` (gloo or NCCL).
 
 Exact resume and data parallelism rest on one contract: ``loss(i)`` is a pure function of the global micro-batch
 index ``i`` (the batch is chosen by its number, not by a stateful sampler). Optimizer step ``s`` consumes indices
@@ -162,10 +162,10 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                 all_sum([p.grad for p in trained] + list(totals.values()), size)
-            if c.grad_clip:
-                torch.nn.utils.clip_grad_norm_(trained, c.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(trained, c.grad_clip or float("inf"))
             opt.step()
             figures = {k: float(v) for k, v in totals.items()}
+            figures["grad_norm"] = float(norm)
             loss_value = figures["loss"]
             record = {"step": step + 1, "lr": lr, **figures}
             if evaluate is not None and c.eval_every and ((step + 1) % c.eval_every == 0 or step + 1 == c.steps):

@@ -12,5 +12,9 @@ class PIPAParams(AlignParams):
                                        "n: it constrains the negative conditional p(y|x,c=0) = p0(y|x).")
     beta: float = Field(1.0, gt=0, description="Paired PIPA-N temperature; 1.0 is the derivation (then it equals DPO "
                         "with beta 1). Unpaired and PIPA-M losses do not use it.")
-    clamp_logq: float = Field(-1e-6, lt=0, description="PIPA-M: log q = log f + log g - log p0 is clamped here so q is "
-                              "a probability (how the paper keeps q <= 1 is not published).")
+    clamp_logq: float = Field(-1e-6, lt=0, description="PIPA-M: log q = log f + log g - log p0 stays at or below this, "
+                              "so q is a probability (how the paper keeps q <= 1 is not published).")
+    m_stabilizer: Literal["clamp", "softplus"] = Field(
+        "clamp", description="PIPA-M: how log q is kept below 0: clamp, a hard min(u, clamp_logq), exact where q < 1 "
+        "but without gradient where it binds (the bound_rate metric says how often); softplus, the smooth bound "
+        "-softplus(-u), i.e. q = f g / (f g + p0): always a gradient, but another model of q.")

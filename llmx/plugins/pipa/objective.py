@@ -21,20 +21,29 @@ class PIPA:
         self.p = p
         self.g = None if (kind == "paired" and p.variant == "n") else ("step" if kind == "step" else "answer")
 
+    def bound(self, pi, ref, g_logit):
+        """Per row: 1 where the unbounded log q is above ``clamp_logq`` (where a hard clamp has no gradient)."""
+        import torch.nn.functional as F
+
+        return ((pi + F.logsigmoid(g_logit) - ref).detach() > self.p.clamp_logq).float()
+
     def loss(self, b: LogpBatch):
         p = self.p
         if b.kind == "paired":
             (pw, pl), (rw, rl) = b.halves(b.sums(b.pi)), b.halves(b.sums(b.ref))
             if p.variant == "n":
                 return P.pipa_n_paired_loss(pw, pl, rw, rl, p.beta), {"margin": (pw - rw) - (pl - rl)}
-            return P.pipa_m_paired_loss(pw, pl, rw, rl, b.g, p.clamp_logq), {"g": b.g.sigmoid()}
+            return (P.pipa_m_paired_loss(pw, pl, rw, rl, b.g, p.clamp_logq, p.m_stabilizer),
+                    {"g": b.g.sigmoid(), "bound_rate": self.bound(pw, rw, b.g) / 2 + self.bound(pl, rl, b.g) / 2})
         if b.kind == "unpaired":
             pi, ref = b.sums(b.pi), b.sums(b.ref)
-            fn = P.pipa_n_loss if p.variant == "n" else (lambda a, r, g, c: P.pipa_m_loss(a, r, g, c, p.clamp_logq))
-            return fn(pi, ref, b.g, b.labels), {"g": b.g.sigmoid()}
+            if p.variant == "n":
+                return P.pipa_n_loss(pi, ref, b.g, b.labels), {"g": b.g.sigmoid()}
+            return (P.pipa_m_loss(pi, ref, b.g, b.labels, p.clamp_logq, p.m_stabilizer),
+                    {"g": b.g.sigmoid(), "bound_rate": self.bound(pi, ref, b.g)})
         pi, ref = b.step_sums(b.pi), b.step_sums(b.ref)
         per_step = P.pipa_n_loss(pi, ref, b.g, b.labels) if p.variant == "n" else \
-            P.pipa_m_loss(pi, ref, b.g, b.labels, p.clamp_logq)
+            P.pipa_m_loss(pi, ref, b.g, b.labels, p.clamp_logq, p.m_stabilizer)
         return (per_step * b.step_mask).sum(-1) / b.step_mask.sum(-1).clamp(min=1), {"g": b.g.sigmoid().mean(-1)}
 
 
