@@ -147,3 +147,31 @@ def test_pipa_m_still_learns_on_the_smoke_pairs_after_20_steps(cli, tmp_path):
     _, hard = last("clamp")
     assert smooth["bound_rate"] > 0  # the chosen rows are past the bound ...
     assert smooth["grad_norm"] > 0.1 and hard["grad_norm"] < 1e-3  # ... where only the smooth bound still learns
+
+
+@pytest.mark.parametrize("variant", ["n", "m"])
+def test_independent_pair_mode_is_the_unpaired_loss_on_both_labelled_sides(variant):
+    from llmx.core import preference as P
+    from llmx.core.train.align.run import LogpBatch
+    from llmx.plugins.pipa.config import PIPAParams
+    from llmx.plugins.pipa.objective import PIPA
+
+    gen = torch.Generator().manual_seed(0)
+    pi, ref = -torch.rand(6, 5, generator=gen) * 3, -torch.rand(6, 5, generator=gen) * 3
+    g = torch.randn(3, generator=gen)
+    b = LogpBatch("paired", pi, ref, torch.ones(6, 5), g=g)
+    loss, _ = PIPA(PIPAParams(data="x", variant=variant, pair_mode="independent"), "paired").loss(b)
+    s, r = pi.sum(-1), ref.sum(-1)
+    fn = P.pipa_n_loss if variant == "n" else P.pipa_m_loss
+    expected = (fn(s[:3], r[:3], g, torch.ones(3)) + fn(s[3:], r[3:], g, torch.zeros(3))) / 2
+    assert torch.allclose(loss, expected)
+    if variant == "n":  # the conditional reading is DPO: g cancels
+        cond = PIPA(PIPAParams(data="x", variant="n"), "paired")
+        assert cond.g is None and torch.allclose(cond.loss(b)[0], P.dpo_loss(s[:3], s[3:], r[:3], r[3:], 1.0))
+        shifted = LogpBatch("paired", pi, ref, torch.ones(6, 5), g=g + 1)
+        assert not torch.allclose(PIPA(PIPAParams(data="x", pair_mode="independent"), "paired").loss(shifted)[0], loss)
+
+
+def test_independent_pair_mode_trains_a_g_head(cli, tmp_path):
+    m = align(cli, tmp_path, "pipa", "paired", "--set", "pair_mode=independent")
+    assert m["steps"] == 3 and len(list(tmp_path.glob("*/artifacts/0_pipa/g_head.safetensors"))) == 1

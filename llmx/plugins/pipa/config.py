@@ -10,6 +10,11 @@ from llmx.core.train.align.params import AlignParams
 class PIPAParams(AlignParams):
     variant: Literal["m", "n"] = Field("n", description="m: the prior constrains the marginal p(y|x) = p0(y|x); "
                                        "n: it constrains the negative conditional p(y|x,c=0) = p0(y|x).")
+    pair_mode: Literal["conditional", "independent"] = Field(
+        "conditional", description="Paired data: conditional conditions on exactly one of y_w, y_l being positive "
+        "(the notes' derivation: g cancels, and PIPA-N is DPO with beta); independent treats a pair as two labelled "
+        "samples (y_w, c=1) and (y_l, c=0) with g learned (the unpaired loss on both). Which one the paper's paired "
+        "results use is not settled by the notes.")
     beta: float = Field(1.0, gt=0, description="Paired PIPA-N temperature; 1.0 is the derivation (then it equals DPO "
                         "with beta 1). Unpaired and PIPA-M losses do not use it.")
     clamp_logq: float = Field(-1e-6, lt=0, description="PIPA-M: log q = log f + log g - log p0 stays at or below this, "

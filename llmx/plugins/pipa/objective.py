@@ -9,6 +9,8 @@ step (the notes leave ``step`` vs ``token`` ratios open; this is ``step``).
 
 from __future__ import annotations
 
+import torch
+
 from llmx.core import preference as P
 from llmx.core.train.align.run import LogpBatch, run
 from llmx.plugins.pipa.config import PIPAParams
@@ -19,7 +21,8 @@ class PIPA:
 
     def __init__(self, p: PIPAParams, kind: str):
         self.p = p
-        self.g = None if (kind == "paired" and p.variant == "n") else ("step" if kind == "step" else "answer")
+        conditional_n = kind == "paired" and p.variant == "n" and p.pair_mode == "conditional"
+        self.g = None if conditional_n else ("step" if kind == "step" else "answer")
 
     def bound(self, pi, ref, g_logit):
         """Per row: 1 where the unbounded log q is above ``clamp_logq`` (where a hard clamp has no gradient)."""
@@ -29,6 +32,17 @@ class PIPA:
 
     def loss(self, b: LogpBatch):
         p = self.p
+        if b.kind == "paired" and p.pair_mode == "independent":  # (y_w, c=1) and (y_l, c=0), g learned
+            pi, ref = b.sums(b.pi), b.sums(b.ref)
+            g = b.g.repeat(2)
+            labels = torch.cat([torch.ones_like(b.g), torch.zeros_like(b.g)])
+            if p.variant == "n":
+                per_row = P.pipa_n_loss(pi, ref, g, labels)
+                stats = {"g": b.g.sigmoid()}
+            else:
+                per_row = P.pipa_m_loss(pi, ref, g, labels, p.clamp_logq, p.m_stabilizer)
+                stats = {"g": b.g.sigmoid(), "bound_rate": sum(b.halves(self.bound(pi, ref, g))) / 2}
+            return sum(b.halves(per_row)) / 2, stats
         if b.kind == "paired":
             (pw, pl), (rw, rl) = b.halves(b.sums(b.pi)), b.halves(b.sums(b.ref))
             if p.variant == "n":
