@@ -175,3 +175,13 @@ def test_independent_pair_mode_is_the_unpaired_loss_on_both_labelled_sides(varia
 def test_independent_pair_mode_trains_a_g_head(cli, tmp_path):
     m = align(cli, tmp_path, "pipa", "paired", "--set", "pair_mode=independent")
     assert m["steps"] == 3 and len(list(tmp_path.glob("*/artifacts/0_pipa/g_head.safetensors"))) == 1
+
+
+def test_sampled_completions_are_scored_without_an_eos_they_never_had():
+    from llmx.core.models.archs import build_random
+    from llmx.core.train.align.batch import encode
+
+    _, tok = build_random("llama")
+    with_eos, as_sampled = encode(tok, "f(", "x)\n", 64), encode(tok, "f(", "x)\n", 64, eos=False)
+    assert with_eos.ids == as_sampled.ids + [tok.eos_token_id] and as_sampled.ids[-1] != tok.eos_token_id
+    assert encode(tok, "f(", "", 64, eos=True).ids[-1] == tok.eos_token_id  # an empty sample is an EOS

@@ -57,7 +57,7 @@ def evaluate(ctx: RunContext, p: BracketsEvalParams) -> dict:
     for prompt, completions in zip(plist, samples, strict=True):
         good += sum(task.judge(prompt, c) for c in completions)
         total += len(completions)
-        items = [encode(tok, prompt, c or tok.eos_token, 512) for c in completions]
+        items = [encode(tok, prompt, c, 512, eos=not c) for c in completions]  # EOS only where it was sampled
         t = collate(items, tok.pad_token_id, next(model.parameters()).device)
         ratio = (forward(model, t)[0] - forward(reference, t)[0]) * t.response_mask
         kl_seq += float(ratio.sum())

@@ -25,8 +25,10 @@ class Encoded:
     response_cut: bool = False
 
 
-def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt_len: int | None = None) -> Encoded:
-    """``max_prompt_len`` defaults to half of ``max_len``."""
+def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt_len: int | None = None,
+           eos: bool = True) -> Encoded:
+    """``max_prompt_len`` defaults to half of ``max_len``; ``eos=False`` scores the response as sampled, without an
+    EOS it never had."""
     keep = max_prompt_len if max_prompt_len is not None else max_len // 2
     p = tok(prompt, add_special_tokens=False)["input_ids"]
     prompt_cut = len(p) > keep
@@ -37,7 +39,7 @@ def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt
         piece = tok(s, add_special_tokens=False)["input_ids"]
         bounds.append((len(r), len(r) + len(piece)))
         r += piece
-    r = r + [tok.eos_token_id]
+    r = r + [tok.eos_token_id] if eos else r
     response_cut = len(r) > max_len - len(p)
     r = r[:max_len - len(p)]
     offset = len(p)
