@@ -185,3 +185,17 @@ def test_sampled_completions_are_scored_without_an_eos_they_never_had():
     with_eos, as_sampled = encode(tok, "f(", "x)\n", 64), encode(tok, "f(", "x)\n", 64, eos=False)
     assert with_eos.ids == as_sampled.ids + [tok.eos_token_id] and as_sampled.ids[-1] != tok.eos_token_id
     assert encode(tok, "f(", "", 64, eos=True).ids[-1] == tok.eos_token_id  # an empty sample is an EOS
+
+
+def test_prompts_start_with_bos_for_tokenizers_that_expect_one_even_when_cut():
+    from tokenizers import processors
+
+    from llmx.core.tokenizer import byte_tokenizer
+    from llmx.core.train.align.batch import encode
+
+    tok = byte_tokenizer()
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    assert tok("ab")["input_ids"][0] == 1
+    short, cut = encode(tok, "ab", "c", 64), encode(tok, "x" * 100, "c", 64)
+    assert short.ids[:3] == [1] + tok("ab", add_special_tokens=False)["input_ids"]
+    assert cut.prompt_cut and cut.ids[0] == 1 and cut.start == 32

@@ -41,3 +41,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return _wrap(tok)
+
+
+def leading_specials(tok) -> list[int]:
+    """The ids a tokenizer puts before a text by default (``[bos]`` for Llama-style tokenizers, often none)."""
+    bare = tok("a", add_special_tokens=False)["input_ids"]
+    full = tok("a", add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(bare) + 1):
+        if full[k:k + len(bare)] == bare:
+            return full[:k]
+    return []

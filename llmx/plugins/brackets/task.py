@@ -70,7 +70,7 @@ def sample(model, tok, prompt_list: list[str], k: int, max_new_tokens: int, temp
     out = []
     device = next(model.parameters()).device
     for i, prompt in enumerate(progress(prompt_list, description="sampling")):
-        enc = tok(prompt, return_tensors="pt", add_special_tokens=False).to(device)
+        enc = tok(prompt, return_tensors="pt").to(device)  # with BOS where the tokenizer adds one, as in training
         torch.manual_seed(seed * 100_003 + i)
         gen = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
                              max_new_tokens=max_new_tokens, num_return_sequences=k, pad_token_id=tok.pad_token_id)

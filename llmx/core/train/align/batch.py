@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from llmx.core.preference import token_logps
+from llmx.core.tokenizer import leading_specials
 from llmx.core.train.align.data import Example
 
 
@@ -30,9 +31,11 @@ def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt
     """``max_prompt_len`` defaults to half of ``max_len``; ``eos=False`` scores the response as sampled, without an
     EOS it never had."""
     keep = max_prompt_len if max_prompt_len is not None else max_len // 2
+    lead = leading_specials(tok)  # BOS for tokenizers that put one first, kept through truncation
     p = tok(prompt, add_special_tokens=False)["input_ids"]
-    prompt_cut = len(p) > keep
-    p = (p[-keep:] if prompt_cut else p) or [tok.bos_token_id]
+    prompt_cut = len(lead) + len(p) > keep
+    p = lead + (p[len(p) - max(keep - len(lead), 0):] if prompt_cut else p)
+    p = p or [tok.bos_token_id]
     steps = response if isinstance(response, list) else [response]
     r, bounds = [], []
     for s in steps:

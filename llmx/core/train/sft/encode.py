@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmx.core.tokenizer import leading_specials
 from llmx.core.train.sft.data import Row, segments
 
 
@@ -24,16 +25,6 @@ class Encoded:
     trained: list[bool]
     prompt_cut: bool = False
     completion_cut: bool = False
-
-
-def leading_specials(tok) -> list[int]:
-    """The ids the tokenizer puts before a text by default (``[bos]`` for Llama-style tokenizers, often none)."""
-    bare = tok("a", add_special_tokens=False)["input_ids"]
-    full = tok("a", add_special_tokens=True)["input_ids"]
-    for k in range(len(full) - len(bare) + 1):
-        if full[k:k + len(bare)] == bare:
-            return full[:k]
-    return []
 
 
 def _chunk(tok, pieces: list[tuple[str, bool]]) -> tuple[list[int], list[bool]]:
