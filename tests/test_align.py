@@ -4,6 +4,7 @@ kind runs, exact resume of an align run, and the brackets task's checker."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,26 @@ def test_prompts_start_with_bos_for_tokenizers_that_expect_one_even_when_cut():
     short, cut = encode(tok, "ab", "c", 64), encode(tok, "x" * 100, "c", 64)
     assert short.ids[:3] == [1] + tok("ab", add_special_tokens=False)["input_ids"]
     assert cut.prompt_cut and cut.ids[0] == 1 and cut.start == 32
+
+
+def test_precomputed_reference_log_probs_train_exactly_like_a_frozen_copy(cli, tmp_path, monkeypatch):
+    import copy
+
+    copies = []
+    real = copy.deepcopy
+
+    def spy(obj, *a, **k):
+        if isinstance(obj, torch.nn.Module):
+            copies.append(type(obj).__name__)
+        return real(obj, *a, **k)
+
+    monkeypatch.setattr(copy, "deepcopy", spy)
+    live = align(cli, tmp_path / "live", "dpo", "paired")
+    assert copies
+    copies.clear()
+    pre = align(cli, tmp_path / "pre", "dpo", "paired", "--set", "precompute_ref_log_probs=true")
+    assert not copies
+    a, b = load_file(str(Path(live["model_dir"]) / "model.safetensors")), load_file(str(Path(pre["model_dir"]) / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert pre["heldout_pref_accuracy"] == live["heldout_pref_accuracy"]
+    assert pre["heldout_logratio_per_token"] == pytest.approx(live["heldout_logratio_per_token"], abs=1e-6)

@@ -16,6 +16,9 @@ class AlignParams(TrainParams):
     max_prompt_length: int | None = Field(None, gt=0, description="Prompt tokens kept (cut from the left), the same "
                                           "for both sides of a pair; then responses are cut from the right to fit "
                                           "max_len. Default: half of max_len.")
+    precompute_ref_log_probs: bool = Field(False, description="Score every training and held-out row under the "
+                                           "reference once, before training, instead of keeping a frozen copy of "
+                                           "the weights (as TRL's option of that name).")
     disable_dropout: bool = Field(True, description="Turn the policy's dropout off while aligning (as TRL), so the "
                                   "policy and the reference score the same function.")
 

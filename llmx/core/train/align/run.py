@@ -103,18 +103,30 @@ class Reference:
 
 
 class Precomputed:
-    """Reference log-probs of fixed rows computed once, before training, by ``score``: what a reference-free method
-    needs for its held-out drift figures without keeping a copy of the weights."""
+    """Reference log-probs of every sequence of ``rows`` computed once, before training, by ``score`` (the starting
+    policy), so no copy of the weights is kept: TRL's ``precompute_ref_log_probs``, and the held-out drift baseline
+    of reference-free methods. Looked up by row, so any batch of those rows can be assembled."""
 
     def __init__(self, score: Reference, rows: Batcher, batch_size: int):
-        self.by_rows: dict[tuple[int, ...], torch.Tensor] = {}
+        self.rows = rows
         device = next(score.policy.parameters()).device
+        self.per_item: list[list[torch.Tensor]] = []
         for s in range(0, len(rows.rows), batch_size):
             idx = list(range(s, min(s + batch_size, len(rows.rows))))
-            self.by_rows[tuple(idx)] = score(rows.tensors(idx, device)[0])
+            t, items = rows.tensors(idx, device)
+            ref = score(t)
+            sides = len(items) // len(idx)
+            for k in range(len(idx)):
+                self.per_item.append([ref[k + j * len(idx), :len(items[k + j * len(idx)].ids) - 1]
+                                      for j in range(sides)])
 
-    def __call__(self, t: B.Tensors, idx: list[int] | None = None) -> torch.Tensor:
-        return self.by_rows[tuple(idx)]
+    def __call__(self, t: B.Tensors, idx: list[int]) -> torch.Tensor:
+        sides = len(self.per_item[0])
+        pieces = [self.per_item[i][j] for j in range(sides) for i in idx]  # the order of Batcher.tensors
+        out = torch.zeros(len(pieces), t.input_ids.shape[1] - 1, device=t.input_ids.device)
+        for row, piece in enumerate(pieces):
+            out[row, :len(piece)] = piece
+        return out
 
 
 def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int], objective: Objective) -> LogpBatch:
@@ -174,10 +186,12 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
         ctx.log.warning("truncated %d of %d prompts from the left (max_prompt_length %s) and %d responses from the "
                         "right (max_len %d)", cut_prompts, len(train_rows), p.max_prompt_length or p.max_len // 2,
                         cut_responses, p.max_len)
-    if objective.needs_reference:
-        reference = Reference(policy)  # the loss's p0 and the drift baseline
-    else:  # reference-free: no copy of the weights, only the starting policy's held-out log-probs
-        reference = Precomputed(Reference(policy, frozen=False), held_b, p.batch_size) if held_b else None
+    start = Reference(policy, frozen=False)  # the policy as it is before training
+    if objective.needs_reference and not p.precompute_ref_log_probs:
+        reference = held_reference = Reference(policy)  # the loss's p0 and the drift baseline
+    else:  # precomputed, or reference-free: no copy of the weights, the starting policy's log-probs
+        reference = Precomputed(start, train_b, p.batch_size) if objective.needs_reference else None
+        held_reference = Precomputed(start, held_b, p.batch_size) if held_b else None
     order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(ctx.config.seed)).tolist()
 
     def loss(i: int):  # micro-batch i holds rows i * batch_size ...: a pure function of i (exact resume, DDP shards)
@@ -192,7 +206,7 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held), "prompts_truncated": cut_prompts,
            "responses_truncated": cut_responses}
     if held:
-        out.update(evaluate(policy, reference, held_b, p.batch_size))
+        out.update(evaluate(policy, held_reference, held_b, p.batch_size))
     else:
         ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
     out.update(finish(ctx, policy, p, name, result))
