@@ -219,7 +219,7 @@ def test_precomputed_reference_log_probs_train_exactly_like_a_frozen_copy(cli, t
     copies.clear()
     pre = align(cli, tmp_path / "pre", "dpo", "paired", "--set", "precompute_ref_log_probs=true")
     assert not copies
-    a, b = load_file(str(Path(live["model_dir"]) / "model.safetensors")), load_file(str(Path(pre["model_dir"]) / "model.safetensors"))
+    a, b = (load_file(str(Path(m["model_dir"]) / "model.safetensors")) for m in (live, pre))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert pre["heldout_pref_accuracy"] == live["heldout_pref_accuracy"]
     assert pre["heldout_logratio_per_token"] == pytest.approx(live["heldout_logratio_per_token"], abs=1e-6)
