@@ -146,7 +146,7 @@ def test_pipa_m_still_learns_on_the_smoke_pairs_after_20_steps(cli, tmp_path):
 
     _, smooth = last("softplus")
     _, hard = last("clamp")
-    assert smooth["bound_rate"] > 0  # the chosen rows are past the bound ...
+    assert smooth["bound_rate_chosen"] > 0  # the chosen rows are past the bound ...
     assert smooth["grad_norm"] > 0.1 and hard["grad_norm"] < 1e-3  # ... where only the smooth bound still learns
 
 
@@ -223,3 +223,37 @@ def test_precomputed_reference_log_probs_train_exactly_like_a_frozen_copy(cli, t
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert pre["heldout_pref_accuracy"] == live["heldout_pref_accuracy"]
     assert pre["heldout_logratio_per_token"] == pytest.approx(live["heldout_logratio_per_token"], abs=1e-6)
+
+
+def test_a_file_whose_prompts_all_fall_held_out_is_a_usage_error(cli, tmp_path):
+    from llmx.core.data import holdout
+
+    prompt = next(f"p{i} =" for i in range(1000) if not holdout([f"p{i} ="], key=str)[0])
+    data = tmp_path / "one_prompt.jsonl"
+    data.write_text("".join(json.dumps({"prompt": prompt, "chosen": f" {i}", "rejected": f" {i + 1}"}) + "\n"
+                            for i in range(20)))
+    r = cli("align", "--method", "dpo", "--model", "tiny:llama", "--data", data, "-o", tmp_path / "out")
+    assert r.code == 2 and "held-out split" in r.err  # split by row, 18 of these 20 rows would have trained
+
+
+def test_disable_dropout_turns_off_attention_layers_own_rates():
+    from transformers import AutoModelForCausalLM
+
+    from llmx.core.models.archs import config
+    from llmx.core.train.align.run import no_dropout
+
+    for arch, rates in (("opt", {"dropout": 0.1, "attention_dropout": 0.1}), ("llama", {"attention_dropout": 0.1})):
+        cfg = config(arch, vocab_size=259)
+        for k, v in rates.items():
+            setattr(cfg, k, v)
+        model = AutoModelForCausalLM.from_config(cfg).train()
+        x = torch.randint(3, 259, (2, 12), generator=torch.Generator().manual_seed(0))
+        assert not torch.equal(model(input_ids=x).logits, model(input_ids=x).logits), arch
+        no_dropout(model)
+        assert torch.equal(model(input_ids=x).logits, model(input_ids=x).logits), arch
+
+
+def test_max_prompt_length_must_be_below_max_len(cli, tmp_path):
+    r = cli("align", "--method", "dpo", "--model", "tiny:llama", "--data", DATA / "brackets_paired.jsonl",
+            "--set", "max_len=64", "--set", "max_prompt_length=64", "-o", tmp_path)
+    assert r.code == 2 and "max_prompt_length (64) must be below max_len (64)" in r.err

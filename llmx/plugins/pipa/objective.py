@@ -30,6 +30,15 @@ class PIPA:
 
         return ((pi + F.logsigmoid(g_logit) - ref).detach() > self.p.clamp_logq).float()
 
+    def bound_rates(self, pi, ref, g_logit, labels, mask=None) -> dict[str, torch.Tensor]:
+        """How often the bound binds on positive and on negative rows (on a negative the hard clamp gives the
+        largest loss and no gradient: such a row is never corrected)."""
+        hit = self.bound(pi, ref, g_logit)
+        mask = torch.ones_like(hit) if mask is None else mask
+        pos, neg = labels * mask, (1 - labels) * mask
+        return {"bound_rate_pos": (hit * pos).sum() / pos.sum().clamp(min=1),
+                "bound_rate_neg": (hit * neg).sum() / neg.sum().clamp(min=1)}
+
     def loss(self, b: LogpBatch):
         p = self.p
         if b.kind == "paired" and p.pair_mode == "independent":  # (y_w, c=1) and (y_l, c=0), g learned
@@ -41,24 +50,29 @@ class PIPA:
                 stats = {"g": b.g.sigmoid()}
             else:
                 per_row = P.pipa_m_loss(pi, ref, g, labels, p.clamp_logq, p.m_stabilizer)
-                stats = {"g": b.g.sigmoid(), "bound_rate": sum(b.halves(self.bound(pi, ref, g))) / 2}
+                stats = {"g": b.g.sigmoid(), **self.bound_rates(pi, ref, g, labels)}
             return sum(b.halves(per_row)) / 2, stats
         if b.kind == "paired":
             (pw, pl), (rw, rl) = b.halves(b.sums(b.pi)), b.halves(b.sums(b.ref))
             if p.variant == "n":
                 return P.pipa_n_paired_loss(pw, pl, rw, rl, p.beta), {"margin": (pw - rw) - (pl - rl)}
             return (P.pipa_m_paired_loss(pw, pl, rw, rl, b.g, p.clamp_logq, p.m_stabilizer),
-                    {"g": b.g.sigmoid(), "bound_rate": self.bound(pw, rw, b.g) / 2 + self.bound(pl, rl, b.g) / 2})
+                    {"g": b.g.sigmoid(), "bound_rate_chosen": self.bound(pw, rw, b.g),
+                     "bound_rate_rejected": self.bound(pl, rl, b.g)})
         if b.kind == "unpaired":
             pi, ref = b.sums(b.pi), b.sums(b.ref)
             if p.variant == "n":
                 return P.pipa_n_loss(pi, ref, b.g, b.labels), {"g": b.g.sigmoid()}
             return (P.pipa_m_loss(pi, ref, b.g, b.labels, p.clamp_logq, p.m_stabilizer),
-                    {"g": b.g.sigmoid(), "bound_rate": self.bound(pi, ref, b.g)})
+                    {"g": b.g.sigmoid(), **self.bound_rates(pi, ref, b.g, b.labels)})
         pi, ref = b.step_sums(b.pi), b.step_sums(b.ref)
-        per_step = P.pipa_n_loss(pi, ref, b.g, b.labels) if p.variant == "n" else \
-            P.pipa_m_loss(pi, ref, b.g, b.labels, p.clamp_logq, p.m_stabilizer)
-        return (per_step * b.step_mask).sum(-1) / b.step_mask.sum(-1).clamp(min=1), {"g": b.g.sigmoid().mean(-1)}
+        stats = {"g": b.g.sigmoid().mean(-1)}
+        if p.variant == "n":
+            per_step = P.pipa_n_loss(pi, ref, b.g, b.labels)
+        else:
+            per_step = P.pipa_m_loss(pi, ref, b.g, b.labels, p.clamp_logq, p.m_stabilizer)
+            stats.update(self.bound_rates(pi, ref, b.g, b.labels, b.step_mask))
+        return (per_step * b.step_mask).sum(-1) / b.step_mask.sum(-1).clamp(min=1), stats
 
 
 def pipa(ctx, p: PIPAParams) -> dict:

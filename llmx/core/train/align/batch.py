@@ -35,7 +35,7 @@ def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt
     p = tok(prompt, add_special_tokens=False)["input_ids"]
     prompt_cut = len(lead) + len(p) > keep
     p = lead + (p[len(p) - max(keep - len(lead), 0):] if prompt_cut else p)
-    p = p or [tok.bos_token_id]
+    p = p or [tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id]
     steps = response if isinstance(response, list) else [response]
     r, bounds = [], []
     for s in steps:

@@ -75,6 +75,17 @@ class Batcher:
         return B.collate(items, self.tok.pad_token_id, device), items
 
 
+def no_dropout(model: torch.nn.Module) -> None:
+    """Dropout off in training mode: ``nn.Dropout`` modules (as TRL) and the float rates attention layers read
+    themselves (``attention_dropout``, OPT's ``dropout``)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        for name, value in vars(m).items():
+            if "dropout" in name and isinstance(value, float):
+                setattr(m, name, 0.0)
+
+
 class Reference:
     """The frozen reference's log-probs: a frozen copy of the policy, or, when the policy trains a LoRA adapter,
     the policy itself with the adapter disabled (no second copy of the weights, as TRL does). ``frozen=False``
@@ -147,14 +158,16 @@ def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int]
     if objective.g == "answer":
         n = len(idx)
         at = hidden[torch.arange(n, device=device), t.prompt_end[:n]]
-        b.g = g_head(at.float()).squeeze(-1)
+        with torch.autocast(device.type, enabled=False):  # the g head stays in fp32 under bf16-mixed
+            b.g = g_head(at.float()).squeeze(-1)
     elif objective.g == "step":
         starts = torch.zeros(len(idx), b.member.shape[1], dtype=torch.long)
         for i, e in enumerate(items):
             for k, (a, _) in enumerate(e.step_bounds):
                 starts[i, k] = a - 1
         at = hidden[torch.arange(len(idx), device=device)[:, None], starts.to(device)]
-        b.g = g_head(at.float()).squeeze(-1)
+        with torch.autocast(device.type, enabled=False):
+            b.g = g_head(at.float()).squeeze(-1)
     return b
 
 
@@ -171,12 +184,16 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
         train_rows = rows
     else:
         train_rows, held = holdout(rows, key=lambda r: r.prompt)  # no prompt on both sides of the split
+    if not train_rows:
+        raise UsageError(f"{p.data}: every row's prompt falls in the held-out split (10% of the prompts, by hash); "
+                         "pass eval_data, or use more distinct prompts")
+    if p.eval_data and (shared := {r.prompt for r in train_rows} & {r.prompt for r in held}):
+        ctx.log.warning("%d prompts appear in both %s and %s: held-out figures are not clean", len(shared), p.data,
+                        p.eval_data)
     tok = ctx.tokenizer
     policy = prepare(ctx, ctx.model, p)
     if p.disable_dropout:
-        for m in policy.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = 0.0
+        no_dropout(policy)
     device = next(policy.parameters()).device
     g_head = torch.nn.Linear(policy.config.hidden_size, 1).to(device) if objective.g else None
     train_b = Batcher(tok, kind, train_rows, p.max_len, p.max_prompt_length)
