@@ -257,3 +257,48 @@ def test_max_prompt_length_must_be_below_max_len(cli, tmp_path):
     r = cli("align", "--method", "dpo", "--model", "tiny:llama", "--data", DATA / "brackets_paired.jsonl",
             "--set", "max_len=64", "--set", "max_prompt_length=64", "-o", tmp_path)
     assert r.code == 2 and "max_prompt_length (64) must be below max_len (64)" in r.err
+
+
+def test_trl_format_and_conversational_preference_files_load_and_train(cli, tmp_path):
+    from llmx.core.train.align.data import load
+
+    rows = {
+        "implicit.jsonl": [{"chosen": f"x{i} = f({i})", "rejected": f"x{i} = g({i}"} for i in range(12)],
+        "conversational.jsonl": [{"prompt": [{"role": "user", "content": f"close f({i}"}],
+                                  "chosen": [{"role": "assistant", "content": ")"}],
+                                  "rejected": [{"role": "assistant", "content": "(("}]} for i in range(12)],
+        "implicit_chat.jsonl": [{"chosen": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "ok"}],
+                                 "rejected": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "no"}]}
+                                for i in range(12)],
+        "unpaired_chat.jsonl": [{"prompt": [{"role": "user", "content": f"q{i}"}],
+                                 "completion": [{"role": "assistant", "content": "ok" if i % 2 else "no"}],
+                                 "label": bool(i % 2)} for i in range(12)],
+    }
+    for name, lines in rows.items():
+        (tmp_path / name).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    kind, implicit = load(tmp_path / "implicit.jsonl")
+    assert kind == "paired" and (implicit[3].prompt, implicit[3].chosen, implicit[3].rejected) == ("x3 = ", "f(3)", "g(3")
+    _, chat = load(tmp_path / "implicit_chat.jsonl")
+    assert chat[0].prompt == [{"role": "user", "content": "q0"}] and chat[0].chosen[0]["content"] == "ok"
+    for name, method in (("implicit.jsonl", "dpo"), ("conversational.jsonl", "dpo"), ("implicit_chat.jsonl", "simpo"),
+                         ("unpaired_chat.jsonl", "kto")):
+        r = cli("--json", "align", "--method", method, "--model", "tiny:llama", "--data", tmp_path / name,
+                "--set", "steps=2", "--set", "batch_size=2", "--set", "max_len=48", "--set", "save=false",
+                "-o", tmp_path / name.removesuffix(".jsonl"))
+        assert r.code == 0, (name, r.err)
+
+
+def test_conversations_render_with_the_chat_template_and_the_response_is_what_it_adds():
+    from llmx.core.models.archs import build_random
+    from llmx.core.train.align.batch import encode
+    from llmx.core.train.align.chat import render
+
+    _, tok = build_random("llama")
+    prompt, reply = [{"role": "user", "content": "2+2"}], [{"role": "assistant", "content": "4"}]
+    assert render(tok, prompt, reply) == ("user: 2+2\nassistant: ", "4")  # no template: the plain one
+    tok.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</>{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    text, response = render(tok, prompt, reply)
+    assert (text, response) == ("<user>2+2</><assistant>", "4</>")
+    e = encode(tok, text, response, 64)
+    assert tok.decode(e.ids[e.start:]) == "4</></s>"

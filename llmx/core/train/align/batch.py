@@ -27,11 +27,11 @@ class Encoded:
 
 
 def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt_len: int | None = None,
-           eos: bool = True) -> Encoded:
+           eos: bool = True, bos: bool = True) -> Encoded:
     """``max_prompt_len`` defaults to half of ``max_len``; ``eos=False`` scores the response as sampled, without an
-    EOS it never had."""
+    EOS it never had; ``bos=False`` for a prompt a chat template rendered (it writes its own)."""
     keep = max_prompt_len if max_prompt_len is not None else max_len // 2
-    lead = leading_specials(tok)  # BOS for tokenizers that put one first, kept through truncation
+    lead = leading_specials(tok) if bos else []  # BOS for tokenizers that put one first, kept through truncation
     p = tok(prompt, add_special_tokens=False)["input_ids"]
     prompt_cut = len(lead) + len(p) > keep
     p = lead + (p[len(p) - max(keep - len(lead), 0):] if prompt_cut else p)

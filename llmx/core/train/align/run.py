@@ -13,6 +13,7 @@ from llmx.core.context import RunContext
 from llmx.core.data import holdout
 from llmx.core.preference import masked_mean, masked_sum
 from llmx.core.train.align import batch as B
+from llmx.core.train.align import chat
 from llmx.core.train.align import data as D
 from llmx.core.train.align.params import AlignParams
 from llmx.core.train.distributed import is_main
@@ -59,8 +60,14 @@ class Batcher:
 
     def __init__(self, tok, kind: str, rows: list[D.Example], max_len: int, max_prompt_len: int | None = None):
         self.tok, self.kind, self.rows = tok, kind, rows
-        self.encoded = [[B.encode(tok, p, r, max_len, max_prompt_len) for p, r in B.examples_for(kind, ex)]
+        self.encoded = [[self._encode(p, r, max_len, max_prompt_len) for p, r in B.examples_for(kind, ex)]
                         for ex in rows]
+
+    def _encode(self, prompt, response, max_len: int, max_prompt_len: int | None) -> B.Encoded:
+        if self.kind == "step":
+            return B.encode(self.tok, prompt, response, max_len, max_prompt_len)
+        text, reply = chat.render(self.tok, prompt, response)  # conversations as text
+        return B.encode(self.tok, text, reply, max_len, max_prompt_len, bos=not chat.templated(self.tok, prompt, response))
 
     def truncated(self) -> tuple[int, int]:
         """(rows whose prompt was cut, sequences whose response was cut)."""
