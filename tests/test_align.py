@@ -56,7 +56,7 @@ def test_pipa_n_on_pairs_trains_exactly_like_dpo(cli, tmp_path):
 
 
 @pytest.mark.parametrize("method,kind,sets", [
-    ("simpo", "paired", []), ("kto", "unpaired", []), ("confpo", "paired", []),
+    ("simpo", "paired", []), ("ipo", "paired", []), ("kto", "unpaired", []), ("confpo", "paired", []),
     ("confpo", "paired", ["--set", "base=dpo"]), ("pipa", "paired", ["--set", "variant=m"]),
     ("pipa", "unpaired", ["--set", "variant=m"]), ("pipa", "unpaired", []),
     ("pipa", "steps", []), ("pipa", "steps", ["--set", "variant=m"]),

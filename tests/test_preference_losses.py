@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from llmx.core import preference as P
@@ -126,3 +127,13 @@ def test_pipa_m_smooth_bound_keeps_a_gradient_where_the_hard_clamp_has_none():
     assert torch.all(smooth < 0) and torch.all(hard <= -1e-6)
     u = pi.detach() + torch.nn.functional.logsigmoid(g) - ref
     assert torch.allclose(smooth.detach().exp(), torch.sigmoid(u))  # the smooth bound models q as sigmoid(u)
+
+
+def test_ipo_is_zero_exactly_at_its_target_margin_and_quadratic_around_it():
+    tau = 0.25
+    ref_w, ref_l = torch.tensor([-3.0]), torch.tensor([-4.0])
+    at = P.ipo_loss(torch.tensor([-1.0]), torch.tensor([-4.0]), ref_w, ref_l, tau)  # h = 2 = 1 / (2 tau)
+    pi_w = torch.tensor([0.0], requires_grad=True)
+    above = P.ipo_loss(pi_w, torch.tensor([-4.0]), ref_w, ref_l, tau)  # h = 3
+    above.backward()
+    assert at.item() == 0 and above.item() == pytest.approx(1.0) and pi_w.grad.item() == pytest.approx(2.0)

@@ -44,6 +44,14 @@ def dpo_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l:
     return -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)
 
 
+def ipo_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
+             tau: float = 0.1) -> torch.Tensor:
+    """IPO (Azar et al. 2024, eq. 17): ``(h - 1/(2 tau))^2`` with ``h`` the log-ratio margin; pass per-token means
+    of the log-probs for TRL's length-normalised variant."""
+    h = (pi_w - ref_w) - (pi_l - ref_l)
+    return (h - 1 / (2 * tau)) ** 2
+
+
 def simpo_loss(avg_w: torch.Tensor, avg_l: torch.Tensor, beta: float = 2.0, gamma: float = 0.5,
                label_smoothing: float = 0.0) -> torch.Tensor:
     """On length-normalised log-probs; ``gamma`` is the target margin (``h = (r_w - r_l) - gamma / beta``)."""

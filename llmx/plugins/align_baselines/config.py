@@ -9,6 +9,11 @@ class DPOParams(AlignParams):
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative DPO smoothing (0 = plain DPO).")
 
 
+class IPOParams(AlignParams):
+    beta: float = Field(0.1, gt=0, description="IPO's tau: the target margin is 1 / (2 tau).")
+    length_normalize: bool = Field(True, description="Per-token mean log-probs (TRL); false: sums (the paper).")
+
+
 class SimPOParams(AlignParams):
     beta: float = Field(2.0, gt=0)
     gamma: float = Field(0.5, ge=0, description="Target reward margin.")

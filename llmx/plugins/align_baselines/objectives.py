@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmx.core import preference as P
 from llmx.core.train.align.run import LogpBatch, run
-from llmx.plugins.align_baselines.config import DPOParams, KTOParams, SimPOParams
+from llmx.plugins.align_baselines.config import DPOParams, IPOParams, KTOParams, SimPOParams
 
 
 class DPO:
@@ -17,6 +17,21 @@ class DPO:
         (pw, pl), (rw, rl) = b.halves(b.sums(b.pi)), b.halves(b.sums(b.ref))
         loss = P.dpo_loss(pw, pl, rw, rl, self.p.beta, self.p.label_smoothing)
         return loss, {"reward_margin": (pw - rw) - (pl - rl)}
+
+
+class IPO:
+    """IPO on per-token mean log-probs (as TRL's ``loss_type="ipo"``; ``length_normalize: false`` uses sums, as the
+    paper's sequence log-likelihoods)."""
+
+    kinds, needs_reference, g = ("paired",), True, None
+
+    def __init__(self, p: IPOParams):
+        self.p = p
+
+    def loss(self, b: LogpBatch):
+        pool = b.means if self.p.length_normalize else b.sums
+        (pw, pl), (rw, rl) = b.halves(pool(b.pi)), b.halves(pool(b.ref))
+        return P.ipo_loss(pw, pl, rw, rl, self.p.beta), {"margin": (pw - rw) - (pl - rl)}
 
 
 class SimPO:
@@ -48,6 +63,10 @@ class KTO:
 
 def dpo(ctx, p: DPOParams) -> dict:
     return run(ctx, p, DPO(p), "dpo")
+
+
+def ipo(ctx, p: IPOParams) -> dict:
+    return run(ctx, p, IPO(p), "ipo")
 
 
 def simpo(ctx, p: SimPOParams) -> dict:

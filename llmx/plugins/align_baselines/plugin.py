@@ -1,12 +1,15 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.align_baselines.config import DPOParams, KTOParams, SimPOParams
+from llmx.plugins.align_baselines.config import DPOParams, IPOParams, KTOParams, SimPOParams
 
 
 @hookimpl
 def llmx_methods():
     yield MethodSpec("dpo", (Stage.ALIGN,), "llmx.plugins.align_baselines.objectives:dpo", DPOParams,
                      summary="Direct Preference Optimization on paired data (baseline).", paper="Rafailov et al., 2023")
+    yield MethodSpec("ipo", (Stage.ALIGN,), "llmx.plugins.align_baselines.objectives:ipo", IPOParams,
+                     summary="IPO: squared loss to a fixed log-ratio margin on paired data (baseline).",
+                     paper="Azar et al., 2024")
     yield MethodSpec("simpo", (Stage.ALIGN,), "llmx.plugins.align_baselines.objectives:simpo", SimPOParams,
                      summary="SimPO: reference-free, length-normalised, with a target margin (baseline).",
                      paper="Meng et al., 2024")
