@@ -116,13 +116,12 @@ def test_held_out_rows_share_no_prompt_with_training_rows(tmp_path):
     assert {r.prompt for r in by_index[0]} & {r.prompt for r in by_index[1]}  # what splitting by row did
 
 
-def test_reference_free_methods_keep_no_copy_of_the_weights(cli, tmp_path, monkeypatch):
+@pytest.fixture
+def module_copies(monkeypatch) -> list[str]:
+    """The class names of the modules ``copy.deepcopy`` is asked to copy during the test."""
     import copy
 
-    import torch
-
-    copies = []
-    real = copy.deepcopy
+    copies, real = [], copy.deepcopy
 
     def spy(obj, *a, **k):
         if isinstance(obj, torch.nn.Module):
@@ -130,6 +129,11 @@ def test_reference_free_methods_keep_no_copy_of_the_weights(cli, tmp_path, monke
         return real(obj, *a, **k)
 
     monkeypatch.setattr(copy, "deepcopy", spy)
+    return copies
+
+
+def test_reference_free_methods_keep_no_copy_of_the_weights(cli, tmp_path, module_copies):
+    copies = module_copies
     for method, expected in (("simpo", 0), ("dpo", 1)):
         copies.clear()
         m = align(cli, tmp_path / method, method, "paired", "--set", "save=false")
@@ -202,18 +206,8 @@ def test_prompts_start_with_bos_for_tokenizers_that_expect_one_even_when_cut():
     assert cut.prompt_cut and cut.ids[0] == 1 and cut.start == 32
 
 
-def test_precomputed_reference_log_probs_train_exactly_like_a_frozen_copy(cli, tmp_path, monkeypatch):
-    import copy
-
-    copies = []
-    real = copy.deepcopy
-
-    def spy(obj, *a, **k):
-        if isinstance(obj, torch.nn.Module):
-            copies.append(type(obj).__name__)
-        return real(obj, *a, **k)
-
-    monkeypatch.setattr(copy, "deepcopy", spy)
+def test_precomputed_reference_log_probs_train_exactly_like_a_frozen_copy(cli, tmp_path, module_copies):
+    copies = module_copies
     live = align(cli, tmp_path / "live", "dpo", "paired")
     assert copies
     copies.clear()
