@@ -112,6 +112,17 @@ def join_documents(tokenizer: Any, docs: list[str], max_tokens: int | None = Non
     return torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long)
 
 
+def fixed_windows(stream, seq_len: int, n: int):
+    """``[n, seq_len]`` evenly spaced windows of a token stream: the same held-out windows at every evaluation."""
+    import torch
+
+    n = min(n, (len(stream) - 1) // seq_len)
+    if n < 1:
+        raise UsageError(f"the held-out data has {len(stream)} tokens, fewer than one window of {seq_len}")
+    starts = torch.linspace(0, len(stream) - seq_len - 1, n).long()
+    return torch.stack([stream[s:s + seq_len] for s in starts])
+
+
 def random_windows(tokenizer, source: str, n_samples: int, seq_len: int, seed: int = 0,
                    split: str = "train"):
     """``[n_samples, seq_len]`` random windows of a split's token stream (seeded)."""

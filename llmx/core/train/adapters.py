@@ -1,5 +1,6 @@
-"""LoRA adapters through the real ``peft`` library: wrap a model, save the adapter folder PEFT itself loads
-(``PeftModel.from_pretrained``), or merge it into the base weights; load a saved adapter folder as ``--model``."""
+"""LoRA adapters through the real ``peft`` library: wrap a model, merge it into the base weights, and load a saved
+adapter folder as ``--model``. ``core.models.save`` writes the folder: a ``PeftModel``'s ``save_pretrained`` writes
+the adapter PEFT itself loads (``PeftModel.from_pretrained``)."""
 
 from __future__ import annotations
 
@@ -46,26 +47,6 @@ def wrap(model: Any, p: LoraParams) -> Any:
     except ValueError as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(f"cannot add a LoRA adapter: {first} (set lora.target_modules)") from exc
-
-
-def save(model: Any, tokenizer: Any, path: Path, metadata: dict[str, Any], files: dict[str, bytes] | None = None) -> Path:
-    """The adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``), the tokenizer and
-    ``llmx.json`` naming the base model, written atomically."""
-    import json
-
-    from llmx import __version__
-    from llmx.core import atomic
-    from llmx.core.models import METADATA, quiet_transformers
-
-    quiet_transformers()
-    with atomic.folder(path) as tmp:
-        model.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        (tmp / METADATA).write_text(json.dumps({"llmx": __version__, **metadata}, indent=2, default=str) + "\n")
-        for name, data in (files or {}).items():
-            (tmp / name).write_bytes(data)
-    return Path(path)
 
 
 def merge(model: Any) -> Any:

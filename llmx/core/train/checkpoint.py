@@ -14,7 +14,7 @@ from llmx.core import atomic
 from llmx.errors import UsageError
 
 LATEST = "latest"
-STATE = "training_state.pt"
+STATE, INFO = "training_state.pt", "checkpoint.json"  # a series checkpoint's optimiser state and its description
 
 
 def rng_state() -> dict[str, Any]:
@@ -43,19 +43,18 @@ def _tuples(x: Any) -> Any:
     return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def state_bytes(step: int, named: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
-                extra: dict[str, Any] | None = None) -> bytes:
+def state_bytes(step: int, named: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer) -> bytes:
     buf = io.BytesIO()
     torch.save({"step": step, "params": {k: v.detach().cpu().clone() for k, v in named.items()},
-                "optimizer": opt.state_dict(), "rng": rng_state(), **(extra or {})}, buf)
+                "optimizer": opt.state_dict(), "rng": rng_state()}, buf)
     return buf.getvalue()
 
 
 def save(folder: Path, step: int, named: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
-         extra: dict[str, Any] | None = None, keep: int | None = None) -> Path:
+         keep: int | None = None) -> Path:
     """``folder/step_<n>.pt`` (atomic) and ``folder/latest`` naming it; with ``keep``, older files beyond the newest
     ``keep`` are removed."""
-    path = atomic.write_bytes(folder / f"step_{step}.pt", state_bytes(step, named, opt, extra))
+    path = atomic.write_bytes(folder / f"step_{step}.pt", state_bytes(step, named, opt))
     atomic.write_text(folder / LATEST, path.name + "\n")
     if keep:
         old = sorted(folder.glob("step_*.pt"), key=lambda f: int(f.stem.removeprefix("step_")))[:-keep]
@@ -87,7 +86,7 @@ def resumed_step(path: Path) -> int:
     path = resolve(Path(path))
     if match := re.fullmatch(r"step_(\d+)\.pt", path.name):
         return int(match.group(1))
-    info = path.parent / "checkpoint.json"
+    info = path.parent / INFO
     if path.name == STATE and info.is_file():
         return int(json.loads(info.read_text())["step"])
     return int(load(path)["step"])

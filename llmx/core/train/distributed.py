@@ -42,10 +42,9 @@ def init(device: str = "auto") -> int:
     return torch.distributed.get_rank()
 
 
-def all_sum(values: list, size: int) -> None:
-    """Sum each tensor across ranks in place (callers pre-divide by the world size)."""
+def all_sum(values: list) -> None:
+    """Sum each tensor across ranks in place (callers pre-scale their shares)."""
     import torch
 
-    if size > 1:
-        for v in values:
-            torch.distributed.all_reduce(v)
+    for v in values:
+        torch.distributed.all_reduce(v)

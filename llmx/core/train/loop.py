@@ -161,7 +161,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
                 for p in trained:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-                all_sum([p.grad for p in trained] + list(totals.values()), size)
+                all_sum([p.grad for p in trained] + list(totals.values()))
             norm = torch.nn.utils.clip_grad_norm_(trained, c.grad_clip or float("inf"))
             opt.step()
             figures = {k: float(v) for k, v in totals.items()}
@@ -170,11 +170,11 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
             record = {"step": step + 1, "lr": lr, **figures}
             if evaluate is not None and c.eval_every and ((step + 1) % c.eval_every == 0 or step + 1 == c.steps):
                 model.eval()
-                record["eval"] = value = evaluate()
+                record["eval"] = score = evaluate()
                 model.train()
-                if value < best[0]:
+                if score < best[0]:
                     keep = copy.deepcopy(model.state_dict()) if c.patience is not None else None
-                    best, stale = (value, step + 1, keep), 0
+                    best, stale = (score, step + 1, keep), 0
                 else:
                     stale += 1
             if log:

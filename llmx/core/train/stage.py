@@ -82,30 +82,23 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
 
 def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainParams, method: str,
                  files: dict[str, bytes] | None = None, source: str | None = None) -> Path:
-    """The adapter folder for a model with a LoRA adapter, else the full model (``save_pretrained``); ``source``
-    (default: the run's model) is the base an adapter folder loads on."""
+    """The model folder, or the adapter folder for a model with a LoRA adapter (its ``save_pretrained``);
+    ``source`` (default: the run's model) is the base an adapter folder loads on."""
+    from llmx.core import models
+
     meta = {"source": source or ctx.config.model, "method": method, "params": p.model_dump(mode="json")}
+    base = Path(str(meta["source"]))
+    if adapters.is_peft(model) and base.is_dir() and adapters.is_adapter_folder(base):
+        ctx.log.warning("this adapter was trained on %s, a base merged with another adapter: llmx loads it "
+                        "(--model); PEFT's base_model_name_or_path names only the first base", base)
     cache = getattr(model, "_llmx_use_cache", None)  # a save during training keeps the model's own cache setting
     if cache is not None:
         model.config.use_cache = cache
     try:
-        return _save(ctx, model, path, meta, files)
+        return models.save(model, ctx.tokenizer, path, meta, files)
     finally:
         if cache is not None:
             model.config.use_cache = False
-
-
-def _save(ctx: RunContext, model: torch.nn.Module, path: Path, meta: dict[str, Any],
-          files: dict[str, bytes] | None) -> Path:
-    from llmx.core import models
-
-    if adapters.is_peft(model):
-        base = Path(str(meta["source"]))
-        if base.is_dir() and adapters.is_adapter_folder(base):
-            ctx.log.warning("this adapter was trained on %s, a base merged with another adapter: llmx loads it "
-                            "(--model); PEFT's base_model_name_or_path names only the first base", base)
-        return adapters.save(model, ctx.tokenizer, path, meta, files)
-    return models.save(model, ctx.tokenizer, path, meta, files)
 
 
 def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str, result: TrainResult,

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import torch
 
+from llmx.core.data import fixed_windows
 from llmx.core.evaluation import mean_nll
 from llmx.core.train.loop import TrainConfig, TrainResult, train
 from llmx.core.zoo.presets import Preset
-
-
-def val_windows(tokens: torch.Tensor, p: Preset) -> torch.Tensor:
-    """Evenly spaced, fixed validation windows (the same for every evaluation)."""
-    n = min(p.eval_windows, (len(tokens) - 1) // p.seq_len)
-    starts = torch.linspace(0, len(tokens) - p.seq_len - 1, n).long()
-    return torch.stack([tokens[s:s + p.seq_len] for s in starts])
 
 
 def pretrain(model: torch.nn.Module, train_ids: torch.Tensor, val_ids: torch.Tensor, p: Preset, seed: int,
              steps: int | None = None, progress=None) -> TrainResult:
     """Train ``model`` in place; the best validation checkpoint is restored."""
     gen = torch.Generator().manual_seed(seed)
-    held_out = val_windows(val_ids, p)
+    held_out = fixed_windows(val_ids, p.seq_len, p.eval_windows)
 
     def loss(i: int) -> torch.Tensor:  # a stateful sampler: zoo builds never resume
         starts = torch.randint(0, len(train_ids) - p.seq_len - 1, (p.batch,), generator=gen)

@@ -126,7 +126,6 @@ class Precomputed:
     of reference-free methods. Looked up by row, so any batch of those rows can be assembled."""
 
     def __init__(self, score: Reference, rows: Batcher, batch_size: int):
-        self.rows = rows
         device = next(score.policy.parameters()).device
         self.per_item: list[list[torch.Tensor]] = []
         for s in range(0, len(rows.rows), batch_size):

@@ -25,18 +25,6 @@ class TokenWindows:
         self.windows = stream[: n * seq_len].view(n, seq_len)
         self.order = EpochOrder(n, seed)
 
-    def __len__(self) -> int:
-        return len(self.windows)
-
     def batch(self, i: int, size: int) -> torch.Tensor:
         """The ``size`` windows of micro-batch ``i`` (``[size, seq_len]``)."""
         return self.windows[self.order.batch(i, size)]
-
-
-def eval_windows(stream: torch.Tensor, seq_len: int, n: int) -> torch.Tensor:
-    """Evenly spaced, fixed held-out windows (the same at every evaluation)."""
-    n = min(n, len(stream) // seq_len)
-    if n < 1:
-        raise UsageError(f"the validation data has {len(stream)} tokens, fewer than one window of {seq_len}")
-    starts = torch.linspace(0, len(stream) - seq_len, n).long()
-    return torch.stack([stream[s:s + seq_len] for s in starts])

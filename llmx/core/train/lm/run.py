@@ -3,16 +3,21 @@ checkpoint series at token budgets and cooldown branches (``series``)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from llmx.core import models
 from llmx.core.context import RunContext
+from llmx.core.train import adapters
 from llmx.core.train.distributed import world
 from llmx.core.train.lm import series
-from llmx.core.train.lm.data import TokenWindows, eval_windows, fingerprint
+from llmx.core.train.lm.data import TokenWindows, fingerprint
 from llmx.core.train.lm.params import LMParams
 from llmx.core.train.stage import finish, fit, prepare, save_trained
+from llmx.errors import UsageError
 
 
 def fresh(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -26,7 +31,7 @@ def fresh(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
-    from llmx.core.data import token_stream
+    from llmx.core.data import fixed_windows, token_stream
     from llmx.core.evaluation import mean_nll
 
     info = series.read_info(p.cooldown_from) if p.cooldown_from else None
@@ -37,8 +42,8 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
         model = fresh(model, ctx.config.seed)
     stream = token_stream(tok, data, "train", p.max_tokens)
     windows = TokenWindows(stream, p.seq_len, ctx.config.seed)
-    held = eval_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len), p.seq_len,
-                        p.eval_windows)
+    held = fixed_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len), p.seq_len,
+                         p.eval_windows)
     _, size = world()
     tps = p.batch_size * p.seq_len * p.grad_accum * size
     config = p.loop_config(eval_every=p.eval_every)
@@ -79,16 +84,9 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
     return out
 
 
-
 def _branch(ctx: RunContext, p: LMParams) -> str:
     """Load a cooldown's checkpoint: a model folder, or an adapter folder on its base (the adapter stays trainable,
     unmerged, so the restored optimiser state meets the same tensors). Returns the base model's name."""
-    from pathlib import Path
-
-    from llmx.core import models
-    from llmx.core.train import adapters
-    from llmx.errors import UsageError
-
     folder = Path(p.cooldown_from)
     if not adapters.is_adapter_folder(folder):
         if p.adapter == "lora":
@@ -97,8 +95,6 @@ def _branch(ctx: RunContext, p: LMParams) -> str:
         return str(folder)
     if p.adapter != "lora":
         raise UsageError("cooldown_from: the checkpoint is a LoRA adapter; set adapter: lora")
-    import json
-
     base = adapters.base_of(folder, models.read_metadata(folder).get("source"))
     saved = json.loads((folder / adapters.ADAPTER_CONFIG).read_text())
     if (saved.get("r"), saved.get("lora_alpha")) != (p.lora.r, p.lora.alpha):

@@ -16,7 +16,7 @@ from llmx.core.train.distributed import is_main
 from llmx.core.train.loop import StepState, TrainConfig
 from llmx.errors import UsageError
 
-MANIFEST, INFO = "manifest.json", "checkpoint.json"
+MANIFEST, INFO = "manifest.json", checkpoint.INFO
 
 
 def budget_steps(tokens: list[int], tokens_per_step: int, steps: int) -> dict[int, int]:
