@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 SPECIALS = ("<pad>", "<s>", "</s>")
@@ -44,10 +45,16 @@ def train_bpe(texts: Iterable[str], vocab_size: int):
 
 
 def leading_specials(tok) -> list[int]:
-    """The ids a tokenizer puts before a text by default (``[bos]`` for Llama-style tokenizers, often none)."""
+    """The ids a tokenizer puts before a text by default (``[bos]`` for Llama-style tokenizers, often none); found
+    once per tokenizer, as every encoded row asks."""
+    return list(_leading_specials(tok))
+
+
+@functools.lru_cache(maxsize=8)
+def _leading_specials(tok) -> tuple[int, ...]:
     bare = tok("a", add_special_tokens=False)["input_ids"]
     full = tok("a", add_special_tokens=True)["input_ids"]
     for k in range(len(full) - len(bare) + 1):
         if full[k:k + len(bare)] == bare:
-            return full[:k]
-    return []
+            return tuple(full[:k])
+    return ()
