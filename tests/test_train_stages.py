@@ -177,7 +177,13 @@ def test_sft_full_and_lora_adapters_that_peft_and_llmx_load(cli, tmp_path):
     assert e.code == 0, e.err
     # the adapter folder, loaded by llmx, scores exactly as the merged model the stage handed to its eval stage
     assert e.json()["stages"][0]["metrics"]["nll"] == pytest.approx(stages[1]["metrics"]["nll"], rel=1e-5)
-    assert any("lora_B" in n and t.abs().sum() > 0 for n, t in peft_model.named_parameters())
+    from llmx.core import models
+
+    x = torch.randint(3, 259, (2, 16), generator=torch.Generator().manual_seed(0))
+    ours, _ = models.load(str(adapter))
+    with torch.no_grad():  # PEFT's own loading of the folder gives the model llmx loads (and it moved off the base)
+        assert torch.allclose(peft_model.eval()(input_ids=x).logits, ours(input_ids=x).logits, atol=1e-5)
+        assert not torch.allclose(build_random("llama")[0](input_ids=x).logits, ours(input_ids=x).logits, atol=1e-3)
 
     merged = sft(cli, tmp_path / "merged", data, "--set", "adapter=lora", "--set", "lora.merge=true")
     assert merged.code == 0, merged.err
