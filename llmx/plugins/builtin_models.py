@@ -1,5 +1,5 @@
 """Built-in model and dataset sources: ``tiny:*`` random-init models, ``ref:*`` trained reference models, and
-the ``stdlib`` code corpus."""
+the ``stdlib`` code and ``pydoc`` prose corpora."""
 
 from llmx.core.spec import DatasetSpec, ModelSpec
 from llmx.hookspecs import hookimpl
@@ -30,3 +30,5 @@ def llmx_models():
 def llmx_datasets():
     yield DatasetSpec("stdlib", "llmx.core.data.stdlib:documents",
                       "the Python standard library's own source (train/validation split by path hash)")
+    yield DatasetSpec("pydoc", "llmx.core.data.pydoc:documents",
+                      "English reference prose shipped with Python (pydoc_data.topics; split by topic hash)")

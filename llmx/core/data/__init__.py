@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -70,28 +69,18 @@ def _hub_dataset(name: str, split: str) -> list[str]:
 
 
 def _split_file(path: Path, split: str) -> list[str]:
+    from llmx.core.data.files import json_lines, read_text
+
     if path.suffix == ".jsonl":
-        docs = [d for i, d in enumerate(_jsonl_texts(path)) if in_validation(f"{path.name}:{i}") == (split == "validation")]
-        return docs
-    text = path.read_text(encoding="utf-8", errors="replace")
+        texts = []
+        for where, row in json_lines(path):
+            if not isinstance(row.get("text"), str):
+                raise UsageError(f"{where}: expected an object with a string field 'text'")
+            texts.append(row["text"])
+        return [d for i, d in enumerate(texts) if in_validation(f"{path.name}:{i}") == (split == "validation")]
+    text = read_text(path)
     cut = len(text) * (100 - VALIDATION_PERCENT) // 100
     return [text[:cut]] if split == "train" else [text[cut:]]
-
-
-def _jsonl_texts(path: Path) -> list[str]:
-    out = []
-    with path.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row: Any = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise UsageError(f"{path}:{n}: expected an object with a string field 'text'")
-            out.append(row["text"])
-    return out
 
 
 def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None = None):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from llmx.core.quant.qlinear import replace_module
+from llmx.core.models.linear import replace_module
 from llmx.errors import UsageError
 
 KEY = "llmx_modules"

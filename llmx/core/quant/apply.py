@@ -7,13 +7,16 @@ from typing import Any
 import torch
 
 from llmx.core.context import RunContext
+from llmx.core.models.linear import replace_module
 from llmx.core.quant.formats import IntFormat
 from llmx.core.quant.params import WeightQuantParams
-from llmx.core.quant.qlinear import QuantLinear, replace_module
+from llmx.core.quant.qlinear import QuantLinear
 
 
 def target_linears(model: torch.nn.Module, skip: list[str]) -> dict[str, torch.nn.Linear]:
-    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not any(s in n for s in skip)}
+    from llmx.core.models.linear import linear_layers
+
+    return linear_layers(model, skip)
 
 
 def install(model: torch.nn.Module, name: str, linear: torch.nn.Linear, codes: torch.Tensor, scale: torch.Tensor,

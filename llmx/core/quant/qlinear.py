@@ -136,9 +136,3 @@ class QuantLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, {self.fmt.describe()}, a{self.act_bits}"
-
-
-def replace_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)

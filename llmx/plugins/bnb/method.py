@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from llmx.core.context import RunContext
+from llmx.core.models.linear import replace_module
 from llmx.core.quant.apply import target_linears
-from llmx.core.quant.qlinear import replace_module
 from llmx.plugins.bnb.config import BnbParams
 from llmx.plugins.bnb.layers import linear4bit, linear8bit
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 import torch
 
 from llmx.core.context import RunContext
+from llmx.core.models.linear import replace_module
 from llmx.core.quant import apply
 from llmx.core.quant.calibration import collect, forward_batches, sequential
 from llmx.core.quant.formats import IntFormat, quantize
 from llmx.core.quant.gptq import gptq
-from llmx.core.quant.qlinear import QuantLinear, replace_module
+from llmx.core.quant.qlinear import QuantLinear
 from llmx.errors import UsageError
 from llmx.plugins.quamba2 import cluster, reorder
 from llmx.plugins.quamba2.config import Quamba2Params

@@ -101,8 +101,8 @@ class QuantMixer(torch.nn.Module):
 
 def rebuild(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any) -> QuantMixer:
     """Storage builder: a mixer of ``spec['arch']`` with its quantized children and points, then its tensors."""
+    from llmx.core.models.linear import replace_module
     from llmx.core.models.storage import build_layer
-    from llmx.core.quant.qlinear import replace_module
 
     hf_cls, cls = hf_mixers()[spec["arch"]]
     mixer = cls(hf_cls(config, layer_idx=spec["layer_idx"]).to(dtype))

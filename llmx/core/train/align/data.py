@@ -9,10 +9,10 @@ may leave its prompt implicit (``{chosen, rejected}`` only), in which case the p
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmx.core.data.files import json_lines
 from llmx.errors import UsageError
 
 KINDS = {"paired": ("prompt", "chosen", "rejected"), "unpaired": ("prompt", "completion", "label"),
@@ -63,25 +63,15 @@ def load(path: str | Path) -> tuple[str, list[Example]]:
     if not p.is_file():
         raise UsageError(f"preference data not found: {p}")
     kind, rows = None, []
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{p}:{n}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{where}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise UsageError(f"{where}: expected a JSON object")
-            this = _kind(row)
-            if this is None:
-                raise UsageError(f"{where}: expected keys {{prompt, chosen, rejected}} (prompt optional), "
-                                 f"{{prompt, completion, label}} or {{prompt, steps, labels}}; got {sorted(row)}")
-            if kind is not None and this != kind:
-                raise UsageError(f"{where}: a {this} row in a file of {kind} rows")
-            kind = this
-            rows.append(_example(row, this, where))
+    for where, row in json_lines(p):
+        this = _kind(row)
+        if this is None:
+            raise UsageError(f"{where}: expected keys {{prompt, chosen, rejected}} (prompt optional), "
+                             f"{{prompt, completion, label}} or {{prompt, steps, labels}}; got {sorted(row)}")
+        if kind is not None and this != kind:
+            raise UsageError(f"{where}: a {this} row in a file of {kind} rows")
+        kind = this
+        rows.append(_example(row, this, where))
     if not rows:
         raise UsageError(f"{p}: no rows")
     return kind, rows

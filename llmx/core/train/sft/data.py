@@ -12,11 +12,11 @@ is context. Without a chat template, the plain template is ``"{role}: {content}\
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmx.core.data.files import json_lines
 from llmx.errors import UsageError
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -34,23 +34,13 @@ def load(path: str | Path) -> list[Row]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"SFT data not found: {p}")
-    rows = []
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
-                rows.append(_row(line, f"{p}:{n}"))
+    rows = [_row(row, where) for where, row in json_lines(p)]
     if not rows:
         raise UsageError(f"{p}: no rows")
     return rows
 
 
-def _row(line: str, where: str) -> Row:
-    try:
-        row: Any = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{where}: not valid JSON ({exc.msg})") from exc
-    if not isinstance(row, dict):
-        raise UsageError(f"{where}: expected a JSON object")
+def _row(row: dict[str, Any], where: str) -> Row:
     if "messages" in row:
         msgs = row["messages"]
         if not isinstance(msgs, list) or not msgs:
