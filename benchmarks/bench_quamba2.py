@@ -53,6 +53,7 @@ def inject_outliers(model_name: str, channels: int, factor: float, steps: int, o
 
     from llmx.core import models, zoo
     from llmx.core.data import join_documents
+    from llmx.core.zoo.request import parse_builtin
     from llmx.core.zoo.train import pretrain
 
     model, tok = models.load(model_name)
@@ -64,11 +65,11 @@ def inject_outliers(model_name: str, channels: int, factor: float, steps: int, o
             m.conv1d.weight[idx] *= factor
             m.conv1d.bias[idx] *= factor
     strength = {"injected": outlier_strength(model, tok)}
-    spec = zoo.parse_name(model_name.removeprefix("ref:")).spec
-    train_docs, val_docs, _ = zoo.corpus(spec)
+    req = parse_builtin(model_name.removeprefix("ref:"))
+    spec, corp = req.spec, zoo.corpus(req)
     torch.set_num_threads(1)
-    pretrain(model, join_documents(tok, train_docs), join_documents(tok, val_docs), replace(spec, lr=spec.lr / 4, warmup=10),
-             seed=1, steps=steps)
+    pretrain(model, join_documents(tok, corp.train), join_documents(tok, corp.validation),
+             replace(spec, lr=spec.lr / 4, warmup=10), seed=1, steps=steps)
     strength["after_finetune"] = outlier_strength(model, tok)
     meta = {"source": model_name, "method": f"outliers x{factor:g} on {channels} ch, fine-tuned {steps} steps"}
     return str(models.save(model, tok, out_dir, meta)), strength
@@ -122,7 +123,7 @@ def fp_file_bytes(model: str) -> int:
     from llmx.core import zoo
     from llmx.core.models.storage import weight_file_bytes
 
-    folder = zoo.ensure(zoo.parse_name(model.removeprefix("ref:"))) if model.startswith("ref:") else Path(model)
+    folder = zoo.locate(model) if model.startswith("ref:") else Path(model)
     return weight_file_bytes(folder)
 
 

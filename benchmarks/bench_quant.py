@@ -47,7 +47,7 @@ def main() -> None:
 
     for model in args.models:
         fp_params = sum(p.numel() for p in load(model)[0].parameters())
-        fp_bytes = weight_file_bytes(zoo.ensure(zoo.parse_name(model.removeprefix("ref:"))))  # the fp32 files
+        fp_bytes = weight_file_bytes(zoo.locate(model))  # the fp32 files
         evals = [{"method": "perplexity", "params": {"max_tokens": args.max_tokens, "seq_len": 256, "stride": 128}},
                  {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 32, "repeats": 3}}]
         rows = []

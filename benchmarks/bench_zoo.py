@@ -1,46 +1,138 @@
-"""Reference zoo: build time and validation perplexity against the unigram floor, from a clean cache.
+"""Reference zoo: build time and held-out perplexity of each preset, and two domains told apart.
 
-    python benchmarks/bench_zoo.py [--arch llama mamba2] [--preset small]
+    python benchmarks/bench_zoo.py presets --preset small --arch llama qwen2 gpt2 mamba2   # -> zoo_small.json
+    python benchmarks/bench_zoo.py presets --preset long --arch llama                      # -> zoo_long.json
+    python benchmarks/bench_zoo.py domains                                                 # -> zoo_domains.json
 
-Writes benchmarks/results/zoo.json. Each model is built in a fresh temporary cache, so the time includes reading the
-corpus, training the BPE tokenizer, training and the final held-out evaluation.
+``presets`` builds each model in a fresh cache (or ``--cache DIR``), so the time includes reading the corpus, training
+the BPE tokenizer, training and the final held-out evaluation, all on one thread. ``domains`` builds the small llama
+on ``stdlib`` (code) and on ``pydoc`` (prose) and scores each model on both held-out sets. Perplexity per token
+depends on the tokenizer (each model has its own), so the cross-domain figures are bits per UTF-8 byte of the scored
+text, which any two models share.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
-import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, markdown, write  # noqa: E402
+
+FIGURES = ("name", "arch", "preset", "params", "vocab", "seq_len", "steps_run", "best_step", "tokens_seen",
+           "train_seconds", "build_wall_seconds", "val_perplexity", "unigram_perplexity", "val_tokens_scored")
+
+
+def build(req, cache: str) -> dict:
+    os.environ["LLMX_CACHE_DIR"] = cache
+    from llmx.core import zoo
+
+    t0 = time.perf_counter()
+    path, built = zoo.provide(req, show_progress=False)
+    info = zoo.info(path)
+    info["build_wall_seconds"] = round(time.perf_counter() - t0, 1) if built else None
+    info["seq_len"] = info["preset_spec"]["seq_len"]
+    info["path"] = str(path)
+    return info
+
+
+def presets(args) -> None:
+    from llmx.core.zoo.request import RefRequest
+
+    rows = []
+    for arch in args.arch:
+        with tempfile.TemporaryDirectory() as fresh:
+            info = build(RefRequest(arch, args.preset), args.cache or fresh)
+        rows.append({k: info.get(k) for k in FIGURES})
+        print(rows[-1], flush=True)
+    write(f"zoo_{args.preset}", {"benchmark": "zoo", "preset": args.preset, "corpus": "stdlib (held-out files)",
+                                 "machine": machine(), "rows": rows})
+    (Path(__file__).resolve().parent / "results" / f"zoo_{args.preset}.md").write_text(
+        markdown(list(FIGURES), rows) + "\n")
+
+
+def bits_per_byte(model, tok, docs: list[str], seq_len: int) -> dict:
+    """Sliding-window NLL of ``docs`` in bits per byte of the text they encode (an end-of-document token counted
+    as one byte)."""
+    import torch
+
+    from llmx.core.data import join_documents
+    from llmx.core.evaluation import sequence_nll
+
+    ids = join_documents(tok, docs)
+    with torch.inference_mode():
+        total, count = sequence_nll(model, ids, seq_len, seq_len // 2, batch_size=16)
+    scored = ids[1:]
+    eos = int((scored == tok.eos_token_id).sum())
+    text_bytes = len(tok.decode(scored.tolist(), skip_special_tokens=True).encode("utf-8")) + eos
+    assert count == len(scored)
+    return {"bits_per_byte": total / math.log(2) / text_bytes, "perplexity": math.exp(total / count),
+            "tokens": count, "bytes": text_bytes}
+
+
+def domains(args) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llmx.core.data import documents
+    from llmx.core.zoo.request import RefRequest
+
+    torch.set_num_threads(1)
+    held = {d: _cap(documents(d, "validation"), args.max_chars) for d in args.domains}  # the same text for each model
+    rows = []
+    with tempfile.TemporaryDirectory() as fresh:
+        for data in args.domains:
+            info = build(RefRequest(args.arch, "small", data=data), args.cache or fresh)
+            model = AutoModelForCausalLM.from_pretrained(info["path"]).eval()
+            tok = AutoTokenizer.from_pretrained(info["path"])
+            row = {"trained_on": data, **{k: info.get(k) for k in ("params", "train_seconds", "build_wall_seconds",
+                                                                   "steps_run", "best_step", "val_perplexity",
+                                                                   "unigram_perplexity")},
+                   "train_tokens": info["corpus"]["train_tokens"]}
+            for other in args.domains:
+                scored = bits_per_byte(model, tok, held[other], info["seq_len"])
+                row[f"bpb_on_{other}"] = scored["bits_per_byte"]
+                row[f"ppl_on_{other}"] = scored["perplexity"]
+            rows.append(row)
+            print(row, flush=True)
+    write("zoo_domains", {"benchmark": "zoo domains", "arch": args.arch, "preset": "small",
+                          "held_out_chars": {d: sum(map(len, v)) for d, v in held.items()}, "machine": machine(), "rows": rows,
+                          "note": "bpb: bits per UTF-8 byte of the held-out text (tokenizer-independent); ppl: per "
+                                  "token of the model's own tokenizer"})
+    cols = ["trained_on", "params", "train_seconds", "val_perplexity", "unigram_perplexity",
+            *[f"bpb_on_{d}" for d in args.domains]]
+    (Path(__file__).resolve().parent / "results" / "zoo_domains.md").write_text(markdown(cols, rows) + "\n")
+
+
+def _cap(docs: list[str], chars: int) -> list[str]:
+    out, total = [], 0
+    for doc in docs:
+        if total >= chars:
+            break
+        out.append(doc)
+        total += len(doc)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", nargs="+", default=["llama", "mamba2"])
-    ap.add_argument("--preset", default="small")
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("presets")
+    p.add_argument("--arch", nargs="+", default=["llama", "mamba2"])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--cache", help="Build into this cache (reused by a later `domains`) instead of a fresh one.")
+    d = sub.add_parser("domains")
+    d.add_argument("--arch", default="llama")
+    d.add_argument("--domains", nargs="+", default=["stdlib", "pydoc"])
+    d.add_argument("--max-chars", type=int, default=60_000, help="Held-out text scored per domain (whole documents).")
+    d.add_argument("--cache")
     args = ap.parse_args()
-    rows = []
-    for arch in args.arch:
-        with tempfile.TemporaryDirectory() as cache:
-            os.environ["LLMX_CACHE_DIR"] = cache
-            from llmx.core import zoo
-
-            t0 = time.perf_counter()
-            path = zoo.build(zoo.RefRequest(arch, args.preset), show_progress=False)
-            info = zoo.info(path)
-            info["build_wall_seconds"] = round(time.perf_counter() - t0, 1)
-        rows.append({k: info[k] for k in ("name", "preset", "params", "vocab", "steps_run", "best_step", "train_seconds",
-                                          "build_wall_seconds", "val_perplexity", "unigram_perplexity", "val_tokens_scored")})
-        print(json.dumps(rows[-1]))
-    RESULTS.mkdir(exist_ok=True)
-    out = {"benchmark": "zoo", "corpus": "stdlib (held-out files)", "machine": {"cpus": os.cpu_count(),
-           "platform": platform.platform()}, "rows": rows}
-    (RESULTS / f"zoo_{args.preset}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (presets if args.what == "presets" else domains)(args)
 
 
 if __name__ == "__main__":

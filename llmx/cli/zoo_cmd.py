@@ -1,4 +1,4 @@
-"""``llmx zoo build|list``: the trained reference models."""
+"""``llmx zoo build|list|rm``: the trained reference models."""
 
 from __future__ import annotations
 
@@ -7,41 +7,82 @@ from typing import Annotated, Optional
 import typer
 
 from llmx.cli.app import examples
-from llmx.cli.output import emit, state, stdout, table
+from llmx.cli.output import emit, info, state, stdout, table
 
-zoo_app = typer.Typer(help="Build and list the reference models trained from real text (ref:NAME).", no_args_is_help=True)
+zoo_app = typer.Typer(help="Build, list and remove the reference models trained from real text (ref:NAME).",
+                      no_args_is_help=True)
+_SHAPE = "Shape (overrides the preset)"
 
 
-@zoo_app.command("build", epilog=examples("llmx zoo build llama", "llmx zoo build mamba2 --preset bench",
-                                           "llmx zoo build llama --preset test --seed 1", "llmx --json zoo build moe --force"))
+@zoo_app.command("build", epilog=examples(
+    "llmx zoo build llama", "llmx zoo build mamba2 --preset bench", "llmx zoo build qwen2 --preset long",
+    "llmx zoo build llama --data pydoc --name llama-prose",
+    "llmx zoo build llama --data notes.txt --layers 6 --hidden 384 --heads 6 --seq-len 512 --tokens 2000000 --name notes",
+    "llmx zoo build gpt2 --data corpus.jsonl --tokenizer ref:llama --name mine", "llmx --json zoo build moe --force"))
 def build(
-    name: Annotated[str, typer.Argument(help="llama, mamba, mamba2 or moe.")],
-    preset: Annotated[str, typer.Option("--preset", help="small (default), bench (longer) or test (seconds).")] = "small",
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Override the preset's maximum training steps.")] = None,
+    arch: Annotated[str, typer.Argument(help="gpt2, llama, mamba, mamba2, moe, opt or qwen2.")],
+    preset: Annotated[str, typer.Option("--preset", help="small (default), bench, long (1024 tokens), medium or "
+                                        "test (seconds).")] = "small",
+    data: Annotated[str, typer.Option("--data", help="stdlib (default), pydoc, a .txt/.jsonl file, hf:NAME or a "
+                                      "plugin dataset.")] = "stdlib",
+    name: Annotated[Optional[str], typer.Option("--name", help="Make the entry addressable as ref:NAME.")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Maximum training steps (default: the preset's).")] = None,
+    tokens: Annotated[Optional[int], typer.Option("--tokens", help="Training budget in tokens, instead of --steps.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed gives identical weights.")] = 0,
+    layers: Annotated[Optional[int], typer.Option("--layers", rich_help_panel=_SHAPE)] = None,
+    hidden: Annotated[Optional[int], typer.Option("--hidden", help="Model width.", rich_help_panel=_SHAPE)] = None,
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads.", rich_help_panel=_SHAPE)] = None,
+    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).",
+                                                    rich_help_panel=_SHAPE)] = None,
+    vocab: Annotated[Optional[int], typer.Option("--vocab", help="BPE vocabulary trained on the corpus.",
+                                                 rich_help_panel=_SHAPE)] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Training context length.",
+                                                   rich_help_panel=_SHAPE)] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Use this model's tokenizer (ref:NAME, a "
+                                                     "folder or a hub id) instead of training one.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a verified entry exists.")] = False,
 ) -> None:
-    """Train (or reuse) a reference model on the standard-library corpus and report its figures."""
+    """Train (or reuse) a reference model on a corpus and report its figures."""
     from llmx.core import zoo
 
-    req = zoo.RefRequest(name.removeprefix("ref:"), preset, seed, steps)
-    path = zoo.ensure(req, force=force, show_progress=state.show_progress)
-    data = {"path": str(path), **zoo.info(path)}
-    keys = ("name", "preset", "params", "vocab", "steps_run", "best_step", "train_seconds", "val_perplexity",
+    req = zoo.RefRequest(arch=arch.removeprefix("ref:"), preset=preset, seed=seed, steps=steps, data=data, tokens=tokens,
+                         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, seq_len=seq_len,
+                         tokenizer=tokenizer, name=name)
+    path, built = zoo.provide(req, force=force, show_progress=state.show_progress)
+    data_ = {"path": str(path), "built": built, **zoo.info(path), "name": req.ref_name}
+    keys = ("name", "arch", "preset", "params", "vocab", "steps_run", "best_step", "train_seconds", "val_perplexity",
             "unigram_perplexity")
-    emit(data, lambda: (table(None, ["figure", "value"], [[k, data[k]] for k in keys]),
-                        stdout().print(f"cached at {path}", highlight=False)))
+    emit(data_, lambda: (table(None, ["figure", "value"], [[k, data_[k]] for k in keys]),
+                         stdout().print(f"{'built' if built else 'reused'}: {path}", highlight=False)))
 
 
 @zoo_app.command("list", epilog=examples("llmx zoo list", "llmx --json zoo list"))
 def list_() -> None:
-    """List cached reference models with their validation figures."""
+    """List cached reference models: names, corpus, shape and validation figures."""
     from llmx.core import zoo
 
     data = zoo.entries()
-    emit(data, lambda: table(f"zoo ({zoo.cache_root()})", ["entry", "ok", "params", "val ppl", "unigram ppl", "seconds"],
-                             [[d["entry"], d["problem"] or "ok", d.get("params"), d.get("val_perplexity"),
-                               d.get("unigram_perplexity"), d.get("train_seconds")] for d in data]))
+
+    def shape(d: dict) -> str | None:
+        s = d.get("preset_spec")
+        return s and f"{s['layers']}x{s['hidden']} h{s['heads']} ctx{s['seq_len']}"
+
+    emit(data, lambda: table(f"zoo ({zoo.cache_root()})",
+                             ["entry", "names", "ok", "corpus", "shape", "params", "val ppl", "unigram ppl", "seconds"],
+                             [[d["entry"], ", ".join(d["names"]), d["problem"] or "ok", (d.get("corpus") or {}).get("source"),
+                               shape(d), d.get("params"), d.get("val_perplexity"), d.get("unigram_perplexity"),
+                               d.get("train_seconds")] for d in data]))
+
+
+@zoo_app.command("rm", epilog=examples("llmx zoo rm ref:notes", "llmx zoo rm llama-test-s0-3f2a9c1d4e5b",
+                                        "llmx --json zoo rm ref:llama-test"))
+def rm(targets: Annotated[list[str], typer.Argument(help="ref:NAME, a name, or an entry folder from `llmx zoo list`.")]
+       ) -> None:
+    """Remove cached reference models and the names pointing to them."""
+    from llmx.core import zoo
+
+    removed = zoo.remove(targets)
+    emit({"removed": removed}, lambda: info("removed " + ", ".join(removed)))
 
 
 def register(app: typer.Typer) -> None:

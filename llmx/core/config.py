@@ -55,6 +55,9 @@ class RunConfig(_Strict):
     output_dir: str = "runs"
     model: str | None = Field(None, description="HF id, local path, tiny:NAME or ref:NAME.")
     data: DataConfig = Field(default_factory=DataConfig)
+    zoo: dict[str, Any] | None = Field(None, description="A reference model to build (or reuse) before the first "
+                                       "stage, with the options of `llmx zoo build` and a name: load it with "
+                                       "model: ref:NAME.")
     pipeline: list[StageConfig] = Field(min_length=1)
 
 
@@ -77,6 +80,7 @@ class ResolvedStage:
 class ResolvedRun:
     config: RunConfig
     stages: list[ResolvedStage]
+    zoo: Any = None  # the RefRequest of config.zoo
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, defaults filled in: re-runnable as is with ``llmx run``."""
@@ -206,10 +210,29 @@ def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = N
             problems += _problems(exc, spec.config, prefix + ("params",))
             continue
         stages.append(ResolvedStage(i, stage_cfg.stage or spec.stages[0], spec, params))
+    zoo = _zoo_request(raw.get("zoo"), problems)
     if problems:
         raise ConfigError(problems, source=source)
     assert config is not None
-    return ResolvedRun(config, stages)
+    return ResolvedRun(config, stages, zoo)
+
+
+def _zoo_request(raw: Any, problems: list[Problem]) -> Any:
+    """The ``zoo:`` section as a RefRequest; its mistakes join ``problems``."""
+    if not isinstance(raw, dict):
+        return None
+    from llmx.core.zoo.request import RefRequest
+
+    if not raw.get("name"):
+        problems.append(Problem("zoo.name", "name the reference model, then load it with model: ref:NAME"))
+        return None
+    try:
+        return RefRequest(**raw)
+    except ValidationError as exc:
+        problems += [Problem(_dotted(("zoo", *e["loc"])), e["msg"]) for e in exc.errors()]
+    except UsageError as exc:
+        problems.append(Problem("zoo", exc.message))
+    return None
 
 
 def _dotted(loc: tuple) -> str:

@@ -65,6 +65,10 @@ def seed_everything(seed: int, threads: int | None) -> None:
 
 def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     check_requirements(run)
+    if run.zoo is not None:  # before the run folder exists: a bad corpus leaves nothing behind
+        from llmx.core import zoo
+
+        zoo.ensure(run.zoo, show_progress=show_progress)
     from llmx.core.train import distributed
 
     rank = distributed.init(run.config.device)

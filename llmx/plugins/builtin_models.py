@@ -2,19 +2,24 @@
 the ``stdlib`` code and ``pydoc`` prose corpora."""
 
 from llmx.core.spec import DatasetSpec, ModelSpec
+from llmx.core.zoo.presets import DEFAULT_PRESET, PRESETS
 from llmx.hookspecs import hookimpl
 
 ARCH_SUMMARY = {
+    "gpt2": "GPT-2 (learned positions, fused c_attn)",
     "llama": "Llama (GQA, RoPE)",
     "mamba": "Mamba1 (mambapy parallel scan)",
     "mamba2": "Mamba2",
     "moe": "Mixtral-style MoE, 4 experts top-2",
     "opt": "OPT (learned positions, biases: no RoPE)",
+    "qwen2": "Qwen2 (GQA, biased q/k/v, RoPE)",
 }
 PRESET_SUMMARY = {
-    "": "trained on standard-library code, minutes on a CPU (small preset)",
-    "-bench": "trained longer for benchmarks (bench preset)",
-    "-test": "trained for seconds, for tests (test preset)",
+    "small": "trained on standard-library code, minutes on a CPU (small preset)",
+    "bench": "trained longer for benchmarks (bench preset)",
+    "long": "1024-token contexts (long preset)",
+    "medium": "6 layers, width 384 (medium preset)",
+    "test": "trained for seconds, for tests (test preset)",
 }
 
 
@@ -22,8 +27,11 @@ PRESET_SUMMARY = {
 def llmx_models():
     for arch, summary in ARCH_SUMMARY.items():
         yield ModelSpec(f"tiny:{arch}", "llmx.core.models.archs:load_tiny", f"random init: {summary}, 2 layers, width 64")
-        for suffix, how in PRESET_SUMMARY.items():
-            yield ModelSpec(f"ref:{arch}{suffix}", "llmx.core.zoo:load", f"{summary}, {how}")
+        for preset, how in PRESET_SUMMARY.items():
+            if arch in PRESETS[preset]:
+                yield ModelSpec(f"ref:{arch}{'' if preset == DEFAULT_PRESET else '-' + preset}", "llmx.core.zoo:load",
+                                f"{summary}, {how}")
+    yield ModelSpec("ref:*", "llmx.core.zoo:load", "a reference model you built: llmx zoo build ARCH --name NAME")
 
 
 @hookimpl

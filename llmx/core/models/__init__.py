@@ -38,6 +38,11 @@ def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, A
         model, tok = load_object(specs[name].impl)(name, dtype=dtype, device=device)
     else:
         namespace, sep, _ = name.partition(":")
+        if sep and f"{namespace}:*" in specs:  # a source of open-ended names (ref:NAME): it resolves or explains
+            from llmx.core.spec import load_object
+
+            model, tok = load_object(specs[f"{namespace}:*"].impl)(name, dtype=dtype, device=device)
+            return model.eval(), tok
         if sep and namespace in {s.split(":")[0] for s in specs}:
             known = sorted(s for s in specs if s.startswith(namespace + ":"))
             raise UsageError(f"unknown model '{name}'.{did_you_mean(name, known)}", hint=f"Known: {', '.join(known)}.")

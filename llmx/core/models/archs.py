@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 ARCHS = ("gpt2", "llama", "mamba", "mamba2", "moe", "opt", "qwen2")
-NO_GQA = ("gpt2", "opt")  # one key/value head per query head
+NO_GQA = ("gpt2", "opt")  # one key/value head per query head, learned positions (no RoPE)
 ATTENTION_FREE = ("mamba", "mamba2")
 
 
@@ -30,6 +30,8 @@ def check_shape(arch: str, hidden: int, heads: int, kv_heads: int | None) -> str
     kv = default_kv_heads(arch, heads) if kv_heads is None else kv_heads
     if hidden % heads:
         return f"{heads} heads do not divide hidden {hidden}"
+    if arch not in NO_GQA and (hidden // heads) % 2:
+        return f"the head width {hidden // heads} (hidden / heads) must be even for rotary positions"
     if arch in NO_GQA and kv != heads:
         return f"{arch} has one key/value head per query head: kv_heads must be {heads} (or unset)"
     if heads % kv:

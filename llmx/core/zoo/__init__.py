@@ -1,208 +1,90 @@
 """The reference zoo: small models trained from real text on the CPU, cached and verified.
 
-``ref:NAME`` (``ref:llama``, ``ref:mamba2``, ...) loads the ``small`` preset, building it on first use; ``ref:NAME-test``
-and ``ref:NAME-bench`` select the other presets. An entry lives in ``$LLMX_CACHE_DIR/zoo`` (default
-``~/.cache/llmx/zoo``) under a key hashed from everything that determines it: architecture, preset, seed, steps,
-a fingerprint of the corpus and the zoo's version. A manifest of SHA-256 sums is checked on every load; a corrupted
-entry is rebuilt, never used.
+``ref:NAME`` (``ref:llama``, ``ref:mamba2``, ...) loads the ``small`` preset, building it on first use; ``ref:NAME-test``,
+``ref:NAME-bench``, ``ref:NAME-long`` and ``ref:NAME-medium`` select the other presets; ``llmx zoo build ARCH --data
+FILE --name NAME`` builds one on your own text with your shape, addressable as ``ref:NAME``. An entry lives in
+``$LLMX_CACHE_DIR/zoo`` (default ``~/.cache/llmx/zoo``) under a key hashed from everything that determines it
+(architecture, resolved shape, seed, steps, the corpus' content and the tokenizer). A manifest of SHA-256 sums is
+checked on every load; a corrupted entry is rebuilt, never used. Concurrent builds of one entry train it once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import sys
-from dataclasses import dataclass
+import shutil
 from pathlib import Path
 from typing import Any
 
-from llmx.core import atomic
 from llmx.core.names import did_you_mean
-from llmx.core.zoo.presets import DEFAULT_PRESET, PRESETS, Preset
+from llmx.core.zoo import names
+from llmx.core.zoo.cache import cache_root, info, locked, verify
+from llmx.core.zoo.corpus import Corpus, corpus, foreign_tokenizer, tokenizer_fingerprint
+from llmx.core.zoo.request import RefRequest, builtin_names, parse_builtin
 from llmx.errors import UsageError
 
-ZOO_VERSION = 1
-MANIFEST, INFO = "manifest.json", "zoo.json"
 log = logging.getLogger("llmx.zoo")
 
 
-def cache_root() -> Path:
-    base = os.environ.get("LLMX_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmx")
-    return Path(base) / "zoo"
+def resolve(req: RefRequest) -> tuple[Corpus, Any, Path]:
+    """The corpus, the named tokenizer (None: one is trained) and the cache folder of ``req``."""
+    corp = corpus(req)
+    tok = foreign_tokenizer(req.tokenizer) if req.tokenizer else None
+    return corp, tok, req.path(corp.fingerprint, tokenizer_fingerprint(tok) if tok is not None else None)
 
 
-@dataclass(frozen=True)
-class RefRequest:
-    arch: str
-    preset: str = DEFAULT_PRESET
-    seed: int = 0
-    steps: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise UsageError(f"unknown preset '{self.preset}'; presets: {', '.join(PRESETS)}")
-        if self.arch not in PRESETS[self.preset]:
-            known = list(PRESETS[self.preset])
-            raise UsageError(f"unknown reference model '{self.arch}'.{did_you_mean(self.arch, known)}",
-                             hint=f"Known: {', '.join(known)}.")
-        if self.steps is not None and self.steps < 1:
-            raise UsageError("--steps must be at least 1")
-
-    @property
-    def spec(self) -> Preset:
-        return PRESETS[self.preset][self.arch]
-
-    def key(self, corpus_fingerprint: str) -> str:
-        blob = json.dumps({"arch": self.arch, "preset": self.spec.as_dict(), "seed": self.seed, "steps": self.steps,
-                           "corpus": corpus_fingerprint, "zoo": ZOO_VERSION}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-    def path(self, corpus_fingerprint: str) -> Path:
-        steps = f"-n{self.steps}" if self.steps else ""
-        return cache_root() / f"{self.arch}-{self.preset}-s{self.seed}{steps}-{self.key(corpus_fingerprint)}"
+def provide(req: RefRequest, force: bool = False, show_progress: bool | None = None) -> tuple[Path, bool]:
+    """The verified folder for ``req`` and whether this call built it (a corrupted entry is rebuilt; a second
+    process asking for an entry being built waits for it). A named request binds its name to the folder."""
+    corp, tok, path = resolve(req)
+    built = False
+    if force or verify(path) is not None:
+        with locked(path):
+            problem = "rebuild requested" if force else verify(path)
+            if problem is not None:
+                if problem not in ("missing", "rebuild requested"):
+                    log.warning("zoo entry %s: %s; rebuilding it", path.name, problem)
+                _build(req, corp, tok, path, show_progress)
+                built = True
+    if req.name:
+        names.bind(req.name, path, req)
+    return path, built
 
 
-def corpus(spec: Preset) -> tuple[list[str], list[str], str]:
-    """Train and validation documents of the standard-library corpus (capped for small presets) and a fingerprint."""
-    from llmx.core.data import documents
-
-    train, val = documents("stdlib", "train"), documents("stdlib", "validation")
-    if spec.corpus_chars:
-        train, val = _cap(train, spec.corpus_chars), _cap(val, spec.corpus_chars // 5)
-    digest = hashlib.sha256()
-    for doc in train + ["\0split\0"] + val:
-        digest.update(doc.encode("utf-8", "replace"))
-    return train, val, digest.hexdigest()[:16]
-
-
-def _cap(docs: list[str], chars: int) -> list[str]:
-    out, total = [], 0
-    for d in docs:
-        if total >= chars:
-            break
-        out.append(d)
-        total += len(d)
-    return out
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def verify(entry: Path) -> str | None:
-    """None when the entry is complete and intact, else what is wrong with it."""
-    if not entry.is_dir():
-        return "missing"
-    try:
-        manifest = json.loads((entry / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
-        return "no readable manifest"
-    for name, digest in manifest.items():
-        f = entry / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if _sha256(f) != digest:
-            return f"{name} does not match its checksum"
-    return None
-
-
-def build(req: RefRequest, show_progress: bool | None = None) -> Path:
-    """Train the reference model for ``req`` and store it atomically in the cache; return its folder."""
+def _build(req: RefRequest, corp: Corpus, tok: Any, path: Path, show_progress: bool | None) -> None:
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from llmx.core.data import join_documents
-    from llmx.core.evaluation import sequence_nll, unigram_nll
-    from llmx.core.models import quiet_transformers
-    from llmx.core.models.archs import config
-    from llmx.core.progress import track
-    from llmx.core.tokenizer import train_bpe
-    from llmx.core.zoo.train import pretrain
+    from llmx.core.zoo.build import build
 
-    spec = req.spec
-    show = sys.stderr.isatty() if show_progress is None else show_progress
-    train_docs, val_docs, fingerprint = corpus(spec)
-    target = req.path(fingerprint)
-    log.info("building ref:%s (%s preset, seed %s) into %s", req.arch, req.preset, req.seed, target)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # several times faster than 2 for models this small
-    try:
-        tok = train_bpe(train_docs, spec.vocab)
-        train_ids = join_documents(tok, train_docs)
-        val_ids = join_documents(tok, val_docs)
-        torch.manual_seed(req.seed)
-        model = AutoModelForCausalLM.from_config(config(req.arch, len(tok), spec.hidden, spec.layers,
-                                                        max_positions=max(1024, 2 * spec.seq_len)))
-        result = pretrain(model, train_ids, val_ids, spec, req.seed, req.steps,
-                          progress=lambda r, **kw: track(r, enabled=show, **kw))
-        scored = val_ids[: 40_000 if spec.corpus_chars is None else 8_000]
-        total, count = sequence_nll(model, scored, spec.seq_len, spec.seq_len // 2, batch_size=16)
-        info = {
-            "name": f"ref:{req.arch}", "arch": req.arch, "preset": req.preset, "seed": req.seed, "steps": req.steps,
-            "preset_spec": spec.as_dict(), "corpus": {"source": "stdlib", "fingerprint": fingerprint,
-                                                      "train_tokens": len(train_ids), "val_tokens": len(val_ids)},
-            "params": sum(p.numel() for p in model.parameters()), "vocab": len(tok),
-            "steps_run": result.steps, "best_step": result.best_step, "train_seconds": round(result.seconds, 1),
-            "best_val_nll": result.best_eval,
-            "val_perplexity": float(torch.tensor(total / count).exp()), "val_tokens_scored": count,
-            "unigram_perplexity": float(torch.tensor(unigram_nll(train_ids, scored, len(tok))).exp()),
-            "zoo_version": ZOO_VERSION, "torch": torch.__version__,
-        }
-    finally:
-        torch.set_num_threads(threads)
-    quiet_transformers()
-    with atomic.folder(target) as tmp:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n")
-        manifest = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return target
+    with torch.inference_mode(False), torch.enable_grad():  # a caller may be inside inference mode
+        build(req, corp, tok, path, show_progress)
 
 
 def ensure(req: RefRequest, force: bool = False, show_progress: bool | None = None) -> Path:
     """The verified cache folder for ``req``, built (or rebuilt, if corrupted) when needed."""
-    _, _, fingerprint = corpus(req.spec)
-    path = req.path(fingerprint)
-    problem = "rebuild requested" if force else verify(path)
-    if problem is None:
-        return path
-    if problem != "missing":
-        log.warning("zoo entry %s: %s; rebuilding it", path.name, problem)
-    import torch
-
-    with torch.inference_mode(False), torch.enable_grad():  # a caller may be inside inference mode
-        return build(req, show_progress)
+    return provide(req, force, show_progress)[0]
 
 
-def info(path: Path) -> dict[str, Any]:
-    return json.loads((path / INFO).read_text())
+def known_names() -> list[str]:
+    return [f"ref:{n}" for n in builtin_names() + list(names.bound())]
 
 
-def entries() -> list[dict[str, Any]]:
-    """Every cached entry with its figures and whether it verifies."""
-    root = cache_root()
-    out = []
-    for entry in sorted(root.iterdir()) if root.is_dir() else []:
-        if not entry.is_dir() or entry.name.startswith("."):
-            continue
-        problem = verify(entry)
-        data = info(entry) if problem is None else {}
-        out.append({"entry": entry.name, "path": str(entry), "ok": problem is None, "problem": problem, **data})
-    return out
-
-
-def parse_name(name: str) -> RefRequest:
-    """``llama`` -> small preset; ``llama-test`` / ``llama-bench`` -> that preset."""
-    arch, _, preset = name.partition("-")
-    return RefRequest(arch, preset or DEFAULT_PRESET)
+def locate(name: str) -> Path:
+    """The verified folder of ``ref:NAME``: a name bound by ``--name`` or a built-in ``ARCH[-PRESET]``."""
+    bare = name.removeprefix("ref:")
+    bound = names.lookup(bare)
+    if bound is not None:
+        path = cache_root() / bound["entry"]
+        problem = verify(path)
+        if problem is None:
+            return path
+        log.warning("ref:%s: entry %s is %s; building it again from its request", bare, bound["entry"], problem)
+        return ensure(RefRequest(**bound["request"]))
+    req = parse_builtin(bare)
+    if req is None:
+        known = known_names()
+        raise UsageError(f"unknown model 'ref:{bare}'.{did_you_mean(f'ref:{bare}', known)}",
+                         hint="Build your own with `llmx zoo build ARCH --data FILE --name NAME`.")
+    return ensure(req)
 
 
 def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
@@ -212,6 +94,55 @@ def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, A
     from llmx.core.models import quiet_transformers, torch_dtype
 
     quiet_transformers()
-    path = ensure(parse_name(name.removeprefix("ref:")))
+    path = locate(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), local_files_only=True)
     return model.to(device), AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _folders() -> list[Path]:
+    root = cache_root()
+    return [p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")] if root.is_dir() else []
+
+
+def entries() -> list[dict[str, Any]]:
+    """Every cached entry with its names, corpus, shape and figures, and whether it verifies."""
+    aliases: dict[str, list[str]] = {}
+    for n, b in names.bound().items():
+        aliases.setdefault(b["entry"], []).append(f"ref:{n}")
+    out = []
+    for entry in _folders():
+        problem = verify(entry)
+        data = info(entry) if problem is None else {}
+        out.append({"entry": entry.name, "path": str(entry), "ok": problem is None, "problem": problem,
+                    "names": sorted(set(aliases.get(entry.name, []) + ([data["name"]] if data.get("name") else []))),
+                    **data})
+    return out
+
+
+def remove(targets: list[str]) -> list[str]:
+    """Delete entries given as ``ref:NAME``, a bound name or an entry folder, and the names pointing to them; every
+    target is checked before anything is removed. Returns the removed folders' names."""
+    folders = {p.name: p for p in _folders()}
+    chosen: list[Path] = []
+    for target in targets:
+        bare = target.removeprefix("ref:")
+        bound = names.lookup(bare)
+        if bound is not None:
+            path = cache_root() / bound["entry"]
+        elif bare in folders:
+            path = folders[bare]
+        elif parse_builtin(bare) is not None:
+            path = resolve(parse_builtin(bare))[2]
+            if not path.is_dir():
+                raise UsageError(f"ref:{bare} is not in the cache")
+        else:
+            known = list(folders) + [f"ref:{n}" for n in names.bound()]
+            raise UsageError(f"no zoo entry '{target}'.{did_you_mean(target, known)}", hint="See `llmx zoo list`.")
+        chosen.append(path)
+    for path in dict.fromkeys(chosen):
+        with locked(path):
+            shutil.rmtree(path, ignore_errors=True)
+        for n, b in names.bound().items():
+            if b["entry"] == path.name:
+                names.unbind(n)
+    return [p.name for p in dict.fromkeys(chosen)]

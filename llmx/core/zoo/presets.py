@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+SHAPE = ("layers", "hidden", "heads", "kv_heads", "vocab", "seq_len")  # what ``llmx zoo build`` may override
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -19,6 +21,8 @@ class Preset:
     patience: int = 4
     eval_windows: int = 48
     corpus_chars: int | None = None  # cap on the training text (None: the whole train split)
+    heads: int = 4
+    kv_heads: int | None = None  # None: the architecture's default (half the heads; all of them without GQA)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -26,26 +30,28 @@ class Preset:
 
 # ``small`` is the default ``ref:NAME``: minutes on one CPU thread. ``bench`` trains longer so that methods can be
 # told apart (3-bit RTN costs little on an under-trained model). ``test`` builds in seconds for the test suite.
+# ``long`` has 1024-token contexts (KV-cache and length-generalisation work); ``medium`` is wider and deeper.
 _SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=500, lr=2e-3)
+_TRANSFORMERS = ("gpt2", "llama", "moe", "opt", "qwen2")
+_LONG = replace(_SMALL, seq_len=1024, batch=4, max_steps=300, warmup=30, eval_windows=16)
+_MEDIUM = replace(_SMALL, hidden=384, layers=6, heads=6, vocab=4096, seq_len=256, max_steps=360, lr=1.5e-3)
 PRESETS: dict[str, dict[str, Preset]] = {
     "small": {
-        "llama": _SMALL,
-        "opt": _SMALL,
-        "moe": _SMALL,
+        **{arch: _SMALL for arch in _TRANSFORMERS},
         "mamba2": replace(_SMALL, max_steps=400),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=300),  # mambapy scan: ~0.7 s a step at this width
     },
     "bench": {
-        "llama": replace(_SMALL, max_steps=1500, patience=6),
-        "opt": replace(_SMALL, max_steps=1500, patience=6),
-        "moe": replace(_SMALL, max_steps=1500, patience=6),
+        **{arch: replace(_SMALL, max_steps=1500, patience=6) for arch in _TRANSFORMERS},
         "mamba2": replace(_SMALL, max_steps=1200, patience=6),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=800, patience=6),
     },
+    "long": {arch: _LONG for arch in (*_TRANSFORMERS, "mamba2")},
+    "medium": {arch: _MEDIUM for arch in (*_TRANSFORMERS, "mamba2")},
     "test": {
         arch: Preset(hidden=64, layers=2, vocab=512, seq_len=64, batch=8, max_steps=60 if arch == "mamba" else 150,
                      lr=3e-3, warmup=10, eval_every=25, patience=2, eval_windows=16, corpus_chars=400_000)
-        for arch in ("llama", "opt", "moe", "mamba2", "mamba")
+        for arch in (*_TRANSFORMERS, "mamba2", "mamba")
     },
 }
 DEFAULT_PRESET = "small"

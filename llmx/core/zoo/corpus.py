@@ -1,0 +1,80 @@
+"""The text and tokenizer of a reference model: a data source's documents (capped for small presets) with a
+fingerprint of their content, and a byte-level BPE trained on them unless another model's tokenizer is named."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmx.core.zoo.request import RefRequest
+from llmx.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Corpus:
+    source: str
+    train: list[str]
+    validation: list[str]
+    fingerprint: str
+
+
+def corpus(req: RefRequest) -> Corpus:
+    from llmx.core.data import documents
+
+    train, val = documents(req.data, "train"), documents(req.data, "validation")
+    cap = req.spec.corpus_chars
+    if cap:
+        train, val = _cap(train, cap), _cap(val, cap // 5)
+    digest = hashlib.sha256()
+    for doc in train + ["\0split\0"] + val:
+        digest.update(doc.encode("utf-8", "replace"))
+    return Corpus(req.data, train, val, digest.hexdigest()[:16])
+
+
+def _cap(docs: list[str], chars: int) -> list[str]:
+    out, total = [], 0
+    for d in docs:
+        if total >= chars:
+            break
+        out.append(d)
+        total += len(d)
+    return out
+
+
+def foreign_tokenizer(name: str) -> Any:
+    """The tokenizer of another model: ``ref:NAME``, a local model folder or a hub id."""
+    from transformers import AutoTokenizer
+
+    if name.startswith("ref:"):
+        from llmx.core.zoo import locate
+
+        folder, local = locate(name), True
+    else:
+        folder = Path(name).expanduser()
+        local = folder.exists() or name.startswith((".", "/", "~"))
+        if local and not folder.is_dir():
+            raise UsageError(f"--tokenizer: no model folder at {name}")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder) if local else name, local_files_only=local)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--tokenizer: cannot load '{name}': {first}") from exc
+    if tok.eos_token_id is None:
+        raise UsageError(f"--tokenizer: '{name}' has no end-of-sequence token to join documents with")
+    return tok
+
+
+def tokenizer_fingerprint(tok: Any) -> str:
+    """16 hex digits of the tokenizer's full definition (vocabulary, merges, normaliser, specials)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def special_ids(tok: Any) -> tuple[int, int, int]:
+    """(pad, bos, eos) for the model config; a tokenizer without pad or bos uses eos for them."""
+    eos = tok.eos_token_id
+    return (tok.pad_token_id if tok.pad_token_id is not None else eos,
+            tok.bos_token_id if tok.bos_token_id is not None else eos, eos)
