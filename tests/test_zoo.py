@@ -1,11 +1,21 @@
-"""The reference zoo: real training beats the unigram floor, builds are deterministic, corruption is caught."""
+"""The reference zoo: real training beats the unigram floor, builds are deterministic and keyed by everything that
+determines them, users build on their own text under a name, corruption and concurrent builds are handled."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from llmx.core import zoo
+from llmx.core.zoo.request import RefRequest
+
+PROSE = "\n\n".join(__import__("pydoc_data.topics", fromlist=["topics"]).topics.values())
 
 
 def weights(path):
@@ -13,30 +23,117 @@ def weights(path):
     return {k: v.clone() for k, v in load_file(str(path / "model.safetensors")).items()}
 
 
+@pytest.fixture
+def notes(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text(PROSE[:120_000], encoding="utf-8")
+    return f
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("LLMX_CACHE_DIR", str(root))
+    return root / "zoo"
+
+
 def test_test_preset_learns_far_below_unigram(cli):
     r = cli("--json", "zoo", "build", "llama", "--preset", "test")
     assert r.code == 0, r.err
     info = r.json()
     assert info["val_perplexity"] < 0.85 * info["unigram_perplexity"]
-    assert info["params"] > 100_000 and info["vocab"] == 512
+    assert info["params"] > 100_000 and info["vocab"] == 512 and info["name"] == "ref:llama-test"
     listed = cli("--json", "zoo", "list").json()
-    assert any(e["ok"] and e["arch"] == "llama" and e["preset"] == "test" for e in listed)
+    assert any(e["ok"] and e["arch"] == "llama" and e["preset"] == "test" and "ref:llama-test" in e["names"]
+               for e in listed)
+
+
+def test_build_on_a_text_file_under_a_name_reuse_and_other_corpus(cli, cache, notes, tmp_path):
+    args = ["--json", "zoo", "build", "llama", "--preset", "test", "--data", notes, "--steps", "30", "--name", "notes"]
+    first = cli(*args)
+    assert first.code == 0, first.err
+    made = first.json()
+    assert made["built"] and made["name"] == "ref:notes" and made["corpus"]["source"] == str(notes)
+    again = cli(*args).json()
+    assert not again["built"] and again["path"] == made["path"]
+    r = cli("--json", "eval", "--method", "perplexity", "--model", "ref:notes", "--data", notes,
+            "--set", "max_tokens=2048", "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    assert r.json()["stages"][0]["metrics"]["perplexity"] < made["unigram_perplexity"]
+    other = tmp_path / "other.txt"
+    other.write_text(PROSE[120_000:240_000], encoding="utf-8")
+    moved = cli("--json", "zoo", "build", "llama", "--preset", "test", "--data", other, "--steps", "30", "--name",
+                "notes").json()
+    assert moved["built"] and moved["path"] != made["path"]
+    assert zoo.locate("ref:notes") == zoo.cache_root() / os.path.basename(moved["path"])  # the name follows
+
+
+def test_cache_key_covers_what_determines_the_model():
+    a = RefRequest("llama", "test")
+    assert a.key("corpus1") != a.key("corpus2")
+    assert a.key("c") != a.key("c", tokenizer_fingerprint="t")
+    for changed in (dict(steps=10), dict(seed=3), dict(preset="small"), dict(tokens=9000), dict(layers=3),
+                    dict(hidden=128), dict(heads=2), dict(kv_heads=1), dict(vocab=600), dict(seq_len=32)):
+        assert a.key("c") != RefRequest(**{"arch": "llama", "preset": "test", **changed}).key("c"), changed
+    assert a.key("c") == RefRequest("llama", "test", name="mine").key("c")  # a name is an alias, not a build
+
+
+def test_shape_options_and_token_budget_reach_the_model(cli, cache, notes):
+    r = cli("--json", "zoo", "build", "qwen2", "--preset", "test", "--data", notes, "--layers", "3", "--hidden", "128",
+            "--heads", "8", "--kv-heads", "2", "--vocab", "400", "--seq-len", "32", "--tokens", "2560")
+    assert r.code == 0, r.err
+    info = r.json()
+    config = json.loads((zoo.cache_root() / os.path.basename(info["path"]) / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["vocab_size"]) == (3, 128, 8, 2, 400)
+    assert info["steps_run"] == 10 and info["tokens_seen"] == 2560  # 2560 tokens / (batch 8 x 32)
+
+
+def test_bad_input_is_one_line_exit_2_and_leaves_no_entry(cli, cache, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    binary = tmp_path / "blob.txt"
+    binary.write_bytes(bytes(range(256)) * 20)
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\u00e9 au lait\n".encode("latin-1") * 50)
+    cases = {("--data", empty): "no text", ("--data", binary): "NUL byte", ("--data", latin): "latin.txt:1: not UTF-8",
+             ("--seq-len", "0"): "--seq-len must be at least 2", ("--heads", "3"): "3 heads do not divide hidden 64",
+             ("--kv-heads", "3"): "do not divide 4 heads", ("--tokens", "100", "--steps", "3"): "give one",
+             ("--name", "llama-test"): "built-in"}
+    for extra, message in cases.items():
+        r = cli("zoo", "build", "llama", "--preset", "test", *extra)
+        assert r.code == 2 and message in r.err, (extra, r.err)
+        assert len(r.err.strip().splitlines()) == 1, r.err
+    assert cli("zoo", "build", "opt", "--preset", "test", "--kv-heads", "2").code == 2  # no GQA in OPT
+    assert cli("zoo", "build", "llama", "--tokenizer", "ref:llama-test", "--vocab", "600").code == 2
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("a few words only")
+    r = cli("zoo", "build", "llama", "--preset", "test", "--data", tiny)
+    assert r.code == 2 and "too few for one window" in r.err
+    assert not cache.exists() or [p.name for p in cache.iterdir() if not p.name.startswith(".locks")] == []
+
+
+def test_latin1_jsonl_for_evaluation_is_exit_2_with_file_and_line(cli, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", bad, "-o", tmp_path / "runs")
+    assert r.code == 2 and "bad.jsonl:2: not UTF-8" in r.err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
 def test_same_seed_same_weights_other_seed_differs(monkeypatch, tmp_path):
-    first = zoo.ensure(zoo.RefRequest("mamba2", "test"), show_progress=False)
+    first = zoo.ensure(RefRequest("mamba2", "test"), show_progress=False)
     monkeypatch.setenv("LLMX_CACHE_DIR", str(tmp_path / "other"))
-    again = zoo.build(zoo.RefRequest("mamba2", "test"), show_progress=False)
-    assert again != first and again.name == first.name
+    again, built = zoo.provide(RefRequest("mamba2", "test"), show_progress=False)
+    assert built and again != first and again.name == first.name
     a, b = weights(first), weights(again)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    seeded = zoo.build(zoo.RefRequest("mamba2", "test", seed=1), show_progress=False)
+    seeded = zoo.ensure(RefRequest("mamba2", "test", seed=1), show_progress=False)
     assert seeded.name != first.name and not torch.equal(weights(seeded)["lm_head.weight"], a["lm_head.weight"])
 
 
-def test_corrupted_entry_is_detected_and_rebuilt(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("LLMX_CACHE_DIR", str(tmp_path))
-    req = zoo.RefRequest("llama", "test", steps=40)
+def test_corrupted_entry_is_detected_and_rebuilt(cache, caplog):
+    req = RefRequest("llama", "test", steps=40)
     path = zoo.ensure(req, show_progress=False)
     good = weights(path)
     blob = bytearray((path / "model.safetensors").read_bytes())
@@ -53,12 +150,65 @@ def test_corrupted_entry_is_detected_and_rebuilt(monkeypatch, tmp_path, caplog):
     assert zoo.verify(rebuilt) == "tokenizer.json is missing"
 
 
-def test_cache_key_covers_what_determines_the_model():
-    a = zoo.RefRequest("llama", "test")
-    assert a.key("corpus1") != a.key("corpus2")
-    assert a.key("c") != zoo.RefRequest("llama", "test", steps=10).key("c")
-    assert a.key("c") != zoo.RefRequest("llama", "test", seed=3).key("c")
-    assert a.key("c") != zoo.RefRequest("llama", "small").key("c")
+def test_a_named_entry_lost_is_built_again_from_its_request(cache, notes, caplog):
+    path = zoo.ensure(RefRequest("llama", "test", steps=20, data=str(notes), name="mine"), show_progress=False)
+    good = weights(path)
+    (path / "model.safetensors").unlink()
+    with caplog.at_level("WARNING", logger="llmx.zoo"):
+        again = zoo.locate("ref:mine")
+    assert "building it again" in caplog.text and again == path
+    assert all(torch.equal(good[k], weights(again)[k]) for k in good)
+
+
+def test_rm_removes_entries_and_their_names(cli, cache, notes):
+    assert cli("zoo", "build", "llama", "--preset", "test", "--data", notes, "--steps", "10", "--name", "gone").code == 0
+    r = cli("zoo", "rm", "ref:gne")
+    assert r.code == 2 and "Did you mean 'ref:gone'?" in r.err
+    r = cli("--json", "zoo", "rm", "ref:gone")
+    assert r.code == 0 and len(r.json()["removed"]) == 1
+    assert cli("--json", "zoo", "list").json() == []
+    r = cli("eval", "--method", "perplexity", "--model", "ref:gone", "-o", "runs")
+    assert r.code == 2 and "unknown model 'ref:gone'" in r.err
+
+
+def test_a_named_tokenizer_is_reused_not_retrained(cache, notes):
+    base = zoo.ensure(RefRequest("llama", "test", steps=10, data=str(notes), name="base"), show_progress=False)
+    other = zoo.ensure(RefRequest("gpt2", "test", steps=10, data="pydoc", tokenizer="ref:base"), show_progress=False)
+    assert (base / "tokenizer.json").read_text() == (other / "tokenizer.json").read_text()
+    trained = zoo.ensure(RefRequest("gpt2", "test", steps=10, data="pydoc"), show_progress=False)
+    assert trained != other and (trained / "tokenizer.json").read_text() != (other / "tokenizer.json").read_text()
+
+
+def test_concurrent_builds_of_one_entry_train_it_once(cache, notes):
+    env = {**os.environ, "LLMX_CACHE_DIR": str(cache.parent)}
+    cmd = [sys.executable, "-m", "llmx", "--json", "zoo", "build", "llama", "--preset", "test", "--data", str(notes),
+           "--steps", "40"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    docs = [json.loads(o[0]) for o in outs]
+    assert sorted(d["built"] for d in docs) == [False, True]
+    assert docs[0]["built_by"] == docs[1]["built_by"] and docs[0]["path"] == docs[1]["path"]
+    assert zoo.verify(zoo.cache_root() / os.path.basename(docs[0]["path"])) is None
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".") and p.name != ".locks"] == []  # no tmp folders
+
+
+def test_byte_level_bpe_has_no_unknown_tokens():
+    from llmx.core.tokenizer import train_bpe
+
+    tok = train_bpe([PROSE[:50_000]], 400)
+    for text in ("na\u00efve caf\u00e9 \u2014 \u65e5\u672c\u8a9e \U0001f600 \u0000\t\r\n", "\u202e\ufeff\U0010ffff"):
+        assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_pydoc_is_prose_split_by_topic_with_a_tenth_held_out():
+    from llmx.core.data import documents
+
+    train, val = documents("pydoc", "train"), documents("pydoc", "validation")
+    assert not set(train) & set(val) and len(val) >= 5
+    share = sum(map(len, val)) / sum(map(len, train + val))
+    assert 0.09 < share < 0.2
+    assert sum(d.count(" the ") for d in train) > 1000  # English prose, not code
 
 
 def test_unknown_reference_names_are_exit_2(cli):
@@ -76,3 +226,19 @@ def test_ref_model_loads_through_the_cli_and_evaluates(cli, tmp_path):
     trained = r.json()["stages"][0]["metrics"]["perplexity"]
     r = cli("--json", "eval", "--method", "perplexity", "--model", "tiny:llama", "--set", "max_tokens=2048", "-o", tmp_path)
     assert trained < r.json()["stages"][0]["metrics"]["perplexity"]
+
+
+def test_a_recipe_builds_its_reference_model_first(cli, cache, notes, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: ref:recipe\nzoo: {{arch: gpt2, preset: test, data: {notes}, steps: 10, name: recipe}}\n"
+                      f"data: {{source: {notes}, seq_len: 64}}\npipeline:\n  - method: perplexity\n"
+                      "    params: {max_tokens: 1024}\n")
+    r = cli("--json", "run", recipe, "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    assert "ref:recipe" in zoo.known_names()
+    recipe.write_text("model: ref:recipe\nzoo: {arch: lama, preset: test}\npipeline:\n  - method: perplexity\n")
+    r = cli("run", recipe, "-o", tmp_path / "runs")
+    assert r.code == 2 and "zoo.name" in r.err
+    recipe.write_text("model: ref:x\nzoo: {arch: lama, name: x, hidden: wide}\npipeline:\n  - method: perplexity\n")
+    r = cli("config", "validate", recipe)
+    assert r.code == 2 and "zoo.hidden" in r.err

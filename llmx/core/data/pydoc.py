@@ -1,5 +1,5 @@
 """The English reference prose that ships with every Python (``pydoc_data.topics``): the language reference's
-sections that ``help()`` shows, one document per topic. Topics are few (about 80) and uneven in length, so the split
+sections that ``help()`` shows, one document per distinct topic text. Topics are few (about 80) and uneven in length, so the split
 is by topic but sized by text: topics in the order of a hash of their name, validation the first ones that hold
 ``VALIDATION_PERCENT`` of the characters. Next to ``stdlib`` (code) it gives every machine a second domain."""
 
@@ -21,7 +21,10 @@ def topics() -> dict[str, str]:
 
 
 def documents(split: str) -> list[str]:
-    found = topics()
+    found = {}
+    for name, text in sorted(topics().items()):  # some topics share a text: keep one, or it leaks across the split
+        if text not in found.values():
+            found[name] = text
     order = sorted(found, key=lambda name: hashlib.sha256(f"pydoc:{name}".encode()).hexdigest())
     total, held, held_chars = sum(map(len, found.values())), set(), 0
     for name in order:
