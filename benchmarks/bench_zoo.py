@@ -3,6 +3,7 @@
     python benchmarks/bench_zoo.py presets --preset small --arch llama qwen2 gpt2 mamba2   # -> zoo_small.json
     python benchmarks/bench_zoo.py presets --preset long --arch llama                      # -> zoo_long.json
     python benchmarks/bench_zoo.py domains                                                 # -> zoo_domains.json
+    python benchmarks/bench_zoo.py                     # both for the small preset, sharing one cache (make bench)
 
 ``presets`` builds each model in a fresh cache (or ``--cache DIR``), so the time includes reading the corpus, training
 the BPE tokenizer, training and the final held-out evaluation, all on one thread. ``domains`` builds the small llama
@@ -121,9 +122,9 @@ def _cap(docs: list[str], chars: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="what", required=True)
+    sub = ap.add_subparsers(dest="what")
     p = sub.add_parser("presets")
-    p.add_argument("--arch", nargs="+", default=["llama", "mamba2"])
+    p.add_argument("--arch", nargs="+", default=["llama", "qwen2", "gpt2", "mamba2"])
     p.add_argument("--preset", default="small")
     p.add_argument("--cache", help="Build into this cache (reused by a later `domains`) instead of a fresh one.")
     d = sub.add_parser("domains")
@@ -132,7 +133,12 @@ def main() -> None:
     d.add_argument("--max-chars", type=int, default=60_000, help="Held-out text scored per domain (whole documents).")
     d.add_argument("--cache")
     args = ap.parse_args()
-    (presets if args.what == "presets" else domains)(args)
+    if args.what is None:
+        with tempfile.TemporaryDirectory() as cache:
+            presets(p.parse_args(["--cache", cache]))
+            domains(d.parse_args(["--cache", cache]))
+    else:
+        (presets if args.what == "presets" else domains)(args)
 
 
 if __name__ == "__main__":

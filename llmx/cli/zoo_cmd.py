@@ -64,8 +64,8 @@ def list_() -> None:
     data = zoo.entries()
 
     def shape(d: dict) -> str | None:
-        s = d.get("preset_spec")
-        return s and f"{s['layers']}x{s['hidden']} h{s['heads']} ctx{s['seq_len']}"
+        s = d.get("preset_spec") or {}
+        return s and f"{s.get('layers')}x{s.get('hidden')} h{s.get('heads', 4)} ctx{s.get('seq_len')}"
 
     emit(data, lambda: table(f"zoo ({zoo.cache_root()})",
                              ["entry", "names", "ok", "corpus", "shape", "params", "val ppl", "unigram ppl", "seconds"],

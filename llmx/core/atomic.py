@@ -17,6 +17,7 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -28,6 +29,21 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process umask (tempfile creates 0600 files and 0700 folders whatever it is: a shared cache or runs folder
+    would be unreadable to others)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def leftovers(path: str | Path) -> list[Path]:
+    """Temporary files or folders an interrupted write of ``path`` left beside it."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{path.name}.*.tmp")) + [p for p in [path.with_name(f".{path.name}.old")]
+                                                               if p.exists()]
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -45,6 +61,7 @@ def folder(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
         if path.exists():

@@ -211,6 +211,8 @@ def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = N
             continue
         stages.append(ResolvedStage(i, stage_cfg.stage or spec.stages[0], spec, params))
     zoo = _zoo_request(raw.get("zoo"), problems)
+    if zoo is not None and config is not None and config.model != f"ref:{zoo.name}":
+        problems.append(Problem("model", f"the zoo section builds ref:{zoo.name}; load it with model: ref:{zoo.name}"))
     if problems:
         raise ConfigError(problems, source=source)
     assert config is not None

@@ -15,6 +15,9 @@ def read_text(path: str | Path) -> str:
     """The file decoded as UTF-8 (a BOM is dropped); a binary file or another encoding is a usage error."""
     p = Path(path)
     data = p.read_bytes()
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise UsageError(f"{p}: UTF-16 (it starts with a UTF-16 byte-order mark), not UTF-8; convert it first, "
+                         "e.g. iconv -f utf-16 -t utf-8")
     nul = data.find(b"\0")
     if nul >= 0:
         raise UsageError(f"{p}:{_line(data, nul)}: NUL byte at offset {nul}: binary or UTF-16, "
@@ -33,7 +36,7 @@ def _line(data: bytes, offset: int) -> int:
 def json_lines(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(file:line, object)`` for every non-blank line of a JSON Lines file."""
     p = Path(path)
-    for n, line in enumerate(read_text(p).splitlines(), 1):
+    for n, line in enumerate(read_text(p).split("\n"), 1):  # not splitlines(): U+2028 may sit inside a JSON string
         if not line.strip():
             continue
         where = f"{p}:{n}"

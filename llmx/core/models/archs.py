@@ -40,9 +40,9 @@ def check_shape(arch: str, hidden: int, heads: int, kv_heads: int | None) -> str
 
 
 def config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2, max_positions: int = 1024, heads: int = 4,
-           kv_heads: int | None = None, special_ids: tuple[int, int, int] = (0, 1, 2)) -> Any:
+           kv_heads: int | None = None, special_ids: tuple[int | None, int, int] = (0, 1, 2)) -> Any:
     """A transformers config for ``arch``; inner widths follow from ``hidden``; ``special_ids`` are the tokenizer's
-    (pad, bos, eos)."""
+    (pad or None, bos, eos)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
     problem = check_shape(arch, hidden, heads, kv_heads)

@@ -15,11 +15,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from llmx.core import atomic
 from llmx.core.names import did_you_mean
 from llmx.core.zoo import names
 from llmx.core.zoo.cache import cache_root, info, locked, verify
 from llmx.core.zoo.corpus import Corpus, corpus, foreign_tokenizer, tokenizer_fingerprint
-from llmx.core.zoo.request import RefRequest, builtin_names, parse_builtin
+from llmx.core.zoo.request import ZOO_VERSION, RefRequest, builtin_names, parse_builtin
 from llmx.errors import UsageError
 
 log = logging.getLogger("llmx.zoo")
@@ -43,6 +44,11 @@ def provide(req: RefRequest, force: bool = False, show_progress: bool | None = N
             if problem is not None:
                 if problem not in ("missing", "rebuild requested"):
                     log.warning("zoo entry %s: %s; rebuilding it", path.name, problem)
+                for left in atomic.leftovers(path):  # a killed build's; no one else writes it while we hold the lock
+                    if left.is_dir():
+                        shutil.rmtree(left, ignore_errors=True)
+                    else:
+                        left.unlink(missing_ok=True)
                 _build(req, corp, tok, path, show_progress)
                 built = True
     if req.name:
@@ -77,8 +83,13 @@ def locate(name: str) -> Path:
         problem = verify(path)
         if problem is None:
             return path
-        log.warning("ref:%s: entry %s is %s; building it again from its request", bare, bound["entry"], problem)
-        return ensure(RefRequest(**bound["request"]))
+        req = RefRequest(**bound["request"])
+        if resolve(req)[2].name != bound["entry"]:
+            raise UsageError(f"ref:{bare}: entry {bound['entry']}: {problem}, and its data or tokenizer has changed "
+                             "since it was built, so it cannot be built again as it was",
+                             hint=f"Build it anew: llmx zoo build {req.arch} --data {req.data} ... --name {bare}")
+        log.warning("ref:%s: entry %s: %s; building it again from its request", bare, bound["entry"], problem)
+        return ensure(req)
     req = parse_builtin(bare)
     if req is None:
         known = known_names()
@@ -109,13 +120,16 @@ def entries() -> list[dict[str, Any]]:
     aliases: dict[str, list[str]] = {}
     for n, b in names.bound().items():
         aliases.setdefault(b["entry"], []).append(f"ref:{n}")
+    builtin = {f"ref:{n}" for n in builtin_names()}
     out = []
     for entry in _folders():
         problem = verify(entry)
         data = info(entry) if problem is None else {}
-        out.append({"entry": entry.name, "path": str(entry), "ok": problem is None, "problem": problem,
-                    "names": sorted(set(aliases.get(entry.name, []) + ([data["name"]] if data.get("name") else []))),
-                    **data})
+        if data and data.get("zoo_version") != ZOO_VERSION:
+            problem = f"stale: built by zoo version {data.get('zoo_version')}, never loaded now (llmx zoo rm it)"
+        own = [data["name"]] if data.get("name") in builtin and problem is None else []
+        out.append({**data, "entry": entry.name, "path": str(entry), "ok": problem is None, "problem": problem,
+                    "names": sorted(set(aliases.get(entry.name, []) + own))})
     return out
 
 

@@ -34,12 +34,13 @@ def corpus(req: RefRequest) -> Corpus:
 
 
 def _cap(docs: list[str], chars: int) -> list[str]:
+    """The documents up to ``chars`` characters, the last one cut (a single-document ``.txt`` is capped too)."""
     out, total = [], 0
     for d in docs:
         if total >= chars:
             break
-        out.append(d)
-        total += len(d)
+        out.append(d[: chars - total])
+        total += len(out[-1])
     return out
 
 
@@ -67,14 +68,17 @@ def foreign_tokenizer(name: str) -> Any:
 
 
 def tokenizer_fingerprint(tok: Any) -> str:
-    """16 hex digits of the tokenizer's full definition (vocabulary, merges, normaliser, specials)."""
+    """16 hex digits of the tokenizer's full definition (vocabulary, merges, normaliser) and of the special ids the
+    model config takes from it."""
     backend = getattr(tok, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{text}\0{special_ids(tok)}".encode()).hexdigest()[:16]
 
 
-def special_ids(tok: Any) -> tuple[int, int, int]:
-    """(pad, bos, eos) for the model config; a tokenizer without pad or bos uses eos for them."""
+def special_ids(tok: Any) -> tuple[int | None, int, int]:
+    """(pad, bos, eos) for the model config. A tokenizer without its own pad token (none, or pad == eos, as GPT-2's
+    and base Qwen2's) gets no pad id: the config's pad id becomes the embedding's ``padding_idx``, a zero row that
+    never learns, and eos joins every document of the training stream. A missing bos is eos."""
     eos = tok.eos_token_id
-    return (tok.pad_token_id if tok.pad_token_id is not None else eos,
-            tok.bos_token_id if tok.bos_token_id is not None else eos, eos)
+    pad = tok.pad_token_id if tok.pad_token_id not in (None, eos) else None
+    return pad, tok.bos_token_id if tok.bos_token_id is not None else eos, eos

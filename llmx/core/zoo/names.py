@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,17 @@ def _folder() -> Path:
 
 
 def bind(name: str, entry: Path, req: RefRequest) -> None:
-    atomic.write_json(_folder() / f"{name}.json", {"entry": entry.name, "request": asdict(req)})
+    atomic.write_json(_folder() / f"{name}.json", {"entry": entry.name, "request": asdict(portable(req))})
+
+
+def portable(req: RefRequest) -> RefRequest:
+    """File paths made absolute, so that the request builds the same entry again from any folder."""
+    changes = {}
+    for field in ("data", "tokenizer"):
+        value = getattr(req, field)
+        if value and not value.startswith(("ref:", "hf:")) and Path(value).expanduser().exists():
+            changes[field] = str(Path(value).expanduser().resolve())
+    return replace(req, **changes)
 
 
 def lookup(name: str) -> dict[str, Any] | None:

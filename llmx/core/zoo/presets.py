@@ -33,7 +33,7 @@ class Preset:
 # ``long`` has 1024-token contexts (KV-cache and length-generalisation work); ``medium`` is wider and deeper.
 _SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=500, lr=2e-3)
 _TRANSFORMERS = ("gpt2", "llama", "moe", "opt", "qwen2")
-_LONG = replace(_SMALL, seq_len=1024, batch=4, max_steps=300, warmup=30, eval_windows=16)
+_LONG = replace(_SMALL, seq_len=1024, batch=4, max_steps=600, eval_windows=16)
 _MEDIUM = replace(_SMALL, hidden=384, layers=6, heads=6, vocab=4096, seq_len=256, max_steps=360, lr=1.5e-3)
 PRESETS: dict[str, dict[str, Preset]] = {
     "small": {

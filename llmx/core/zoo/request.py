@@ -13,13 +13,13 @@ from pathlib import Path
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
 
-from llmx.core.models.archs import check_shape
+from llmx.core.models.archs import ATTENTION_FREE, check_shape, default_kv_heads
 from llmx.core.names import did_you_mean
 from llmx.core.zoo.cache import cache_root
 from llmx.core.zoo.presets import DEFAULT_PRESET, PRESETS, SHAPE, Preset
 from llmx.errors import UsageError
 
-ZOO_VERSION = 1
+ZOO_VERSION = 2  # 2: the key holds the resolved shape and length; entries of 1 are listed as stale
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MIN_VOCAB = 259  # the 256 bytes and 3 specials of a byte-level BPE
 
@@ -55,6 +55,8 @@ class RefRequest:
                 raise UsageError(f"--{field.replace('_', '-')} must be at least {2 if field == 'seq_len' else 1}")
         if self.steps and self.tokens:
             raise UsageError("--steps and --tokens both set the training length; give one")
+        if self.arch in ATTENTION_FREE and (self.heads or self.kv_heads):
+            raise UsageError(f"{self.arch} has no attention heads: drop --heads/--kv-heads")
         if self.tokenizer and self.vocab:
             raise UsageError("--vocab sizes a tokenizer trained here; with --tokenizer the vocabulary is that one's")
         if self.vocab is not None and self.vocab < MIN_VOCAB:
@@ -68,6 +70,8 @@ class RefRequest:
                 raise UsageError(f"--name '{self.name}': letters, digits, ., _ and -, at most 64 characters")
             if self.name in builtin_names():
                 raise UsageError(f"--name '{self.name}' is a built-in reference model; choose another name")
+            if self.tokenizer and self.tokenizer.removeprefix("ref:") == self.name:
+                raise UsageError(f"--tokenizer ref:{self.name} names the model being built")
 
     @property
     def spec(self) -> Preset:
@@ -96,17 +100,20 @@ class RefRequest:
         return None
 
     def key(self, corpus_fingerprint: str, tokenizer_fingerprint: str | None = None) -> str:
-        """12 hex digits of everything that determines the weights (the name does not)."""
-        blob = {"arch": self.arch, "preset": self.spec.as_dict(), "seed": self.seed, "steps": self.steps,
-                "corpus": corpus_fingerprint, "zoo": ZOO_VERSION}
-        if self.tokens:
-            blob["tokens"] = self.tokens
+        """12 hex digits of everything that determines the weights, resolved (a default given explicitly, or a token
+        budget that comes to the same steps, is the same model); the name is an alias and does not enter."""
+        spec = self.spec
+        kv = None if self.arch in ATTENTION_FREE else spec.kv_heads or default_kv_heads(self.arch, spec.heads)
+        shape = {**spec.as_dict(), "max_steps": self.max_steps, "kv_heads": kv}
+        if self.arch in ATTENTION_FREE:
+            shape.pop("heads")
+        blob = {"arch": self.arch, "shape": shape, "seed": self.seed, "corpus": corpus_fingerprint, "zoo": ZOO_VERSION}
         if tokenizer_fingerprint:
             blob["tokenizer"] = tokenizer_fingerprint
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
 
     def path(self, corpus_fingerprint: str, tokenizer_fingerprint: str | None = None) -> Path:
-        steps = f"-n{self.steps}" if self.steps else ""
+        steps = "" if self.max_steps == PRESETS[self.preset][self.arch].max_steps else f"-n{self.max_steps}"
         key = self.key(corpus_fingerprint, tokenizer_fingerprint)
         return cache_root() / f"{self.arch}-{self.preset}-s{self.seed}{steps}-{key}"
 

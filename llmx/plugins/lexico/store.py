@@ -8,13 +8,14 @@ from pathlib import Path
 
 import torch
 
+from llmx.core.models.blocks import decoder_blocks
 from llmx.errors import UsageError
 
 
 def model_identity(model) -> str:
     """Architecture and weights: the config plus a hash of the first decoder layer's parameters."""
     h = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
-    first = next(m for n, m in model.named_modules() if n.endswith("layers.0"))
+    first = decoder_blocks(model)[0]
     for t in first.state_dict().values():
         h.update(t.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
