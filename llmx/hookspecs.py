@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import pluggy
 
-from llmx.core.spec import DatasetSpec, MethodSpec, ModelSpec
+from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec
 
 hookspec = pluggy.HookspecMarker("llmx")
 hookimpl = pluggy.HookimplMarker("llmx")
@@ -25,3 +25,8 @@ def llmx_models() -> Iterable[ModelSpec]:
 @hookspec
 def llmx_datasets() -> Iterable[DatasetSpec]:
     """Yield named text sources (for example ``stdlib``)."""
+
+
+@hookspec
+def llmx_layers() -> Iterable[LayerSpec]:
+    """Yield the stored layer types this plugin saves and loads (see ``LayerSpec``)."""

@@ -85,3 +85,32 @@ def test_corrupted_quantized_folder_is_a_usage_error(cli, tmp_path):
     meta.write_text(json.dumps(data))
     bad = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
     assert bad.code == 2 and "does not match its stored spec" in bad.err
+
+
+def test_a_saved_model_never_picks_the_code_that_loads_it(cli, tmp_path, capsys):
+    import json
+    import sys
+    from pathlib import Path
+
+    r = cli("--json", "quantize", "--method", "rtn", "--model", "tiny:llama", "-o", tmp_path / "q")
+    folder = Path(r.json()["stages"][0]["metrics"]["model_dir"])
+    meta = folder / "llmx.json"
+    good = json.loads(meta.read_text())
+    layer = "model.layers.0.mlp.up_proj"
+    assert good["llmx_modules"][layer]["layer"] == "quant_linear"
+    legacy = json.loads(meta.read_text())  # saved before layers were named: a registered builder still loads
+    for spec in legacy["llmx_modules"].values():
+        spec["builder"] = "llmx.core.quant.qlinear:QuantLinear.rebuild"
+        del spec["layer"]
+    meta.write_text(json.dumps(legacy))
+    assert cli("eval", "--method", "perplexity", "--model", folder, "--set", "max_tokens=256", "-o", tmp_path / "e").code == 0
+    sys.modules.pop("this", None)
+    for field, value, message in (("builder", "this:s", "no installed plugin registers"),
+                                  ("layer", "evil", "provided by no installed plugin")):
+        crafted = json.loads(json.dumps(legacy))
+        crafted["llmx_modules"][layer] = {k: v for k, v in crafted["llmx_modules"][layer].items() if k != "builder"}
+        crafted["llmx_modules"][layer][field] = value
+        meta.write_text(json.dumps(crafted))
+        bad = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
+        assert bad.code == 2 and message in bad.err, bad.err
+        assert "this" not in sys.modules and "Beautiful is better" not in bad.out  # nothing imported, nothing ran

@@ -34,6 +34,8 @@ def collect(paths: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
             folders.extend(inner)
         else:
             runs.read(p)  # raises the "not a run folder" error
+    for root in dict.fromkeys(f.parent for f in folders):
+        runs.sweep(root)
     columns: list[str] = []
     rows = []
     for folder in folders:

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmx.core.names import did_you_mean, normalize
+from llmx.core.refs import ModelRef, TextSource
 from llmx.core.registry import MethodRegistry
 from llmx.core.spec import MethodSpec, Params, Stage
 from llmx.errors import ConfigError, Problem, UsageError
@@ -38,7 +39,7 @@ class StageConfig(_Strict):
 class DataConfig(_Strict):
     """The default text corpus for calibration and evaluation."""
 
-    source: str = Field("stdlib", description="Dataset name (see `llmx env`) or a local .txt/.jsonl path.")
+    source: TextSource = Field("stdlib", description="Dataset name (see `llmx env`) or a local .txt/.jsonl path.")
     split: Literal["train", "validation"] = "validation"
     seq_len: int = Field(128, gt=0, description="Tokens per sequence.")
     max_tokens: int | None = Field(None, gt=0, description="Cap on the tokens read from the source.")
@@ -53,7 +54,7 @@ class RunConfig(_Strict):
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     threads: int | None = Field(None, ge=1, description="torch threads; unset keeps torch's default.")
     output_dir: str = "runs"
-    model: str | None = Field(None, description="HF id, local path, tiny:NAME or ref:NAME.")
+    model: ModelRef | None = Field(None, description="HF id, local path, tiny:NAME or ref:NAME.")
     data: DataConfig = Field(default_factory=DataConfig)
     zoo: dict[str, Any] | None = Field(None, description="A reference model to build (or reuse) before the first "
                                        "stage, with the options of `llmx zoo build` and a name: load it with "

@@ -15,7 +15,7 @@ from typing import Any
 from llmx.core import atomic, runs
 from llmx.core.config import ResolvedRun
 from llmx.core.context import RunContext
-from llmx.errors import LlmxError, MissingRequirement, RunFailed, UsageError
+from llmx.errors import ConfigError, LlmxError, MissingRequirement, RunFailed, UsageError
 
 
 @dataclass
@@ -49,6 +49,19 @@ def check_requirements(run: ResolvedRun) -> None:
                     hint=f"Install it with: {hint}")
 
 
+def check_references(run: ResolvedRun) -> None:
+    """Exit 2 before the first stage when any stage names a data source, file, model or checkpoint that is not there
+    (the zoo entry a recipe builds counts as there)."""
+    from llmx.core.refs import check_params
+
+    built = f"ref:{run.zoo.name}" if run.zoo is not None else None
+    problems = [p for p in check_params(run.config, "") if not (p.path == "model" and run.config.model == built)]
+    for stage in run.stages:
+        problems += check_params(stage.params, f"pipeline.{stage.index}.params.")
+    if problems:
+        raise ConfigError(problems)
+
+
 def seed_everything(seed: int, threads: int | None) -> None:
     random.seed(seed)
     if importlib.util.find_spec("numpy"):
@@ -65,6 +78,7 @@ def seed_everything(seed: int, threads: int | None) -> None:
 
 def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     check_requirements(run)
+    check_references(run)
     if run.zoo is not None:  # before the run folder exists: a bad corpus leaves nothing behind
         from llmx.core import zoo
 
@@ -72,6 +86,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     from llmx.core.train import distributed
 
     rank = distributed.init(run.config.device)
+    runs.sweep(Path(run.config.output_dir))
     path = runs.create(run, rank)
     result = RunResult(path)
     log = logging.getLogger("llmx.run")
@@ -102,8 +117,11 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
             atomic.write_json(path / runs.METRICS, {"stages": result.stages})
         runs.finish_meta(path, meta, "ok")
         return result
-    except (UsageError, MissingRequirement):  # bad input or a missing extra: not a run, leave nothing behind
-        shutil.rmtree(path, ignore_errors=True)
+    except (UsageError, MissingRequirement) as exc:  # bad input or a missing extra
+        if not result.stages:  # not a run yet: leave nothing behind
+            shutil.rmtree(path, ignore_errors=True)
+        else:  # finished stages keep their artifacts
+            runs.finish_meta(path, meta, "failed", error=exc.message)
         raise
     except KeyboardInterrupt:
         runs.finish_meta(path, meta, "interrupted")

@@ -23,7 +23,7 @@ import pluggy
 
 from llmx import hookspecs
 from llmx.core.registry import MethodRegistry
-from llmx.core.spec import DatasetSpec, MethodSpec, ModelSpec
+from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec
 
 ENTRY_POINT_GROUP = "llmx"
 
@@ -66,6 +66,7 @@ class PluginHost:
         self.methods = MethodRegistry()
         self.models: dict[str, ModelSpec] = {}
         self.datasets: dict[str, DatasetSpec] = {}
+        self.layers: dict[str, LayerSpec] = {}
         env_dirs = [Path(p) for p in os.environ.get("LLMX_PLUGINS_DIR", "").split(os.pathsep) if p]
         self._load(list(plugin_dirs or []) + env_dirs)
 
@@ -109,7 +110,8 @@ class PluginHost:
         methods = [_tag(s, info.name) for s in _call(plugin, "llmx_methods", MethodSpec)]
         models = [_tag(s, info.name) for s in _call(plugin, "llmx_models", ModelSpec)]
         datasets = [_tag(s, info.name) for s in _call(plugin, "llmx_datasets", DatasetSpec)]
-        for table, specs in ((self.models, models), (self.datasets, datasets)):
+        layers = [_tag(s, info.name) for s in _call(plugin, "llmx_layers", LayerSpec)]
+        for table, specs in ((self.models, models), (self.datasets, datasets), (self.layers, layers)):
             for s in specs:
                 if s.name in table:
                     raise ValueError(f"{s.name!r} is already provided by plugin {table[s.name].plugin}")
@@ -119,6 +121,7 @@ class PluginHost:
         self.methods = staged
         self.models.update({s.name: s for s in models})
         self.datasets.update({s.name: s for s in datasets})
+        self.layers.update({s.name: s for s in layers})
         info.methods = [s.name for s in methods]
         info.models = [s.name for s in models]
         info.datasets = [s.name for s in datasets]

@@ -72,7 +72,7 @@ def start_meta(run: ResolvedRun) -> dict[str, Any]:
         "versions": versions(),
         "git_commit": git_commit(),
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                 "user": getpass.getuser()},
+                 "user": getpass.getuser(), "pid": os.getpid()},
         "_t0": time.time(),
     }
 
@@ -88,6 +88,43 @@ def finish_meta(path: Path, meta: dict[str, Any], status: str, error: str | None
 
 def write_meta(path: Path, meta: dict[str, Any]) -> None:
     atomic.write_json(path / META, {k: v for k, v in meta.items() if not k.startswith("_")})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(root: Path) -> list[Path]:
+    """Runs under ``root`` whose process died (killed mid-run: ``meta.json`` still says ``running``, on this host,
+    and its pid is gone) are marked ``died`` and their half-written ``.tmp`` leftovers removed. Returns them."""
+    import shutil
+
+    died = []
+    for meta_file in sorted(root.glob(f"*/{META}")) if root.is_dir() else []:
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        host = meta.get("host") or {}
+        if meta.get("status") != "running" or host.get("hostname") != socket.gethostname() or "pid" not in host:
+            continue
+        if _alive(int(host["pid"])):
+            continue
+        folder = meta_file.parent
+        for left in sorted(folder.rglob(".*.tmp"), reverse=True):
+            if left.is_dir():
+                shutil.rmtree(left, ignore_errors=True)
+            else:
+                left.unlink(missing_ok=True)
+        atomic.write_json(meta_file, {**meta, "status": "died"})
+        died.append(folder)
+    return died
 
 
 def read(path: str | Path) -> dict[str, Any]:

@@ -119,6 +119,18 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class LayerSpec:
+    """A layer type llmx saves in its own stored form (a packed QuantLinear, a bitsandbytes layer, a pruned
+    attention): a saved model's ``llmx.json`` names the layer (``"layer": name``) and loading calls the ``builder``
+    registered here, ``(spec, tensors, dtype, config) -> module``; code is never imported by a name read from a file."""
+
+    name: str
+    builder: str
+    summary: str = ""
+    plugin: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """A named text source (``stdlib``): ``impl`` returns an iterable of documents for a split."""
 

@@ -1,7 +1,7 @@
-"""Built-in model and dataset sources: ``tiny:*`` random-init models, ``ref:*`` trained reference models, and
+"""Built-in model, dataset and layer sources: ``tiny:*`` random-init models, ``ref:*`` trained reference models, and
 the ``stdlib`` code and ``pydoc`` prose corpora."""
 
-from llmx.core.spec import DatasetSpec, ModelSpec
+from llmx.core.spec import DatasetSpec, LayerSpec, ModelSpec
 from llmx.core.zoo.presets import DEFAULT_PRESET, PRESETS
 from llmx.hookspecs import hookimpl
 
@@ -40,3 +40,8 @@ def llmx_datasets():
                       "the Python standard library's own source (train/validation split by path hash)")
     yield DatasetSpec("pydoc", "llmx.core.data.pydoc:documents",
                       "English reference prose shipped with Python (pydoc_data.topics; split by topic hash)")
+
+
+@hookimpl
+def llmx_layers():
+    yield LayerSpec("quant_linear", "llmx.core.quant.qlinear:QuantLinear.rebuild", "packed integer linear (RTN, GPTQ)")

@@ -26,10 +26,23 @@ def layer_specs(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
 
 
 def build_layer(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any) -> torch.nn.Module:
-    """A stored layer rebuilt by the builder its spec names."""
+    """A stored layer rebuilt by the builder an installed plugin registered for the layer its spec names. A spec
+    written before layers were named (``"builder": "module:callable"``) loads only if that callable is a registered
+    builder: a string in a file never picks the code that runs."""
+    from llmx.core.plugins import host
     from llmx.core.spec import load_object
 
-    return load_object(spec["builder"])(spec, state, dtype, config)
+    layers = host().layers
+    if "layer" in spec:
+        if spec["layer"] not in layers:
+            raise UsageError(f"stored layer type '{spec['layer']}' is provided by no installed plugin",
+                             hint=f"Known: {', '.join(sorted(layers))}.")
+        builder = layers[spec["layer"]].builder
+    else:
+        builder = spec.get("builder")
+        if builder not in {s.builder for s in layers.values()}:
+            raise UsageError(f"stored layer names a builder no installed plugin registers ({builder!r}); refused")
+    return load_object(builder)(spec, state, dtype, config)
 
 
 def weight_file_bytes(path: str | Path) -> int:

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from llmx.core.quant.bits import BitSpec, parse_bits
+from llmx.core.refs import TextSource
 from llmx.core.spec import Params
 from llmx.errors import UsageError
 
@@ -43,7 +44,7 @@ class WeightQuantParams(BitsParams):
     skip: list[str] = Field(["lm_head"], description="Linear layers whose name contains any of these stay in float.")
     calib_samples: int = Field(64, gt=0, description="Calibration windows (GPTQ Hessians, static activation scales).")
     calib_seq_len: int = Field(256, gt=1)
-    calib_source: str | None = Field(None, description="Calibration text; defaults to the run's data.source (train split).")
+    calib_source: TextSource | None = Field(None, description="Calibration text; default: the run's data.source (train split).")
     save: bool = Field(True, description="Save the packed model as a run artifact (reloadable with --model).")
 
     @model_validator(mode="after")

@@ -121,7 +121,7 @@ class QuantLinear(torch.nn.Module):
 
     def llmx_spec(self) -> dict[str, Any]:
         """What :func:`llmx.core.models.storage.load` needs to rebuild this layer."""
-        return {"builder": f"{type(self).__module__}:{type(self).__qualname__}.rebuild",
+        return {"layer": "quant_linear",
                 "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
                 "act_bits": self.act_bits, "static_act": self.act_scale is not None,
                 "in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}

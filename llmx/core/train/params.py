@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llmx.core.refs import ExistingPath
 from llmx.core.spec import Params
 
 
@@ -45,7 +46,7 @@ class LoopParams(Params):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward (less memory).")
     checkpoint_every: int | None = Field(None, gt=0, description="Save a resumable checkpoint every N steps.")
     keep_checkpoints: int | None = Field(None, gt=0, description="Keep only the newest N resumable checkpoints.")
-    resume: str | None = Field(None, description="A checkpoint file or folder (its 'latest') to resume from.")
+    resume: ExistingPath | None = Field(None, description="A checkpoint file or folder (its 'latest') to resume from.")
     stop_after: int | None = Field(None, gt=0, description="End after this many steps with a checkpoint (a "
                                    "planned preemption: resume it later).")
 

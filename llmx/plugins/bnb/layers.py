@@ -22,7 +22,7 @@ def linear4bit(linear: torch.nn.Linear, quant_type: str, blocksize: int, double_
                             compute_dtype=linear.weight.dtype, quant_type=quant_type, compress_statistics=double_quant)
     layer.weight = b.nn.Params4bit(linear.weight.data.clone(), requires_grad=False, quant_type=quant_type,
                                    blocksize=blocksize, compress_statistics=double_quant)
-    return _finish(layer, linear, {"builder": "llmx.plugins.bnb.layers:rebuild4", "quant_type": quant_type})
+    return _finish(layer, linear, {"layer": "bnb_linear4bit", "quant_type": quant_type})
 
 
 def linear8bit(linear: torch.nn.Linear, threshold: float) -> torch.nn.Module:
@@ -30,7 +30,7 @@ def linear8bit(linear: torch.nn.Linear, threshold: float) -> torch.nn.Module:
     layer = b.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=linear.bias is not None,
                               has_fp16_weights=False, threshold=threshold)
     layer.weight = b.nn.Int8Params(linear.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
-    return _finish(layer, linear, {"builder": "llmx.plugins.bnb.layers:rebuild8", "threshold": threshold})
+    return _finish(layer, linear, {"layer": "bnb_linear8bit", "threshold": threshold})
 
 
 def _finish(layer: torch.nn.Module, linear: torch.nn.Linear, spec: dict[str, Any]) -> torch.nn.Module:

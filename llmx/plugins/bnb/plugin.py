@@ -1,4 +1,4 @@
-from llmx.core.spec import MethodSpec, Stage
+from llmx.core.spec import LayerSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 from llmx.plugins.bnb.config import BnbParams
 
@@ -15,3 +15,9 @@ def llmx_methods():
         paper="Dettmers et al., 2022/2023 (baseline)",
         requires=("bitsandbytes",),
     )
+
+
+@hookimpl
+def llmx_layers():
+    yield LayerSpec("bnb_linear4bit", "llmx.plugins.bnb.layers:rebuild4", "bitsandbytes 4-bit linear (NF4/FP4)")
+    yield LayerSpec("bnb_linear8bit", "llmx.plugins.bnb.layers:rebuild8", "bitsandbytes LLM.int8() linear")

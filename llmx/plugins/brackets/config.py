@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from llmx.core.refs import ModelRef
 from llmx.core.spec import Params
 
 
@@ -18,4 +19,4 @@ class BracketsEvalParams(Params):
     samples: int = Field(2, gt=0)
     max_new_tokens: int = Field(24, gt=0)
     temperature: float = Field(1.0, gt=0)
-    reference: str | None = Field(None, description="Model the drift is measured from; default: the run's --model.")
+    reference: ModelRef | None = Field(None, description="Model the drift is measured from; default: the run's --model.")

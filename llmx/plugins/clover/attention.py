@@ -50,7 +50,7 @@ class _Pruned:
     vo_dim: int
 
     def llmx_spec(self) -> dict[str, Any]:
-        return {"builder": "llmx.plugins.clover.attention:rebuild", "kind": kind_of(self), "layer_idx": self.layer_idx,
+        return {"layer": "clover_attention", "kind": kind_of(self), "layer_idx": self.layer_idx,
                 "qk_dim": self.qk_dim, "vo_dim": self.vo_dim}
 
     def resize(self, qk_dim: int, vo_dim: int) -> None:

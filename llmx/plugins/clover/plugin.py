@@ -1,4 +1,4 @@
-from llmx.core.spec import MethodSpec, Stage
+from llmx.core.spec import LayerSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 from llmx.plugins.clover.config import CloverPruneParams, CloverTrainParams
 
@@ -16,3 +16,8 @@ def llmx_methods():
         summary="CLOVER fine-tuning: train only a core between frozen singular vectors, then merge it back.",
         paper="Meng et al., ICML 2025 (arXiv 2411.17426)",
     )
+
+
+@hookimpl
+def llmx_layers():
+    yield LayerSpec("clover_attention", "llmx.plugins.clover.attention:rebuild", "attention with CLOVER-pruned head dimensions")

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from llmx.core.refs import TextSource
 from llmx.core.spec import Params
 
 
 class PerplexityParams(Params):
-    source: str | None = Field(None, description="Text source; defaults to the run's data.source.")
+    source: TextSource | None = Field(None, description="Text source; defaults to the run's data.source.")
     split: str = Field("validation", pattern="^(train|validation)$")
     seq_len: int | None = Field(None, gt=1, description="Window length; defaults to the run's data.seq_len.")
     stride: int | None = Field(None, gt=0, description="Window step; defaults to seq_len // 2 (sliding window).")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from llmx.core.refs import DataFile
 from llmx.core.spec import Params
 
 
@@ -15,7 +16,7 @@ class KVEvalParams(Params):
 
 
 class LexicoDecodeParams(KVEvalParams):
-    dictionary: str | None = Field(None, description="Dictionaries file from `llmx train --method lexico`; default: "
+    dictionary: DataFile | None = Field(None, description="Dictionaries file from `llmx train --method lexico`; default: "
                                    "the one an earlier lexico train stage of this run wrote.")
     sparsity: int | None = Field(None, gt=0, description="Atoms per vector (default: the sparsity it was trained for).")
     fp8: bool = Field(True, description="Store coefficients as float8 e4m3 (the method's format).")

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from llmx.core.quant.params import BitsParams
+from llmx.core.refs import TextSource
 
 
 class Quamba2Params(BitsParams):
@@ -31,5 +32,5 @@ class Quamba2Params(BitsParams):
     percdamp: float = Field(0.01, ge=0, description="GPTQ dampening, as a fraction of mean(diag H).")
     calib_samples: int = Field(32, gt=0, description="Calibration windows (official: 512).")
     calib_seq_len: int = Field(256, gt=1, description="Tokens per calibration window (official: 512).")
-    calib_source: str | None = Field(None, description="Calibration text; defaults to the run's data.source (train split).")
+    calib_source: TextSource | None = Field(None, description="Calibration text; default: the run's data.source (train split).")
     save: bool = Field(True, description="Save the packed model as a run artifact (reloadable with --model).")

@@ -40,7 +40,7 @@ class QuantEmbedding(torch.nn.Module):
         return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def llmx_spec(self) -> dict[str, Any]:
-        return {"builder": "llmx.plugins.quamba2.embedding:QuantEmbedding.rebuild", "num_embeddings": self.num_embeddings,
+        return {"layer": "quamba2_embedding", "num_embeddings": self.num_embeddings,
                 "dim": self.embedding_dim, "group_size": self.fmt.group_size}
 
     @classmethod

@@ -94,7 +94,7 @@ class QuantMixer(torch.nn.Module):
     def llmx_spec(self) -> dict[str, Any]:
         from llmx.core.models.storage import layer_specs
 
-        return {"builder": "llmx.plugins.quamba2.mixers:rebuild", "arch": self.ARCH, "layer_idx": self.layer_idx,
+        return {"layer": "quamba2_mixer", "arch": self.ARCH, "layer_idx": self.layer_idx,
                 "hadamard_out": self.hadamard_out, "modules": layer_specs(self),
                 "points": {n: [list(p.table.shape), list(p.index.shape)] for n, p in self.points.items()}}
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from llmx.core.refs import DataFile
 from llmx.core.train.params import TrainParams
 
 
 class AlignParams(TrainParams):
-    data: str = Field(description="Training preference data (.jsonl): paired, unpaired or step-level rows.")
-    eval_data: str | None = Field(None, description="Held-out rows of the same kind; default: 10% of data, by row hash.")
+    data: DataFile = Field(description="Training preference data (.jsonl): paired, unpaired or step-level rows.")
+    eval_data: DataFile | None = Field(None, description="Held-out rows of the same kind; default: 10% of data, by row hash.")
     beta: float = Field(0.1, gt=0)
     max_len: int = Field(128, gt=8, description="Tokens per prompt + response.")
     max_prompt_length: int | None = Field(None, gt=0, description="Prompt tokens kept (cut from the left), the same "

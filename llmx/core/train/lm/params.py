@@ -6,11 +6,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from llmx.core.refs import ExistingPath, TextSource
 from llmx.core.train.params import TrainParams
 
 
 class LMParams(TrainParams):
-    data: str | None = Field(None, description="Text source: stdlib, a .txt/.jsonl file, hf:NAME or a plugin "
+    data: TextSource | None = Field(None, description="Text source: stdlib, a .txt/.jsonl file, hf:NAME or a plugin "
                              "dataset; default: the run's data.source.")
     init: Literal["pretrained", "scratch"] = Field("pretrained", description="pretrained: continue from the model's "
                                                    "weights; scratch: a fresh init from its config (seeded).")
@@ -24,7 +25,7 @@ class LMParams(TrainParams):
     eval_windows: int = Field(32, gt=0, description="Fixed held-out windows of the validation split.")
     save_at_tokens: list[int] = Field(default_factory=list, description="Token budgets at which to save a loadable "
                                       "model folder (with its optimiser state) into the checkpoint series.")
-    cooldown_from: str | None = Field(None, description="A series checkpoint of a constant or wsd run: branch a "
+    cooldown_from: ExistingPath | None = Field(None, description="A series checkpoint of a constant or wsd run: branch a "
                                       "decay from it (steps is then cooldown_fraction of the checkpoint's steps).")
     cooldown_fraction: float = Field(0.2, gt=0, le=1, description="Cooldown length as a fraction of the "
                                      "checkpoint's steps.")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from llmx.core.refs import DataFile
 from llmx.core.train.params import TrainParams
 
 
 class SFTParams(TrainParams):
-    data: str = Field(description="Training rows (.jsonl): {prompt, completion} or {messages: [{role, content}]}.")
-    eval_data: str | None = Field(None, description="Held-out rows; default: 10% of data, by row hash.")
+    data: DataFile = Field(description="Training rows (.jsonl): {prompt, completion} or {messages: [{role, content}]}.")
+    eval_data: DataFile | None = Field(None, description="Held-out rows; default: 10% of data, by row hash.")
     max_length: int = Field(256, gt=2, description="Tokens per row (prompt + completion); the completion is cut "
                             "from the right to fit.")
     max_prompt_length: int = Field(128, gt=0, description="Prompt tokens kept; the prompt is cut from the left.")

@@ -1,0 +1,92 @@
+"""Fields that name something outside the config (a text source, a data file, a model, a checkpoint), declared by
+type so that a run checks every stage's before its first stage starts: a typo in the last stage must not cost the
+work of the first. Importing this module never imports torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from llmx.errors import Problem
+
+
+@dataclass(frozen=True)
+class Refers:
+    kind: Literal["text", "file", "model", "path"]
+
+
+TextSource = Annotated[str, Refers("text")]  # a dataset name, hf:NAME or a .txt/.jsonl file
+DataFile = Annotated[str, Refers("file")]  # a file that must exist
+ModelRef = Annotated[str, Refers("model")]  # tiny:/ref: names, a model folder or a hub id
+ExistingPath = Annotated[str, Refers("path")]  # a file or folder that must exist (checkpoints)
+
+
+def problem(kind: str, value: str) -> str | None:
+    """None when ``value`` can be what ``kind`` says, else why not (without loading anything)."""
+    from llmx.core.names import did_you_mean
+    from llmx.core.plugins import host
+
+    path = Path(value).expanduser()
+    if kind == "text":
+        specs = host().datasets
+        if value in specs or value.startswith("hf:") or path.is_file():
+            return None
+        return f"'{value}' is neither a dataset ({', '.join(specs)}) nor a file.{did_you_mean(value, specs)}"
+    if kind == "file":
+        return None if path.is_file() else f"file not found: {value}"
+    if kind == "path":
+        return None if path.exists() else f"not found: {value}"
+    return model_problem(value)
+
+
+def model_problem(name: str) -> str | None:
+    from llmx.core.names import did_you_mean
+    from llmx.core.plugins import host
+
+    specs = host().models
+    namespace, sep, rest = name.partition(":")
+    if name in specs:
+        return None
+    if sep and f"{namespace}:*" in specs:
+        if namespace == "ref":
+            from llmx.core.zoo import known_names
+
+            known = known_names()
+            return None if name in known else f"unknown model '{name}'.{did_you_mean(name, known)}"
+        return None
+    if sep and namespace in {s.split(":")[0] for s in specs}:
+        known = sorted(s for s in specs if s.startswith(namespace + ":"))
+        return f"unknown model '{name}'.{did_you_mean(name, known)}"
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return None if path.is_dir() else f"model folder not found: {name}"
+    return None  # a hub id: checked when it loads
+
+
+def field_kind(info: Any) -> str | None:
+    """The ``Refers`` kind of a pydantic field, whether its type is ``TextSource`` or ``TextSource | None``."""
+    found = [m.kind for m in info.metadata if isinstance(m, Refers)]
+    stack = [info.annotation]
+    while stack and not found:
+        t = stack.pop()
+        found = [m.kind for m in getattr(t, "__metadata__", ()) if isinstance(m, Refers)]
+        stack += list(get_args(t)) if get_origin(t) is not Annotated else []
+    return found[0] if found else None
+
+
+def check_params(params: Any, prefix: str) -> list[Problem]:
+    """Problems with the referring fields of a pydantic model (nested models and lists of them included)."""
+    from pydantic import BaseModel
+
+    out: list[Problem] = []
+    for name, info in type(params).model_fields.items():
+        value = getattr(params, name)
+        kind = field_kind(info)
+        if kind and isinstance(value, str):
+            why = problem(kind, value)
+            if why:
+                out.append(Problem(f"{prefix}{name}", why))
+        elif isinstance(value, BaseModel):
+            out += check_params(value, f"{prefix}{name}.")
+    return out

@@ -1,0 +1,60 @@
+"""No lost work: every stage's references are checked before the first stage runs, a later failure keeps what
+earlier stages made, and a run killed mid-way is marked ``died`` with its half-written files removed."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from llmx.core import runs
+
+
+def test_a_typo_in_a_later_stage_stops_before_the_first(cli, tmp_path):
+    r = cli("quantize", "--method", "rtn", "--bits", "w4a16", "--model", "tiny:llama", "--eval", "perplexity",
+            "--set", "perplexity.source=typo.txt", "-o", tmp_path / "runs")
+    assert r.code == 2 and "pipeline.1.params.source" in r.err and "typo.txt" in r.err
+    assert not (tmp_path / "runs").exists()
+    for args, where in ((("--model", "ref:lamma"), "Did you mean 'ref:llama'?"),
+                        (("--model", "tiny:llama", "--set", "calib_source=nope.txt"), "calib_source")):
+        r = cli("quantize", "--method", "gptq", "--bits", "w4a16", *args, "-o", tmp_path / "runs")
+        assert r.code == 2 and where in r.err, r.err
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: tiny:llama\npipeline:\n  - method: sft\n    params: {data: missing.jsonl}\n")
+    r = cli("run", recipe, "-o", tmp_path / "runs")
+    assert r.code == 2 and "pipeline.0.params.data: file not found: missing.jsonl" in r.err
+
+
+def test_a_later_failure_keeps_the_earlier_stages_artifacts(cli, tmp_path):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\u00e9 ".encode("latin-1") * 200)  # exists, so only reading it fails
+    r = cli("quantize", "--method", "rtn", "--bits", "w4a16", "--model", "tiny:llama", "--eval", "perplexity",
+            "--set", f"perplexity.source={latin}", "-o", tmp_path / "runs")
+    assert r.code == 2 and "not UTF-8" in r.err
+    (folder,) = (tmp_path / "runs").iterdir()
+    meta = json.loads((folder / runs.META).read_text())
+    assert meta["status"] == "failed" and "not UTF-8" in meta["error"]
+    assert json.loads((folder / runs.METRICS).read_text())["stages"][0]["method"] == "rtn"
+    r = cli("--json", "eval", "--method", "perplexity", "--model", folder / "artifacts" / "0_rtn" / "model",
+            "--set", "max_tokens=512", "-o", tmp_path / "again")
+    assert r.code == 0, r.err  # the quantized model survived
+
+
+def test_a_killed_run_is_marked_died_and_its_leftovers_removed(cli, tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = tmp_path / "runs" / "20260101T000000000000Z_run_deadbeef"
+    (folder / "artifacts" / ".model.abc.tmp").mkdir(parents=True)
+    (folder / runs.CONFIG).write_text("pipeline: []\n")
+    meta = {"status": "running", "host": {"hostname": socket.gethostname(), "pid": dead.pid}}
+    (folder / runs.META).write_text(json.dumps(meta))
+    alive = tmp_path / "runs" / "20260101T000000000001Z_run_cafebabe"
+    alive.mkdir()
+    (alive / runs.CONFIG).write_text("pipeline: []\n")
+    (alive / runs.META).write_text(json.dumps({"status": "running", "host": {**meta["host"], "pid": 1}}))
+    r = cli("--json", "report", tmp_path / "runs")
+    assert r.code == 0, r.err
+    assert json.loads((folder / runs.META).read_text())["status"] == "died"
+    assert not (folder / "artifacts" / ".model.abc.tmp").exists()
+    assert json.loads((alive / runs.META).read_text())["status"] == "running"  # its process is alive
