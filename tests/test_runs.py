@@ -69,9 +69,11 @@ def test_interrupt_exit_130_leaves_no_half_written_artifact(cli, tmp_path):
     assert leftovers == [run / "artifacts" / "0_interrupt"]
 
 
-def test_usage_error_inside_a_stage_removes_the_run_folder(cli, tmp_path):
-    r = cli("eval", "--method", "perplexity", "--model", "tiny:lama", "-o", tmp_path / "runs")
-    assert r.code == 2 and "Did you mean 'tiny:llama'?" in r.err
+def test_usage_error_inside_the_first_stage_removes_the_run_folder(cli, tmp_path):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9 " * 100)  # there, so only reading it in the stage fails
+    r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", latin, "-o", tmp_path / "runs")
+    assert r.code == 2 and "not UTF-8" in r.err
     assert list((tmp_path / "runs").iterdir()) == []
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmx import __version__
-from llmx.cli.output import error, state
+from llmx.cli.output import error, error_document, state
 from llmx.errors import LlmxError
 
 
@@ -39,7 +39,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"llmx {__version__}")
+        from llmx.cli.output import emit
+
+        emit({"version": __version__}, lambda: typer.echo(f"llmx {__version__}"))
         raise typer.Exit(0)
 
 
@@ -116,26 +118,31 @@ def main(argv: list[str] | None = None) -> int:
 
     command = get_command(app)
     args = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    end = args.index("--") if "--" in args else len(args)
+    state.json = "--json" in args[:end]  # before parsing: a parse error must still answer in JSON
     try:
         rv = command.main(args=args, prog_name="llmx", standalone_mode=False)
+        if rv == 130:  # typer turns Ctrl-C inside a command into a silent exit 130
+            raise KeyboardInterrupt
         return rv if isinstance(rv, int) else 0
     except _click.exceptions.ClickException as exc:
         from typer import rich_utils
 
         rich_utils.rich_format_error(exc)
+        if state.json:
+            error_document([exc.format_message()], exc.exit_code)
         return exc.exit_code
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        error(["interrupted"], 130)
         return 130
     except LlmxError as exc:
         if state.verbose:
             traceback.print_exc()
         error(exc.lines(), exc.exit_code)
         return exc.exit_code
-    except KeyboardInterrupt:
-        error(["interrupted"], 130)
-        return 130
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one message, traceback with -v
         if state.verbose:
             traceback.print_exc()
         error([f"internal error: {type(exc).__name__}: {exc}", "Run with -v for the traceback."], 1)
         return 1
+

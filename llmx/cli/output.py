@@ -60,7 +60,12 @@ def error(lines: list[str], code: int) -> None:
     for line in lines[1:]:
         console.print(escape(line), highlight=False)
     if state.json:
-        sys.stdout.write(json.dumps({"ok": False, "exit_code": code, "error": lines[0], "details": lines[1:]}) + "\n")
+        error_document(lines, code)
+
+
+def error_document(lines: list[str], code: int) -> None:
+    """The ``--json`` answer of a failure: one JSON document on stdout."""
+    sys.stdout.write(json.dumps({"ok": False, "exit_code": code, "error": lines[0], "details": lines[1:]}) + "\n")
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:

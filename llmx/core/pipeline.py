@@ -32,7 +32,9 @@ EXTRAS = {"cupy": "gpu", "peft": "lora"}
 
 def check_requirements(run: ResolvedRun) -> None:
     """Exit 3 before anything is written when a stage needs what this machine lacks: the method's declared
-    requirements, and those its params add (``params.requirements()``, such as ``peft`` for a LoRA adapter)."""
+    requirements, and those its params add (``params.requirements()``, such as ``peft`` for a LoRA adapter); and the
+    device the run asks for."""
+    check_device(run.config.device)
     for stage in run.stages:
         extra = getattr(stage.params, "requirements", lambda: ())()
         for req in (*stage.spec.requires, *extra):
@@ -47,6 +49,22 @@ def check_requirements(run: ResolvedRun) -> None:
                 raise MissingRequirement(
                     f"method '{stage.spec.name}' needs the Python package '{module}', which is not installed",
                     hint=f"Install it with: {hint}")
+
+
+def check_device(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise MissingRequirement(f"--device {device}: this machine has {found} CUDA device(s) visible to torch",
+                                     hint="Run with --device cpu, or install a CUDA build of torch.")
+    elif device == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise MissingRequirement("--device mps: Apple's Metal backend is not available here")
 
 
 def check_references(run: ResolvedRun) -> None:

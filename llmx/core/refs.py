@@ -58,10 +58,21 @@ def model_problem(name: str) -> str | None:
     if sep and namespace in {s.split(":")[0] for s in specs}:
         known = sorted(s for s in specs if s.startswith(namespace + ":"))
         return f"unknown model '{name}'.{did_you_mean(name, known)}"
+    from llmx.core.models import hub, known_names
+    from llmx.core.models.storage import check_weight_files
+    from llmx.errors import UsageError
+
     path = Path(name).expanduser()
-    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        return None if path.is_dir() else f"model folder not found: {name}"
-    return None  # a hub id: checked when it loads
+    try:
+        if path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+            if not path.is_dir():
+                return f"model folder not found: {name}"
+            check_weight_files(path)
+        else:
+            hub.check(name, known_names())
+    except UsageError as exc:
+        return exc.message
+    return None
 
 
 def field_kind(info: Any) -> str | None:

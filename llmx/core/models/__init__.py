@@ -50,6 +50,14 @@ def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, A
     return model.eval(), tok
 
 
+def known_names() -> list[str]:
+    """Model names llmx resolves without a path: plugin sources and the zoo's (built-in and user-named)."""
+    from llmx.core.plugins import host
+    from llmx.core.zoo import known_names as zoo_names
+
+    return sorted({n for n in host().models if not n.endswith(":*")} | set(zoo_names()))
+
+
 def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
     path = Path(name).expanduser()
     local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
@@ -62,6 +70,13 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
             return adapters.load(path, read_metadata(path).get("source"), dtype, device)
         if not (path / "config.json").is_file():
             raise UsageError(f"{name} is not a model folder (no config.json)")
+        from llmx.core.models.storage import check_weight_files
+
+        check_weight_files(path)
+    else:
+        from llmx.core.models import hub
+
+        hub.check(name, known_names())
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()

@@ -45,6 +45,19 @@ def build_layer(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: tor
     return load_object(builder)(spec, state, dtype, config)
 
 
+def check_weight_files(path: str | Path) -> None:
+    """Every safetensors file of a model folder has a readable header covering the file (a truncated or damaged file
+    is a usage error naming it, before anything loads)."""
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise UsageError(f"{f}: not a readable safetensors file, truncated or damaged ({exc})") from exc
+
+
 def weight_file_bytes(path: str | Path) -> int:
     """Bytes of the weight files in a saved model folder, as stored on disk."""
     files = list(Path(path).glob("*.safetensors")) + list(Path(path).glob("*.bin"))

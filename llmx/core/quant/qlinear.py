@@ -31,6 +31,8 @@ def quantize_activation(x: torch.Tensor, bits: int, static_scale: torch.Tensor |
 
 
 class QuantLinear(torch.nn.Module):
+    LAYER = "quant_linear"  # the stored layer type (a subclass registers its own)
+
     def __init__(self, in_features: int, out_features: int, bias: bool, fmt: IntFormat, act_bits: int = 16,
                  static_act: bool = False, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -121,7 +123,7 @@ class QuantLinear(torch.nn.Module):
 
     def llmx_spec(self) -> dict[str, Any]:
         """What :func:`llmx.core.models.storage.load` needs to rebuild this layer."""
-        return {"layer": "quant_linear",
+        return {"layer": self.LAYER,
                 "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
                 "act_bits": self.act_bits, "static_act": self.act_scale is not None,
                 "in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}

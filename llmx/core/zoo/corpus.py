@@ -34,12 +34,13 @@ def corpus(req: RefRequest) -> Corpus:
 
 
 def _cap(docs: list[str], chars: int) -> list[str]:
-    """The documents up to ``chars`` characters, the last one cut (a single-document ``.txt`` is capped too)."""
+    """Whole documents until ``chars`` characters are reached; a first document longer than that (a single-document
+    ``.txt``) is cut to it."""
     out, total = [], 0
     for d in docs:
         if total >= chars:
             break
-        out.append(d[: chars - total])
+        out.append(d if out else d[:chars])
         total += len(out[-1])
     return out
 

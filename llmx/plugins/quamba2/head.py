@@ -12,6 +12,8 @@ class QuantHead(QuantLinear):
     """transformers' Mamba heads cast the final hidden states to ``lm_head.weight.dtype`` before the call, so this
     layer carries an empty, non-persistent ``weight`` of its compute dtype (any real use of it fails on its shape)."""
 
+    LAYER = "quamba2_head"
+
     def __init__(self, in_features: int, out_features: int, bias: bool, fmt: IntFormat, act_bits: int = 16,
                  static_act: bool = False, dtype: torch.dtype = torch.float32):
         super().__init__(in_features, out_features, bias, fmt, act_bits, static_act, dtype)

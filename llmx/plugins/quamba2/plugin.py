@@ -14,4 +14,5 @@ def llmx_methods():
 @hookimpl
 def llmx_layers():
     yield LayerSpec("quamba2_mixer", "llmx.plugins.quamba2.mixers:rebuild", "W4A8/W8A8 Mamba mixer")
+    yield LayerSpec("quamba2_head", "llmx.plugins.quamba2.head:QuantHead.rebuild", "packed lm_head (head-to-toe)")
     yield LayerSpec("quamba2_embedding", "llmx.plugins.quamba2.embedding:QuantEmbedding.rebuild", "group-quantized embedding")

@@ -1,0 +1,64 @@
+"""The CLI's contracts with scripts and users: ``--json`` always answers with exactly one JSON document, each failure
+has its exit code, and each is found before any work is done."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("args,code", [(["--bogus"], 2), (["nocommand"], 2), (["zoo", "build"], 2),
+                                       (["methods", "--bogus"], 2), (["--version"], 0)])
+def test_json_answers_with_one_document(cli, args, code):
+    r = cli("--json", *args)
+    assert r.code == code
+    doc = json.loads(r.out)  # exactly one document: json.loads fails on anything before or after it
+    assert doc.get("version") if code == 0 else (doc["ok"] is False and doc["exit_code"] == code and doc["error"])
+
+
+def test_ctrl_c_is_130_and_one_line(tmp_path):
+    env = {**os.environ, "LLMX_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "llmx", "zoo", "build", "llama", "--preset", "test", "--steps",
+                             "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list((tmp_path / "cache").glob("zoo/.locks/*.lock")):
+        time.sleep(0.2)  # the build has started (it holds its lock)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == ["error: interrupted"], err
+    assert [p.name for p in (tmp_path / "cache" / "zoo").iterdir()] == [".locks"]  # nothing half-written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_exit_3_before_any_work(cli, tmp_path):
+    r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--device", "cuda", "-o", tmp_path / "runs")
+    assert r.code == 3 and "CUDA" in r.err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_truncated_weight_file_is_exit_2_naming_it(cli, tmp_path):
+    r = cli("--json", "quantize", "--method", "rtn", "--model", "tiny:llama", "-o", tmp_path / "q")
+    folder = r.json()["stages"][0]["metrics"]["model_dir"]
+    weights = os.path.join(folder, "model.safetensors")
+    with open(weights, "r+b") as fh:
+        fh.truncate(os.path.getsize(weights) // 2)
+    r = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
+    assert r.code == 2 and "model.safetensors" in r.err and "truncated" in r.err
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_mistyped_bare_model_name_fails_fast_offline(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.perf_counter()
+    r = cli("eval", "--method", "perplexity", "--model", "lamma", "-o", tmp_path / "runs")
+    assert r.code == 2 and "Did you mean 'tiny:llama'?" in r.err
+    assert time.perf_counter() - t0 < 10
