@@ -25,7 +25,7 @@ def test_json_answers_with_one_document(cli, args, code):
 
 def test_ctrl_c_is_130_and_one_line(tmp_path):
     env = {**os.environ, "LLMX_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "llmx", "zoo", "build", "llama", "--preset", "test", "--steps",
+    proc = subprocess.Popen([sys.executable, "-m", "llmx", "-q", "zoo", "build", "llama", "--preset", "test", "--steps",
                              "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 60
     while time.time() < deadline and not list((tmp_path / "cache").glob("zoo/.locks/*.lock")):
@@ -62,3 +62,15 @@ def test_a_mistyped_bare_model_name_fails_fast_offline(cli, monkeypatch, tmp_pat
     r = cli("eval", "--method", "perplexity", "--model", "lamma", "-o", tmp_path / "runs")
     assert r.code == 2 and "Did you mean 'tiny:llama'?" in r.err
     assert time.perf_counter() - t0 < 10
+
+
+def test_progress_off_a_terminal_is_periodic_lines(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LLMX_PROGRESS_SECONDS", "0")
+    r = cli("zoo", "build", "llama", "--preset", "test", "--steps", "20")
+    assert r.code == 0, r.err
+    lines = r.err.strip().splitlines()
+    assert lines[0].startswith("building llama (test preset), once: it is cached after")
+    assert "about" in lines[0] and any(line.startswith("training: 20/20 (100%)") for line in lines)
+    r = cli("-q", "zoo", "build", "llama", "--preset", "test", "--steps", "21")
+    assert r.code == 0 and r.err == ""

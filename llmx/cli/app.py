@@ -69,6 +69,10 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time of the record (it may have been replaced since)."""
 
     _llmx = True
+    threshold = logging.WARNING
+
+    def filter(self, record: logging.LogRecord) -> bool:  # progress records pass at INFO whatever the threshold
+        return record.levelno >= self.threshold or record.name == "llmx.progress"
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
@@ -83,7 +87,9 @@ def _logging(verbose: int, quiet: bool) -> None:
         root.addHandler(_StderrHandler())
     for h in root.handlers:
         if getattr(h, "_llmx", False):
-            h.setLevel(level)
+            h.threshold = level
+    # progress lines (off a terminal) and notes on long work: shown by default, hidden by -q and --json
+    logging.getLogger("llmx.progress").setLevel(logging.WARNING if quiet or state.json else logging.INFO)
     if verbose < 2:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
