@@ -52,6 +52,9 @@ class ConfigError(UsageError):
     def lines(self) -> list[str]:
         return [self.message + ":"] + [f"  {p}" for p in self.problems]
 
+    def __str__(self) -> str:  # what a Python caller sees: every problem
+        return "\n".join(self.lines())
+
 
 class MissingRequirement(LlmxError):
     """A GPU, CuPy or an optional extra that this run needs is absent (exit 3)."""

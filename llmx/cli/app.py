@@ -105,15 +105,25 @@ def _register() -> None:
 _register()
 
 
+VALUED_FLAG = "--plugins-dir"
 GLOBAL_FLAGS = ("--json", "--dry-run", "--quiet", "-q", "--verbose", "-v", "-vv", "-vvv")
 
 
 def hoist_global_flags(argv: list[str]) -> list[str]:
-    """Let global flags stand anywhere (``llmx methods --json``): move them before the command.
-    Arguments after ``--`` are left alone."""
+    """Let global flags stand anywhere (``llmx methods --json``, ``llmx methods --plugins-dir DIR``): move them
+    before the command. Arguments after ``--`` are left alone."""
     end = argv.index("--") if "--" in argv else len(argv)
-    flags = [a for a in argv[:end] if a in GLOBAL_FLAGS]
-    rest = [a for a in argv[:end] if a not in GLOBAL_FLAGS]
+    flags, rest, i = [], [], 0
+    while i < end:
+        a = argv[i]
+        if a in GLOBAL_FLAGS or a.startswith(f"{VALUED_FLAG}="):
+            flags.append(a)
+        elif a == VALUED_FLAG and i + 1 < end:
+            flags += [a, argv[i + 1]]
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
     return flags + rest + argv[end:]
 
 

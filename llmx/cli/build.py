@@ -49,22 +49,6 @@ def stage_pipeline(raw: dict[str, Any], stage: Stage, method: str | None, params
     return out
 
 
-def route_data(raw: dict[str, Any], stage: Stage, data: str) -> dict[str, Any]:
-    """``--data`` of a stage command: the method's own ``data`` param where its params have one (align's preference
-    rows, sft's rows, lm's corpus), else the run's text corpus (``data.source``)."""
-    from llmx.core.plugins import host
-
-    entry = raw["pipeline"][0]
-    try:
-        takes = "data" in host().methods.get(entry["method"], stage).config.model_fields
-    except UsageError:  # an unknown method: resolving the run reports it with a did-you-mean
-        takes = False
-    if takes:
-        entry["params"]["data"] = data
-        return raw
-    return deep_merge(raw, {"data": {"source": data}})
-
-
 def _stage_of(entry: dict[str, Any]) -> str | None:
     from llmx.core.plugins import host
 

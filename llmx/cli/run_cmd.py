@@ -8,7 +8,7 @@ import typer
 
 from llmx.cli import options as o
 from llmx.cli.app import examples
-from llmx.cli.build import apply_flags, merged_files, resolve_cli, route_data, stage_pipeline
+from llmx.cli.build import apply_flags, merged_files, resolve_cli, stage_pipeline
 from llmx.cli.output import emit, state, stdout
 from llmx.core.config import ResolvedRun
 from llmx.core.spec import Stage
@@ -83,7 +83,10 @@ def _stage_command(stage: Stage):
         params = {"bits": bits} if bits is not None else {}
         raw = stage_pipeline(raw, stage, method, params, evals if stage is not Stage.EVAL else None)
         if data is not None:
-            raw = route_data(raw, stage, data)
+            from llmx.core.config import route_data
+            from llmx.core.plugins import host
+
+            raw = route_data(raw, stage, data, host().methods)
         source = ", ".join(str(c) for c in configs) if configs else None
         execute(resolve_cli(raw, sets, 0, source=source))
 

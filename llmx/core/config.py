@@ -101,6 +101,20 @@ class ResolvedRun:
         return hashlib.sha256(blob).hexdigest()[:8]
 
 
+def route_data(raw: dict[str, Any], stage: Stage, data: str, methods: MethodRegistry) -> dict[str, Any]:
+    """``--data`` of a stage command: the method's own ``data`` param where its params have one (align's preference
+    rows, sft's rows, lm's corpus), else the run's text corpus (``data.source``)."""
+    entry = raw["pipeline"][0]
+    try:
+        takes = "data" in methods.get(entry["method"], stage).config.model_fields
+    except UsageError:  # an unknown method: resolving the run reports it with a did-you-mean
+        takes = False
+    if takes:
+        entry["params"]["data"] = data
+        return raw
+    return deep_merge(raw, {"data": {"source": data}})
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read one config file; a missing, unparsable or non-mapping file is a UsageError."""
     p = Path(path)

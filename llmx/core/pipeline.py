@@ -22,6 +22,8 @@ from llmx.errors import ConfigError, LlmxError, MissingRequirement, RunFailed, U
 class RunResult:
     path: Path
     stages: list[dict[str, Any]] = field(default_factory=list)
+    model: Any = None  # the model and tokenizer after the last stage (for the Python API)
+    tokenizer: Any = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_dir": str(self.path), "stages": self.stages}
@@ -94,7 +96,9 @@ def seed_everything(seed: int, threads: int | None) -> None:
             torch.set_num_threads(threads)
 
 
-def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
+def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, Any] | None = None) -> RunResult:
+    """Run the stages in order; ``model`` is an in-memory ``(model, tokenizer)`` to start from instead of
+    ``config.model``."""
     check_requirements(run)
     check_references(run)
     if run.zoo is not None:  # before the run folder exists: a bad corpus leaves nothing behind
@@ -116,6 +120,8 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
     meta = runs.start_meta(run)
     runs.write_meta(path, meta)
     ctx = RunContext(config=run.config, run_dir=path, log=log, show_progress=show_progress and rank == 0)
+    if model is not None:
+        ctx.set_model(*model)
     try:
         seed_everything(run.config.seed, run.config.threads)
         for stage in run.stages:
@@ -134,6 +140,8 @@ def execute(run: ResolvedRun, *, show_progress: bool = True) -> RunResult:
                                   "seconds": round(time.perf_counter() - t0, 3), "metrics": metrics})
             atomic.write_json(path / runs.METRICS, {"stages": result.stages})
         runs.finish_meta(path, meta, "ok")
+        if "model" in ctx.state:
+            result.model, result.tokenizer = ctx.state["model"], ctx.state.get("tokenizer")
         return result
     except (UsageError, MissingRequirement) as exc:  # bad input or a missing extra
         if not result.stages:  # not a run yet: leave nothing behind

@@ -144,7 +144,11 @@ def _tag(spec, plugin_name: str):
 
 
 def _import_file(path: Path) -> ModuleType:
-    name = f"llmx_user_plugin_{path.stem}"
+    """Import a loose plugin file under its own name (so ``impl="my_plugin:run"`` resolves as written), unless that
+    name is another module's; then under a private one."""
+    name = path.stem
+    if name in sys.modules or _elsewhere(name, path):
+        name = f"llmx_user_plugin_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
@@ -156,6 +160,14 @@ def _import_file(path: Path) -> ModuleType:
         sys.modules.pop(name, None)
         raise
     return module
+
+
+def _elsewhere(name: str, path: Path) -> bool:
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return found is not None and (found.origin is None or Path(found.origin).resolve() != path.resolve())
 
 
 _HOST: PluginHost | None = None
