@@ -56,6 +56,9 @@ def validate(configs: Annotated[list[str], typer.Argument(help="Config files to 
         raise typer.Exit(2)
 
 
+DEFAULT_MODEL = "ref:llama"  # a config must run as written: the small reference model when --model is not given
+
+
 @config_app.command("init", epilog=examples("llmx config init --method rtn -o quant.yaml",
                                              "llmx config init --method perplexity --model tiny:llama"))
 def init(method: Annotated[str, typer.Option("--method", "-m", help="Method to configure.")],
@@ -67,7 +70,7 @@ def init(method: Annotated[str, typer.Option("--method", "-m", help="Method to c
     from llmx.core import atomic
     from llmx.errors import UsageError
 
-    raw = {"model": model, "pipeline": [{"method": method, **({"stage": stage} if stage else {})}]}
+    raw = {"model": model or DEFAULT_MODEL, "pipeline": [{"method": method, **({"stage": stage} if stage else {})}]}
     run = resolve_cli(raw, None, None, source=None)
     if output is None:
         emit(run.to_dict(), lambda: stdout().print(run.to_yaml(), highlight=False))
