@@ -50,7 +50,8 @@ def run(config: str | Path | dict[str, Any], *, set: list[str] | tuple[str, ...]
     raw = load_yaml(config) if source else dict(config)
     with _folder(output_dir) as folder:
         raw["output_dir"] = folder
-        resolved = resolve(apply_sets(raw, list(set)), host().methods, source=source)
+        resolved = resolve(apply_sets(raw, list(set)), host().methods, source=source,
+                           folder=Path(config).parent if source else None)
         return execute(resolved, show_progress=progress).as_dict()
 
 

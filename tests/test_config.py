@@ -128,3 +128,23 @@ def test_yaml_errors_are_usage_errors(cli, tmp_path):
     assert cli("run", tmp_path / "missing.yaml").code == 2
     r = cli("--json", "config", "validate", bad)
     assert r.code == 2 and r.json()[0]["ok"] is False
+
+
+def test_paths_in_a_recipe_resolve_from_its_folder(cli, tmp_path, monkeypatch):
+    import shutil
+
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    shutil.copy(ROOT / "configs/smoke/data/sft_rows.jsonl", folder / "rows.jsonl")
+    (folder / "notes.txt").write_text("def f(x):\n    return x + 1\n" * 200)
+    (folder / "r.yaml").write_text("model: tiny:llama\ndata: {source: notes.txt, seq_len: 32}\npipeline:\n"
+                                   "  - method: sft\n    params: {data: rows.jsonl, steps: 1, batch_size: 2, max_length: 64,"
+                                   " max_prompt_length: 32, save: false}\n  - method: perplexity\n"
+                                   "    params: {max_tokens: 256}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = cli("--json", "run", folder / "r.yaml", "-o", "runs")
+    assert r.code == 0, r.err
+    config = (next((elsewhere / "runs").iterdir()) / "config.yaml").read_text()
+    assert str(folder / "rows.jsonl") in config and str(folder / "notes.txt") in config

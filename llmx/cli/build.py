@@ -60,7 +60,10 @@ def _stage_of(entry: dict[str, Any]) -> str | None:
         return None
 
 
-def resolve_cli(raw: dict[str, Any], sets: list[str] | None, default_stage: int | None, source: str | None) -> ResolvedRun:
+def resolve_cli(raw: dict[str, Any], sets: list[str] | None, default_stage: int | None, source: str | None,
+                files: list[Path] | None = None) -> ResolvedRun:
+    """``files``: the recipes given; relative paths in them resolve from the first one's folder."""
     from llmx.core.plugins import host
 
-    return resolve(apply_sets(raw, sets or [], default_stage), host().methods, source=source)
+    folder = Path(files[0]).parent if files else None
+    return resolve(apply_sets(raw, sets or [], default_stage), host().methods, source=source, folder=folder)

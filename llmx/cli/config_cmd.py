@@ -21,7 +21,7 @@ def show(configs: Annotated[list[str], typer.Argument(help="Config file(s), merg
          sets: o.Sets = None, model: o.Model = None, seed: o.Seed = None, device: o.Device = None) -> None:
     """Print the resolved config: defaults filled, files merged, flags and --set applied."""
     raw = apply_flags(merged_files([Path(c) for c in configs]), model=model, seed=seed, device=device)
-    run = resolve_cli(raw, sets, None, source=", ".join(configs))
+    run = resolve_cli(raw, sets, None, source=", ".join(configs), files=[Path(c) for c in configs])
     emit(run.to_dict(), lambda: stdout().print(run.to_yaml(), highlight=False))
 
 
@@ -34,7 +34,7 @@ def validate(configs: Annotated[list[str], typer.Argument(help="Config files to 
     results = []
     for f in configs:
         try:
-            resolve_cli(merged_files([Path(f)]), None, None, source=f)
+            resolve_cli(merged_files([Path(f)]), None, None, source=f, files=[Path(f)])
             results.append({"file": f, "ok": True, "problems": []})
         except ConfigError as exc:
             results.append({"file": f, "ok": False, "problems": [str(p) for p in exc.problems]})

@@ -65,7 +65,7 @@ def run(
 
     raw = apply_flags(merged_files([Path(c) for c in configs]), model=model, seed=seed, device=device, dtype=dtype,
                       data=data, name=name, output_dir=output_dir)
-    execute(resolve_cli(raw, sets, None, source=", ".join(configs)))
+    execute(resolve_cli(raw, sets, None, source=", ".join(configs), files=[Path(c) for c in configs]))
 
 
 def _stage_command(stage: Stage):
@@ -88,7 +88,7 @@ def _stage_command(stage: Stage):
 
             raw = route_data(raw, stage, data, host().methods)
         source = ", ".join(str(c) for c in configs) if configs else None
-        execute(resolve_cli(raw, sets, 0, source=source))
+        execute(resolve_cli(raw, sets, 0, source=source, files=configs))
 
     command.__doc__ = (STAGE_HELP[stage][0] + " Builds the same RunConfig as `llmx run`;"
                        " `--set KEY=VALUE` sets the method's params; `--data` is the method's own `data` param where"

@@ -198,8 +198,10 @@ def _assign(obj: Any, path: list[str], value: Any, item: str) -> None:
             raise UsageError(f"--set {item}: {'.'.join(path[:i])} is a value, not a section")
 
 
-def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = None) -> ResolvedRun:
-    """Validate the run, then each stage's params against its method; raise ConfigError with all problems."""
+def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = None,
+            folder: Path | None = None) -> ResolvedRun:
+    """Validate the run, then each stage's params against its method; raise ConfigError with all problems.
+    ``folder``: the recipe's, from which its relative paths resolve."""
     problems: list[Problem] = []
     config = None
     try:
@@ -231,7 +233,12 @@ def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = N
     if problems:
         raise ConfigError(problems, source=source)
     assert config is not None
-    return ResolvedRun(config, stages, zoo)
+    run = ResolvedRun(config, stages, zoo)
+    if folder is not None:
+        from llmx.core.refs import rebase_run
+
+        rebase_run(run, folder)
+    return run
 
 
 def _zoo_request(raw: Any, problems: list[Problem]) -> Any:

@@ -101,3 +101,34 @@ def check_params(params: Any, prefix: str) -> list[Problem]:
         elif isinstance(value, BaseModel):
             out += check_params(value, f"{prefix}{name}.")
     return out
+
+
+def rebase_run(run: Any, folder: Path) -> None:
+    """``rebase`` every part of a resolved run: the run's fields, each stage's params, the zoo section."""
+    from dataclasses import replace
+
+    rebase(run.config, folder)
+    for stage in run.stages:
+        rebase(stage.params, folder)
+    if run.zoo is not None and _relative(run.zoo.data) and (folder / run.zoo.data).exists() \
+            and not Path(run.zoo.data).exists():
+        run.zoo = replace(run.zoo, data=str(folder / run.zoo.data))
+
+
+def rebase(params: Any, folder: Path) -> None:
+    """Relative paths in a recipe's referring fields resolve from the recipe's folder (``data: rows.jsonl`` beside
+    the recipe); one that exists only from the current folder keeps working as before."""
+    from pydantic import BaseModel
+
+    for name, info in type(params).model_fields.items():
+        value = getattr(params, name)
+        if field_kind(info) and isinstance(value, str) and _relative(value):
+            beside = folder / value
+            if beside.exists() and not Path(value).exists():
+                setattr(params, name, str(beside))
+        elif isinstance(value, BaseModel):
+            rebase(value, folder)
+
+
+def _relative(value: str) -> bool:
+    return ":" not in value and not Path(value).expanduser().is_absolute() and not value.startswith("~")
