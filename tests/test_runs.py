@@ -99,10 +99,10 @@ def test_report_formats(cli, tmp_path):
     for v in (1, 2):
         assert cli("--plugins-dir", TESTKIT, "analyze", "--method", "echo", "--set", f"value={v}", "-o", tmp_path).code == 0
     rows = cli("--json", "report", tmp_path).json()
-    assert sorted(r["echo.value"] for r in rows) == [1, 2]
-    md = cli("report", tmp_path, "--format", "md").out
-    assert md.splitlines()[0].startswith("| run | status | echo.value")
+    assert sorted(r["metrics"]["value"] for r in rows) == [1, 2]
+    md = cli("report", tmp_path, "--format", "md", "--metrics", "value").out
+    assert md.splitlines()[0] == "| run | status | stage | seconds | value |"
     csv_out = cli("report", *sorted(tmp_path.iterdir()), "--format", "csv").out
-    assert csv_out.splitlines()[0] == "run,status,echo.value,echo.label"
+    assert csv_out.splitlines()[0] == "run,status,stage,seconds,value,label"
     bad = cli("report", tmp_path / "nope")
     assert bad.code == 2 and "not a run folder" in bad.err

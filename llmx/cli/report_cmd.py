@@ -1,4 +1,4 @@
-"""``llmx report RUN_DIR...``: one row per run, one column per stage metric."""
+"""``llmx report RUN_DIR...``: one row per run and stage with its headline metrics, tables for scripts, and plots."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import io
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
 from llmx.cli.app import examples
-from llmx.cli.output import emit, fmt, state, table
+from llmx.cli.output import emit, fmt, info, state, table
 
 
 class Format(str, Enum):
@@ -22,61 +22,72 @@ class Format(str, Enum):
     json = "json"
 
 
-def collect(paths: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Expand folders of runs, read each run and flatten its metrics to ``method.metric`` columns."""
-    from llmx.core import runs
-
-    folders: list[Path] = []
-    for p in map(Path, paths):
-        if (p / runs.CONFIG).is_file():
-            folders.append(p)
-        elif p.is_dir() and (inner := sorted(d for d in p.iterdir() if (d / runs.CONFIG).is_file())):
-            folders.extend(inner)
-        else:
-            runs.read(p)  # raises the "not a run folder" error
-    for root in dict.fromkeys(f.parent for f in folders):
-        runs.sweep(root)
-    columns: list[str] = []
-    rows = []
-    for folder in folders:
-        data = runs.read(folder)
-        stages = data["metrics"].get("stages", [])
-        counts: dict[str, int] = {}
-        for s in stages:
-            counts[s["method"]] = counts.get(s["method"], 0) + 1
-        row: dict[str, Any] = {"run": folder.name, "status": data["meta"].get("status", "?")}
-        for s in stages:
-            prefix = s["method"] if counts[s["method"]] == 1 else f"{s['index']}:{s['method']}"
-            for k, v in s["metrics"].items():
-                if isinstance(v, (int, float, str, bool)) or v is None:
-                    row[f"{prefix}.{k}"] = v
-        columns += [k for k in row if k not in columns]
-        rows.append(row)
-    return columns, rows
+def _flat(row, metrics: list[str] | None) -> dict[str, Any]:
+    chosen = {k: row.metrics.get(k) for k in metrics} if metrics else row.key_metrics()
+    return {"run": row.run, "status": row.status, "stage": row.label, "seconds": row.seconds, **chosen}
 
 
 def report(
     run_dirs: Annotated[list[str], typer.Argument(help="Run folders, or folders holding run folders.")],
-    format: Annotated[Format, typer.Option("--format", "-f", help="table, md, csv or json.")] = Format.table,
+    format: Annotated[Format, typer.Option("--format", "-f", help="table, md, csv (every metric) or json.")] = Format.table,
+    metrics: Annotated[Optional[str], typer.Option("--metrics", "-m", help="Comma-separated metrics to show, one "
+                                                   "column each (default: each stage's headline metrics).")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Also write pareto/loss/bars PNGs, each with the CSV "
+                                                 "it was drawn from, into this folder (needs matplotlib).")] = None,
 ) -> None:
-    """Tabulate the metrics of runs side by side."""
-    columns, rows = collect(run_dirs)
+    """Tabulate runs, one row per run and stage; --plot draws the figures."""
+    from llmx.core.report import rows as read_rows
+
+    chosen = [m.strip() for m in metrics.split(",") if m.strip()] if metrics else None
+    rows = read_rows(run_dirs)
+    if plot is not None:
+        from llmx.core.plots import plot as draw
+
+        pngs = draw(rows, plot, metric=chosen[0] if chosen else None)
+        info("wrote " + (", ".join(str(p) for p in pngs) if pngs else "no figure: these runs have nothing to plot"))
     if state.json or format is Format.json:
-        emit(rows)
+        emit([{"run": r.run, "status": r.status, "index": r.index, "method": r.method, "stage": r.stage,
+               "seconds": r.seconds, "metrics": r.metrics} for r in rows])
     elif format is Format.csv:
+        flat = [{**_flat(r, chosen or list(r.metrics))} for r in rows]
+        columns = list(dict.fromkeys(k for f in flat for k in f))
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(flat)
         sys.stdout.write(buf.getvalue())
     elif format is Format.md:
+        flat = [_flat(r, chosen) for r in rows]
+        columns = ["run", "status", "stage", "seconds"] + (chosen or ["metrics"])
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+        for r, f in zip(rows, flat, strict=True):
+            cells = [f.get(c) for c in columns[:4]] + ([f.get(c) for c in chosen] if chosen else [_pairs(r.key_metrics())])
+            lines.append("| " + " | ".join(fmt(c) for c in cells) + " |")
         sys.stdout.write("\n".join(lines) + "\n")
     else:
-        table(None, columns, [[r.get(c) for c in columns] for r in rows])
+        _table(rows, chosen)
+
+
+def _pairs(metrics: dict[str, Any]) -> str:
+    return "  ".join(f"{k} {fmt(v)}" for k, v in metrics.items())
+
+
+def _table(rows, chosen: list[str] | None) -> None:
+    """Narrow enough for 80 columns: the run named once per group, the metrics as ``name value`` pairs (or one
+    column per ``--metrics`` entry)."""
+    from llmx.core.report import short_run
+
+    columns = ["run", "stage", "s"] + (chosen or ["metrics"])
+    out, last = [], None
+    for r in rows:
+        name = "" if r.run == last else f"{short_run(r.run)}" + ("" if r.status == "ok" else f" [{r.status}]")
+        last = r.run
+        cells = [r.metrics.get(c) for c in chosen] if chosen else [_pairs(r.key_metrics())]
+        out.append([name, r.label, r.seconds, *cells])
+    table(None, columns, out)
 
 
 def register(app: typer.Typer) -> None:
-    app.command(epilog=examples("llmx report runs/*", "llmx report runs --format md",
+    app.command(epilog=examples("llmx report runs/*", "llmx report runs --metrics perplexity,bits,stored_weight_bytes",
+                                "llmx report runs --plot plots/", "llmx report runs --format md",
                                 "llmx report runs/2026* --format csv > results.csv"))(report)

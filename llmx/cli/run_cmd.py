@@ -42,15 +42,36 @@ def execute(run: ResolvedRun) -> None:
 
 
 def _render(result: dict[str, Any]) -> None:
-    """One column per stage, one row per metric: before/after figures sit side by side."""
+    """One column per stage, one row per metric: before/after figures sit side by side. In a run that quantizes,
+    each evaluation says which model it measured (FP, or the bits of the last quantization before it), and a last
+    column gives the change from the first evaluation to the last."""
     from llmx.cli.output import table
 
+    stages = result["stages"]
     keys: list[str] = []
-    for s in result["stages"]:
+    for s in stages:
         keys += [k for k in s["metrics"] if k not in keys]
-    columns = ["metric"] + [f"{s['index']}:{s['method']}" for s in result["stages"]]
-    rows = [["stage"] + [s["stage"] for s in result["stages"]], ["seconds"] + [s["seconds"] for s in result["stages"]]]
-    rows += [[k] + [s["metrics"].get(k) for s in result["stages"]] for k in keys]
+    names, bits = [], None
+    quantizes = any(s["stage"] == "quantize" for s in stages)
+    for s in stages:
+        if s["stage"] == "quantize":
+            bits = str(s["metrics"].get("bits", "quantized")).upper()
+        tag = f" ({bits or 'FP'})" if quantizes and s["stage"] == "eval" else ""
+        names.append(f"{s['index']}:{s['method']}{tag}")
+    evals = [s for s in stages if s["stage"] == "eval"]
+    same = len(evals) >= 2 and evals[0]["method"] == evals[-1]["method"]
+    columns = ["metric", *names] + (["change"] if same else [])
+
+    def change(k: str) -> str:
+        a, b = evals[0]["metrics"].get(k), evals[-1]["metrics"].get(k)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b)) or a == 0:
+            return ""
+        return f"{100 * (b - a) / abs(a):+.2f}%" if a != b else "0"
+
+    rows = [["stage", *[s["stage"] for s in stages]], ["seconds", *[s["seconds"] for s in stages]]]
+    rows += [[k, *[s["metrics"].get(k) for s in stages]] for k in keys]
+    if same:
+        rows = [r + ([""] if i < 2 else [change(r[0])]) for i, r in enumerate(rows)]
     table(None, columns, rows)
     stdout().print(f"run folder: {result['run_dir']}", highlight=False)
 

@@ -1,0 +1,53 @@
+"""``llmx report``: one row per run and stage, readable at 80 columns, and plots a test can see."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(tmp_path_factory):
+    """The rtn recipe (perplexity, rtn, perplexity) and the lm recipe (a loss curve), run once."""
+    from llmx.cli.app import main
+
+    out = tmp_path_factory.mktemp("runs")
+    for recipe in ("rtn", "lm"):
+        assert main(["-q", "run", str(ROOT / "configs" / "smoke" / f"{recipe}.yaml"), "-o", str(out)]) == 0
+    return out
+
+
+def test_default_table_fits_80_columns(cli, smoke_runs, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    r = cli("report", smoke_runs)
+    assert r.code == 0, r.err
+    assert max(map(len, r.out.splitlines())) <= 80
+    assert "smoke-rtn" in r.out and "0:perplexity" in r.out and "bits w4a16" in r.out and "heldout_loss" in r.out
+
+
+def test_chosen_metrics_and_machine_formats(cli, smoke_runs):
+    md = cli("report", smoke_runs, "--metrics", "perplexity,bits", "--format", "md").out.splitlines()
+    assert md[0] == "| run | status | stage | seconds | perplexity | bits |"
+    assert len(md) == 2 + 3 + 2  # a row per stage: rtn's three, lm's two
+    rows = list(csv.DictReader(cli("report", smoke_runs, "--format", "csv").out.splitlines()))
+    assert {r["stage"] for r in rows} >= {"0:perplexity", "1:rtn", "0:lm"} and "quantized_bytes" in rows[0].keys()
+    doc = cli("--json", "report", smoke_runs).json()
+    assert len(doc) == 5 and all("metrics" in d for d in doc)
+
+
+def test_plots_are_pictures_with_their_data_beside_them(cli, smoke_runs, tmp_path):
+    from matplotlib.image import imread
+
+    r = cli("report", smoke_runs, "--plot", tmp_path / "plots")
+    assert r.code == 0, r.err
+    for name in ("pareto", "loss", "bars"):
+        png, table = tmp_path / "plots" / f"{name}.png", tmp_path / "plots" / f"{name}.csv"
+        pixels = imread(png)
+        assert pixels.shape[0] >= 300 and pixels.shape[1] >= 400, name
+        ink = (pixels[..., :3] < 0.9).any(axis=-1).mean()
+        assert 0.01 < ink < 0.6, (name, ink)  # drawn on, not blank and not a solid block
+        assert len(list(csv.DictReader(table.open()))) >= 2, name
+    pareto = list(csv.DictReader((tmp_path / "plots" / "pareto.csv").open()))
+    assert {(p["method"], p["weight_bits"]) for p in pareto} >= {("fp", "16"), ("rtn", "4")}
