@@ -51,3 +51,11 @@ def test_plots_are_pictures_with_their_data_beside_them(cli, smoke_runs, tmp_pat
         assert len(list(csv.DictReader(table.open()))) >= 2, name
     pareto = list(csv.DictReader((tmp_path / "plots" / "pareto.csv").open()))
     assert {(p["method"], p["weight_bits"]) for p in pareto} >= {("fp", "16"), ("rtn", "4")}
+
+
+def test_a_quantizing_run_says_which_column_is_fp_and_which_quantized(cli, tmp_path):
+    r = cli("run", ROOT / "configs" / "smoke" / "rtn.yaml", "-o", tmp_path)
+    assert r.code == 0, r.err
+    head = " ".join(r.out.splitlines()[:4])
+    assert "(FP)" in head and "(W4A16)" in head and "change" in head
+    assert "%" in next(line for line in r.out.splitlines() if line.strip("│ ").startswith("perplexity"))
