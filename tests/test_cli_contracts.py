@@ -74,3 +74,10 @@ def test_progress_off_a_terminal_is_periodic_lines(cli, monkeypatch, tmp_path):
     assert "about" in lines[0] and any(line.startswith("training: 20/20 (100%)") for line in lines)
     r = cli("-q", "zoo", "build", "llama", "--preset", "test", "--steps", "21")
     assert r.code == 0 and r.err == ""
+
+
+def test_the_help_path_imports_nothing_heavy():
+    probe = ("import sys\nfrom llmx.cli.app import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print([m for m in ('torch', 'transformers', 'pydantic', 'yaml', 'llmx.core.config') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60).stdout
+    assert out.strip().splitlines()[-1] == "[]"

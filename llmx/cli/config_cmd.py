@@ -9,7 +9,6 @@ import typer
 
 from llmx.cli import options as o
 from llmx.cli.app import examples
-from llmx.cli.build import apply_flags, merged_files, resolve_cli
 from llmx.cli.output import emit, state, stderr, stdout
 
 config_app = typer.Typer(help="Show, validate and create run configs.", no_args_is_help=True)
@@ -20,6 +19,8 @@ config_app = typer.Typer(help="Show, validate and create run configs.", no_args_
 def show(configs: Annotated[list[str], typer.Argument(help="Config file(s), merged in order.")],
          sets: o.Sets = None, model: o.Model = None, seed: o.Seed = None, device: o.Device = None) -> None:
     """Print the resolved config: defaults filled, files merged, flags and --set applied."""
+    from llmx.cli.build import apply_flags, merged_files, resolve_cli
+
     raw = apply_flags(merged_files([Path(c) for c in configs]), model=model, seed=seed, device=device)
     run = resolve_cli(raw, sets, None, source=", ".join(configs), files=[Path(c) for c in configs])
     emit(run.to_dict(), lambda: stdout().print(run.to_yaml(), highlight=False))
@@ -29,6 +30,7 @@ def show(configs: Annotated[list[str], typer.Argument(help="Config file(s), merg
                                                  "llmx --json config validate my.yaml"))
 def validate(configs: Annotated[list[str], typer.Argument(help="Config files to check, each on its own.")]) -> None:
     """Check each file; report every problem with its path. Exit 2 if any file is invalid."""
+    from llmx.cli.build import merged_files, resolve_cli
     from llmx.errors import ConfigError, UsageError
 
     results = []
@@ -67,6 +69,7 @@ def init(method: Annotated[str, typer.Option("--method", "-m", help="Method to c
          output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
          force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False) -> None:
     """Write a complete config for a method, every parameter at its default."""
+    from llmx.cli.build import resolve_cli
     from llmx.core import atomic
     from llmx.errors import UsageError
 

@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from llmx.cli import options as o
 from llmx.cli.app import examples
-from llmx.cli.build import apply_flags, merged_files, resolve_cli, stage_pipeline
 from llmx.cli.output import emit, state, stdout
-from llmx.core.config import ResolvedRun
-from llmx.core.spec import Stage
 
-STAGE_HELP = {
-    Stage.QUANTIZE: ("Quantize a model's weights (and activations).",
+if TYPE_CHECKING:  # the help path imports neither pydantic models nor the config machinery
+    from llmx.core.config import ResolvedRun
+
+STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
+    "quantize": ("Quantize a model's weights (and activations).",
                      ("llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity",
                       "llmx quantize --method quamba2 --bits w4a8 --model ref:mamba2 --eval perplexity")),
-    Stage.PRUNE: ("Prune a model (heads, channels, weights).", ("llmx prune --method clover --model ref:llama --set ratio=0.5",)),
-    Stage.TRAIN: ("Train or fine-tune a model (--data is the method's data where it takes one: sft's rows, lm's corpus).",
+    "prune": ("Prune a model (heads, channels, weights).", ("llmx prune --method clover --model ref:llama --set ratio=0.5",)),
+    "train": ("Train or fine-tune a model (--data is the method's data where it takes one: sft's rows, lm's corpus).",
                   ("llmx train --method lm --model tiny:llama --set init=scratch --set save_at_tokens=[8192,16384]",
                    "llmx train --method sft --model ref:llama --data rows.jsonl --set adapter=lora --set lora.r=16",
                    "llmx train --method clover --model ref:llama")),
-    Stage.ALIGN: ("Align a model on preference data (--data is the .jsonl of preference rows).",
+    "align": ("Align a model on preference data (--data is the .jsonl of preference rows).",
                   ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
-    Stage.DECODE: ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
-    Stage.EVAL: ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",)),
-    Stage.ANALYZE: ("Analyze a model without changing it.", ("llmx analyze --method params --model tiny:llama",)),
+    "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
+    "eval": ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",)),
+    "analyze": ("Analyze a model without changing it.", ("llmx analyze --method params --model tiny:llama",)),
 }
 
 
@@ -84,19 +84,24 @@ def run(
     """Run a pipeline from config files."""
     from pathlib import Path
 
+    from llmx.cli.build import apply_flags, merged_files, resolve_cli
+
     raw = apply_flags(merged_files([Path(c) for c in configs]), model=model, seed=seed, device=device, dtype=dtype,
                       data=data, name=name, output_dir=output_dir)
     execute(resolve_cli(raw, sets, None, source=", ".join(configs), files=[Path(c) for c in configs]))
 
 
-def _stage_command(stage: Stage):
+def _stage_command(name: str):
     def command(
         method: o.Method = None, model: o.Model = None, configs: o.Configs = None, sets: o.Sets = None,
         bits: o.Bits = None, evals: o.Evals = None, seed: o.Seed = None, device: o.Device = None,
         dtype: o.Dtype = None, data: o.Data = None, name: o.Name = None, output_dir: o.OutputDir = None,
     ) -> None:
+        from llmx.cli.build import apply_flags, merged_files, resolve_cli, stage_pipeline
+        from llmx.core.spec import Stage
         from llmx.errors import UsageError
 
+        stage = Stage(name)
         if bits is not None and stage is not Stage.QUANTIZE:
             raise UsageError("--bits applies to quantize only; use --set for this stage's params")
         raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, dtype=dtype,
@@ -111,7 +116,7 @@ def _stage_command(stage: Stage):
         source = ", ".join(str(c) for c in configs) if configs else None
         execute(resolve_cli(raw, sets, 0, source=source, files=configs))
 
-    command.__doc__ = (STAGE_HELP[stage][0] + " Builds the same RunConfig as `llmx run`;"
+    command.__doc__ = (STAGE_HELP[name][0] + " Builds the same RunConfig as `llmx run`;"
                        " `--set KEY=VALUE` sets the method's params; `--data` is the method's own `data` param where"
                        " it has one, else the run's text corpus.")
     return command
@@ -120,6 +125,6 @@ def _stage_command(stage: Stage):
 def register(app: typer.Typer) -> None:
     app.command(epilog=examples("llmx run configs/smoke/rtn.yaml", "llmx run base.yaml quant.yaml --set seed=2",
                                 "llmx --dry-run run configs/smoke/rtn.yaml"))(run)
-    for stage, (_, lines) in STAGE_HELP.items():
-        epilog = examples(*lines, f"llmx methods --stage {stage.value}")
-        app.command(stage.value, short_help=STAGE_HELP[stage][0], epilog=epilog)(_stage_command(stage))
+    for stage, (summary, lines) in STAGE_HELP.items():
+        epilog = examples(*lines, f"llmx methods --stage {stage}")
+        app.command(stage, short_help=summary, epilog=epilog)(_stage_command(stage))
