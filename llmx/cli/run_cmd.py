@@ -91,7 +91,7 @@ def run(
     execute(resolve_cli(raw, sets, None, source=", ".join(configs), files=[Path(c) for c in configs]))
 
 
-def _stage_command(name: str):
+def _stage_command(stage_name: str):
     def command(
         method: o.Method = None, model: o.Model = None, configs: o.Configs = None, sets: o.Sets = None,
         bits: o.Bits = None, evals: o.Evals = None, seed: o.Seed = None, device: o.Device = None,
@@ -101,7 +101,7 @@ def _stage_command(name: str):
         from llmx.core.spec import Stage
         from llmx.errors import UsageError
 
-        stage = Stage(name)
+        stage = Stage(stage_name)
         if bits is not None and stage is not Stage.QUANTIZE:
             raise UsageError("--bits applies to quantize only; use --set for this stage's params")
         raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, dtype=dtype,
@@ -116,7 +116,7 @@ def _stage_command(name: str):
         source = ", ".join(str(c) for c in configs) if configs else None
         execute(resolve_cli(raw, sets, 0, source=source, files=configs))
 
-    command.__doc__ = (STAGE_HELP[name][0] + " Builds the same RunConfig as `llmx run`;"
+    command.__doc__ = (STAGE_HELP[stage_name][0] + " Builds the same RunConfig as `llmx run`;"
                        " `--set KEY=VALUE` sets the method's params; `--data` is the method's own `data` param where"
                        " it has one, else the run's text corpus.")
     return command
