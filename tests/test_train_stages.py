@@ -281,3 +281,19 @@ def test_a_model_with_real_widths_gqa_and_biases_trains(cli, tmp_path):
     assert r.code == 0, r.err
     m = r.json()["stages"][0]["metrics"]
     assert m["trainable_params"] == 8 * (2048 + 2048) + 8 * (2048 + 512)  # r x (in + out) on q_proj and v_proj
+
+
+def test_resume_refuses_a_checkpoint_of_another_run(cli, tmp_path, corpus):
+    cut = lm(cli, tmp_path / "a", corpus, "--set", "stop_after=4")
+    step = Path(cut["model_dir"]).parent / "checkpoints" / "step_4.pt"
+    def resume(model: str, *sets: str):
+        return cli("train", "--method", "lm", "--model", model, "--data", corpus, *LM, "--set", f"resume={step}", *sets,
+                   "-o", tmp_path / "b")
+
+    r = resume("tiny:llama", "--set", "lr=0.01")
+    assert r.code == 2 and "belongs to a run with other settings (lr 0.001 -> 0.01)" in r.err, r.err
+    r = resume("tiny:qwen2")
+    assert r.code == 2 and "was trained on model 'tiny:llama'" in r.err, r.err
+    r = resume("tiny:llama", "--set", "steps=3", "--set", "save_at_tokens=[]")
+    assert r.code == 2 and "past this run's 3 steps" in r.err, r.err
+    assert resume("tiny:llama", "--set", "gradient_checkpointing=true").code == 0  # the same maths may change

@@ -43,18 +43,37 @@ def _tuples(x: Any) -> Any:
     return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def state_bytes(step: int, named: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer) -> bytes:
+def state_bytes(step: int, named: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
+                identity: dict[str, Any] | None = None) -> bytes:
+    """``identity``: what the checkpoint belongs to (the model and the stage's params), checked on resume."""
     buf = io.BytesIO()
     torch.save({"step": step, "params": {k: v.detach().cpu().clone() for k, v in named.items()},
-                "optimizer": opt.state_dict(), "rng": rng_state()}, buf)
+                "optimizer": opt.state_dict(), "rng": rng_state(), "identity": identity or {}}, buf)
     return buf.getvalue()
 
 
+def check_identity(state: dict[str, Any], identity: dict[str, Any] | None, source: Path) -> None:
+    """A resumed checkpoint must be this run's: the same model and the same params (those that may change on resume,
+    such as ``steps`` or ``resume`` itself, excluded by the caller); say what differs."""
+    saved = state.get("identity") or {}
+    if not identity or not saved:
+        return
+    if saved.get("model") != identity.get("model"):
+        raise UsageError(f"resume: {source} was trained on model {saved.get('model')!r}, this run uses "
+                         f"{identity.get('model')!r}")
+    old, new = saved.get("params") or {}, identity.get("params") or {}
+    differ = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    if differ:
+        shown = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in differ[:4])
+        raise UsageError(f"resume: {source} belongs to a run with other settings ({shown})",
+                         hint="Resume with the checkpoint's settings, or start a new run without resume.")
+
+
 def save(folder: Path, step: int, named: dict[str, torch.nn.Parameter], opt: torch.optim.Optimizer,
-         keep: int | None = None) -> Path:
+         keep: int | None = None, identity: dict[str, Any] | None = None) -> Path:
     """``folder/step_<n>.pt`` (atomic) and ``folder/latest`` naming it; with ``keep``, older files beyond the newest
     ``keep`` are removed."""
-    path = atomic.write_bytes(folder / f"step_{step}.pt", state_bytes(step, named, opt))
+    path = atomic.write_bytes(folder / f"step_{step}.pt", state_bytes(step, named, opt, identity))
     atomic.write_text(folder / LATEST, path.name + "\n")
     if keep:
         old = sorted(folder.glob("step_*.pt"), key=lambda f: int(f.stem.removeprefix("step_")))[:-keep]

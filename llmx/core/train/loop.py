@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -88,6 +88,7 @@ class StepState:
     lr: float
     named: dict[str, torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
+    identity: dict[str, Any] | None = None
 
 
 LossFn = Callable[[int], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
@@ -118,8 +119,10 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
           c: TrainConfig, evaluate: Callable[[], float] | None = None, progress=None,
           metrics_file: Path | None = None, checkpoint_dir: Path | None = None, resume: Path | None = None,
           after_step: Callable[[StepState], None] | None = None,
-          weight: Callable[[int], float] | None = None) -> TrainResult:
-    """Optimise ``params`` on ``loss(i)`` (see the module docstring for its contract)."""
+          weight: Callable[[int], float] | None = None, identity: dict[str, Any] | None = None,
+          verify_resume: bool = True) -> TrainResult:
+    """Optimise ``params`` on ``loss(i)`` (see the module docstring for its contract). ``identity`` goes into every
+    checkpoint; with ``verify_resume``, a ``resume`` checkpoint carrying another one is refused."""
     named = dict(params) if isinstance(params, dict) else {str(i): p for i, p in enumerate(params)}
     named = {k: p for k, p in named.items() if p.requires_grad}
     trained = list(named.values())
@@ -129,7 +132,12 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
                          "(load the model in float32; precision: bf16-mixed runs the forward in bfloat16)")
     opt = torch.optim.AdamW(trained, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
     rank, size = world()
-    start = checkpoint.restore(checkpoint.load(resume), named, opt, resume) if resume is not None else 0
+    start = 0
+    if resume is not None:
+        state = checkpoint.load(resume)
+        if verify_resume:
+            checkpoint.check_identity(state, identity, resume)
+        start = checkpoint.restore(state, named, opt, resume)
     if start > c.steps:
         raise UsageError(f"the checkpoint is at step {start}, past this run's {c.steps} steps")
     device_type = trained[0].device.type
@@ -182,10 +190,10 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
                 log.flush()
             done = step + 1
             if after_step is not None:
-                after_step(StepState(done, lr, named, opt))
+                after_step(StepState(done, lr, named, opt, identity))
             if checkpoint_dir is not None and rank == 0 and (
                     (c.checkpoint_every and done % c.checkpoint_every == 0) or done == c.stop_after):
-                checkpoint.save(checkpoint_dir, done, named, opt, keep=c.keep_checkpoints)
+                checkpoint.save(checkpoint_dir, done, named, opt, keep=c.keep_checkpoints, identity=identity)
             if (c.patience is not None and stale >= c.patience) or done == c.stop_after:
                 break
     finally:

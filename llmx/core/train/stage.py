@@ -72,12 +72,25 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
         params: dict[str, torch.nn.Parameter] | None = None, resume: str | None = None,
         after_step: Callable[[StepState], None] | None = None,
         weight: Callable[[int], float] | None = None) -> TrainResult:
-    """The shared loop with this stage's metrics file, checkpoint folder and resume point."""
+    """The shared loop with this stage's metrics file, checkpoint folder and resume point. A ``p.resume`` checkpoint
+    must come from a run of the same model and params (a cooldown branch, ``resume`` passed here, changes the
+    schedule by design and is not checked)."""
+    checked = p.resume is not None and resume in (None, p.resume)
     resume = resume or p.resume
+    identity = {"model": str(ctx.config.model), "params": _identity_params(p)}
     return train(model, params if params is not None else trainable(model), loss, config or p.loop_config(),
                  evaluate=evaluate, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
                  checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(resume) if resume else None,
-                 after_step=after_step, weight=weight)
+                 after_step=after_step, weight=weight, identity=identity, verify_resume=checked)
+
+
+RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "checkpoint_every", "eval_every", "save_at_tokens",
+             "gradient_checkpointing")  # may differ between a run and its resumption: the maths is the same
+
+
+def _identity_params(p: LoopParams) -> dict[str, Any]:
+    """The params a resumed run must share with its checkpoint: all but those a resume may change."""
+    return {k: v for k, v in p.model_dump(mode="json").items() if k not in RESUMABLE}
 
 
 def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainParams, method: str,

@@ -62,8 +62,8 @@ class Series:
         entry = {"tokens": budget, "tokens_seen": s.done * self.run["tokens_per_step"], "step": s.done, "lr": s.lr,
                  "path": f"tokens_{budget}"}
         info = json.dumps({**entry, "run": self.run}, indent=2).encode()
-        self.save(self.folder / entry["path"], {checkpoint.STATE: checkpoint.state_bytes(s.done, s.named, s.optimizer),
-                                                INFO: info})
+        state = checkpoint.state_bytes(s.done, s.named, s.optimizer, s.identity)
+        self.save(self.folder / entry["path"], {checkpoint.STATE: state, INFO: info})
         self.entries = [e for e in self.entries if e["step"] != s.done] + [entry]
         atomic.write_json(self.folder / MANIFEST, {"run": self.run, "checkpoints": self.entries})
 
