@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown, write  # noqa: E402
 
 FIGURES = ("name", "arch", "preset", "params", "vocab", "seq_len", "steps_run", "best_step", "tokens_seen",
-           "train_seconds", "build_wall_seconds", "val_perplexity", "unigram_perplexity", "val_tokens_scored")
+           "train_seconds", "build_wall_seconds", "val_perplexity", "unigram_perplexity", "val_bits_per_byte",
+           "val_tokens_scored")
 
 
 def build(req, cache: str) -> dict:
@@ -63,15 +64,12 @@ def bits_per_byte(model, tok, docs: list[str], seq_len: int) -> dict:
     import torch
 
     from llmx.core.data import join_documents
-    from llmx.core.evaluation import sequence_nll
+    from llmx.core.evaluation import scored_bytes, sequence_nll
 
     ids = join_documents(tok, docs)
     with torch.inference_mode():
         total, count = sequence_nll(model, ids, seq_len, seq_len // 2, batch_size=16)
-    scored = ids[1:]
-    eos = int((scored == tok.eos_token_id).sum())
-    text_bytes = len(tok.decode(scored.tolist(), skip_special_tokens=True).encode("utf-8")) + eos
-    assert count == len(scored)
+    text_bytes = scored_bytes(tok, ids)
     return {"bits_per_byte": total / math.log(2) / text_bytes, "perplexity": math.exp(total / count),
             "tokens": count, "bytes": text_bytes}
 

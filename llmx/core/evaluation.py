@@ -40,6 +40,14 @@ def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
     return total, count
 
 
+def scored_bytes(tokenizer, tokens: torch.Tensor) -> int:
+    """UTF-8 bytes of the text ``tokens[1:]`` (the scored tokens) encode, an end-of-document token counted as one
+    byte: the denominator of bits per byte, which any two tokenizers share."""
+    scored = tokens[1:]
+    eos = int((scored == tokenizer.eos_token_id).sum()) if tokenizer.eos_token_id is not None else 0
+    return len(tokenizer.decode(scored.tolist(), skip_special_tokens=True).encode("utf-8")) + eos
+
+
 def unigram_nll(train: torch.Tensor, test: torch.Tensor, vocab_size: int) -> float:
     """Mean NLL (nats) of ``test[1:]`` under add-one-smoothed unigram frequencies of ``train``: the floor a
     language model must beat."""
