@@ -3,6 +3,7 @@
     python benchmarks/bench_zoo.py presets --preset small --arch llama qwen2 gpt2 mamba2   # -> zoo_small.json
     python benchmarks/bench_zoo.py presets --preset long --arch llama                      # -> zoo_long.json
     python benchmarks/bench_zoo.py domains                                                 # -> zoo_domains.json
+    python benchmarks/bench_zoo.py domains --preset medium --domains stdlib   # -> zoo_domains_medium.json
     python benchmarks/bench_zoo.py                     # both for the small preset, sharing one cache (make bench)
 
 ``presets`` builds each model in a fresh cache (or ``--cache DIR``), so the time includes reading the corpus, training
@@ -86,7 +87,7 @@ def domains(args) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as fresh:
         for data in args.domains:
-            info = build(RefRequest(args.arch, "small", data=data), args.cache or fresh)
+            info = build(RefRequest(args.arch, args.preset, data=data), args.cache or fresh)
             model = AutoModelForCausalLM.from_pretrained(info["path"]).eval()
             tok = AutoTokenizer.from_pretrained(info["path"])
             row = {"trained_on": data, **{k: info.get(k) for k in ("params", "train_seconds", "build_wall_seconds",
@@ -99,13 +100,14 @@ def domains(args) -> None:
                 row[f"ppl_on_{other}"] = scored["perplexity"]
             rows.append(row)
             print(row, flush=True)
-    write("zoo_domains", {"benchmark": "zoo domains", "arch": args.arch, "preset": "small",
+    name = "zoo_domains" if args.preset == "small" else f"zoo_domains_{args.preset}"
+    write(name, {"benchmark": "zoo domains", "arch": args.arch, "preset": args.preset,
                           "held_out_chars": {d: sum(map(len, v)) for d, v in held.items()}, "machine": machine(), "rows": rows,
                           "note": "bpb: bits per UTF-8 byte of the held-out text (tokenizer-independent); ppl: per "
                                   "token of the model's own tokenizer"})
     cols = ["trained_on", "params", "train_seconds", "val_perplexity", "unigram_perplexity",
             *[f"bpb_on_{d}" for d in args.domains]]
-    (Path(__file__).resolve().parent / "results" / "zoo_domains.md").write_text(markdown(cols, rows) + "\n")
+    (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text(markdown(cols, rows) + "\n")
 
 
 def _cap(docs: list[str], chars: int) -> list[str]:
@@ -127,6 +129,7 @@ def main() -> None:
     p.add_argument("--cache", help="Build into this cache (reused by a later `domains`) instead of a fresh one.")
     d = sub.add_parser("domains")
     d.add_argument("--arch", default="llama")
+    d.add_argument("--preset", default="small")
     d.add_argument("--domains", nargs="+", default=["stdlib", "pydoc"])
     d.add_argument("--max-chars", type=int, default=60_000, help="Held-out text scored per domain (whole documents).")
     d.add_argument("--cache")
