@@ -83,6 +83,9 @@ def test_corrupted_quantized_folder_is_a_usage_error(cli, tmp_path):
     data = json.loads(meta.read_text())
     data["llmx_modules"]["model.layers.0.mlp.up_proj"]["bits"] = 3  # spec no longer matches the tensors
     meta.write_text(json.dumps(data))
+    from llmx.core import manifest
+
+    manifest.write(Path(folder))  # past the checksums: the spec check itself must catch it
     bad = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
     assert bad.code == 2 and "does not match its stored spec" in bad.err
 
@@ -103,6 +106,9 @@ def test_a_saved_model_never_picks_the_code_that_loads_it(cli, tmp_path, capsys)
         spec["builder"] = "llmx.core.quant.qlinear:QuantLinear.rebuild"
         del spec["layer"]
     meta.write_text(json.dumps(legacy))
+    from llmx.core import manifest
+
+    manifest.write(folder)  # a crafted folder comes with a matching manifest: the builder check must hold alone
     assert cli("eval", "--method", "perplexity", "--model", folder, "--set", "max_tokens=256", "-o", tmp_path / "e").code == 0
     sys.modules.pop("this", None)
     for field, value, message in (("builder", "this:s", "no installed plugin registers"),
@@ -111,6 +117,22 @@ def test_a_saved_model_never_picks_the_code_that_loads_it(cli, tmp_path, capsys)
         crafted["llmx_modules"][layer] = {k: v for k, v in crafted["llmx_modules"][layer].items() if k != "builder"}
         crafted["llmx_modules"][layer][field] = value
         meta.write_text(json.dumps(crafted))
+        manifest.write(folder)
         bad = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
         assert bad.code == 2 and message in bad.err, bad.err
         assert "this" not in sys.modules and "Beautiful is better" not in bad.out  # nothing imported, nothing ran
+
+
+def test_flipped_packed_codes_are_found_on_load(cli, tmp_path):
+    from pathlib import Path
+
+    r = cli("--json", "quantize", "--method", "rtn", "--model", "tiny:llama", "-o", tmp_path / "q")
+    folder = Path(r.json()["stages"][0]["metrics"]["model_dir"])
+    assert (folder / "manifest.json").is_file()
+    assert cli("eval", "--method", "perplexity", "--model", folder, "--set", "max_tokens=256", "-o", tmp_path / "a").code == 0
+    weights = folder / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-64] ^= 0x0F  # a packed code in the last tensor: the file still parses
+    weights.write_bytes(bytes(blob))
+    r = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "b")
+    assert r.code == 2 and "model.safetensors does not match its checksum" in r.err

@@ -207,9 +207,9 @@ def test_stale_and_shared_entries(cli, cache, notes, monkeypatch):
     old = cache / "llama-test-s0-0123456789ab"
     old.mkdir(parents=True)
     (old / "zoo.json").write_text(json.dumps({"name": "ref:llama", "zoo_version": 1, "preset_spec": {"hidden": 64}}))
-    from llmx.core.zoo.cache import write_manifest
+    from llmx.core import manifest
 
-    write_manifest(old)
+    manifest.write(old)
     r = cli("zoo", "list")
     assert r.code == 0 and "stale" in r.out
     assert cli("--json", "zoo", "list").json()[0]["names"] == []

@@ -50,6 +50,14 @@ def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, A
     return model.eval(), tok
 
 
+def check_manifest(path: Path) -> None:
+    """A folder llmx saved carries a SHA-256 manifest: every file must still match it."""
+    from llmx.core import manifest
+
+    if (path / manifest.MANIFEST).is_file() and (problem := manifest.verify(path)):
+        raise UsageError(f"{path}: {problem}; the folder changed after llmx saved it (damaged or edited)")
+
+
 def known_names() -> list[str]:
     """Model names llmx resolves without a path: plugin sources and the zoo's (built-in and user-named)."""
     from llmx.core.plugins import host
@@ -64,6 +72,7 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
     if local:
         if not path.is_dir():
             raise UsageError(f"model folder not found: {name}")
+        check_manifest(path)
         from llmx.core.train import adapters
 
         if adapters.is_adapter_folder(path):
@@ -115,11 +124,11 @@ def read_metadata(path: Path) -> dict[str, Any]:
 def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] | None = None,
          files: dict[str, bytes] | None = None) -> Path:
     """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer, ``llmx.json`` (llmx version
-    and what produced the model) and any extra ``files`` (name -> bytes) beside it."""
+    and what produced the model), any extra ``files`` (name -> bytes) beside it, and a SHA-256 manifest of it all."""
     import json
 
     from llmx import __version__
-    from llmx.core import atomic
+    from llmx.core import atomic, manifest
     from llmx.core.models.storage import KEY, layer_specs
 
     quiet_transformers()
@@ -140,4 +149,5 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
         (tmp / METADATA).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         for name, data in (files or {}).items():
             (tmp / name).write_bytes(data)
+        manifest.write(tmp)
     return Path(path)

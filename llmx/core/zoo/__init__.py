@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from llmx.core import atomic
+from llmx.core.manifest import verify
 from llmx.core.names import did_you_mean
 from llmx.core.zoo import names
-from llmx.core.zoo.cache import cache_root, info, locked, verify
+from llmx.core.zoo.cache import cache_root, info, locked
 from llmx.core.zoo.corpus import Corpus, corpus, foreign_tokenizer, tokenizer_fingerprint
 from llmx.core.zoo.request import ZOO_VERSION, RefRequest, builtin_names, parse_builtin
 from llmx.errors import UsageError

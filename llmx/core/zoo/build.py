@@ -10,8 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from llmx.core import atomic
-from llmx.core.zoo.cache import INFO, write_manifest
+from llmx.core import atomic, manifest
+from llmx.core.zoo.cache import INFO
 from llmx.core.zoo.corpus import Corpus, special_ids, tokenizer_fingerprint
 from llmx.core.zoo.request import ZOO_VERSION, RefRequest
 from llmx.errors import UsageError
@@ -81,7 +81,7 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n")
-        write_manifest(tmp)
+        manifest.write(tmp)
     return target
 
 

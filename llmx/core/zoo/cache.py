@@ -1,10 +1,9 @@
-"""The zoo's folder: where entries live, their SHA-256 manifests, and one lock per entry so that concurrent builds
-of the same model train it once."""
+"""The zoo's folder: where entries live (each with a SHA-256 manifest, ``core.manifest``), and one lock per entry so
+that concurrent builds of the same model train it once."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from llmx.errors import UsageError
 
-MANIFEST, INFO = "manifest.json", "zoo.json"
+INFO = "zoo.json"
 log = logging.getLogger("llmx.zoo")
 
 
@@ -21,36 +20,6 @@ def cache_root() -> Path:
     base = os.environ.get("LLMX_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmx")
     return Path(base) / "zoo"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_manifest(folder: Path) -> None:
-    manifest = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-
-
-def verify(entry: Path) -> str | None:
-    """None when the entry is complete and intact, else what is wrong with it."""
-    if not entry.is_dir():
-        return "missing"
-    try:
-        manifest = json.loads((entry / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
-        return "no readable manifest"
-    for name, digest in manifest.items():
-        f = entry / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if sha256(f) != digest:
-            return f"{name} does not match its checksum"
-    return None
 
 
 def info(entry: Path) -> dict:
