@@ -41,14 +41,16 @@ def _folder(output_dir: str | Path | None) -> Iterator[str]:
 
 def run(config: str | Path | dict[str, Any], *, set: list[str] | tuple[str, ...] = (),  # noqa: A002 - as --set
         output_dir: str | Path | None = None, progress: bool = False) -> dict[str, Any]:
-    """Run a recipe (a YAML path or the same mapping) as ``llmx run`` does; returns ``{"run_dir", "stages"}``."""
+    """Run a recipe (a YAML path or the same mapping) as ``llmx run`` does; returns ``{"run_dir", "stages"}``. The
+    run folder goes to ``output_dir``, else to the recipe's own ``output_dir``, else to a temporary folder (then
+    ``run_dir`` no longer exists when this returns)."""
     from llmx.core.config import apply_sets, load_yaml, resolve
     from llmx.core.pipeline import execute
     from llmx.core.plugins import host
 
     source = str(config) if isinstance(config, (str, Path)) else None
     raw = load_yaml(config) if source else dict(config)
-    with _folder(output_dir) as folder:
+    with _folder(output_dir or raw.get("output_dir")) as folder:
         raw["output_dir"] = folder
         resolved = resolve(apply_sets(raw, list(set)), host().methods, source=source,
                            folder=Path(config).parent if source else None)

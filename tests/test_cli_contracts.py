@@ -15,7 +15,7 @@ import torch
 
 
 @pytest.mark.parametrize("args,code", [(["--bogus"], 2), (["nocommand"], 2), (["zoo", "build"], 2),
-                                       (["methods", "--bogus"], 2), (["--version"], 0)])
+                                       (["methods", "--bogus"], 2), (["--version"], 0), (["zoo"], 2), (["config"], 2)])
 def test_json_answers_with_one_document(cli, args, code):
     r = cli("--json", *args)
     assert r.code == code
@@ -57,11 +57,21 @@ def test_a_truncated_weight_file_is_exit_2_naming_it(cli, tmp_path):
 
 
 def test_a_mistyped_bare_model_name_fails_fast_offline(cli, monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import socket
+
+    def unreachable(address, timeout=None):
+        time.sleep(min(timeout or 0, 0.1))
+        raise TimeoutError("timed out")
+
+    for key in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(socket, "create_connection", unreachable)  # a network that does not answer
     t0 = time.perf_counter()
     r = cli("eval", "--method", "perplexity", "--model", "lamma", "-o", tmp_path / "runs")
     assert r.code == 2 and "Did you mean 'tiny:llama'?" in r.err
-    assert time.perf_counter() - t0 < 10
+    assert time.perf_counter() - t0 < 10  # not a minute of hub retries
+    r = cli("eval", "--method", "perplexity", "--model", "bad name!", "-o", tmp_path / "runs")
+    assert r.code == 2 and "not a local folder, a known name or a valid hub id" in r.err
 
 
 def test_progress_off_a_terminal_is_periodic_lines(cli, monkeypatch, tmp_path):

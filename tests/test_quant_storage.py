@@ -85,7 +85,7 @@ def test_corrupted_quantized_folder_is_a_usage_error(cli, tmp_path):
     meta.write_text(json.dumps(data))
     from llmx.core import manifest
 
-    manifest.write(Path(folder))  # past the checksums: the spec check itself must catch it
+    manifest.write(Path(folder), manifest.SAVED)  # past the checksums: the spec check itself must catch it
     bad = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
     assert bad.code == 2 and "does not match its stored spec" in bad.err
 
@@ -108,7 +108,7 @@ def test_a_saved_model_never_picks_the_code_that_loads_it(cli, tmp_path, capsys)
     meta.write_text(json.dumps(legacy))
     from llmx.core import manifest
 
-    manifest.write(folder)  # a crafted folder comes with a matching manifest: the builder check must hold alone
+    manifest.write(folder, manifest.SAVED)  # a crafted folder comes with a matching manifest: the builder check must hold alone
     assert cli("eval", "--method", "perplexity", "--model", folder, "--set", "max_tokens=256", "-o", tmp_path / "e").code == 0
     sys.modules.pop("this", None)
     for field, value, message in (("builder", "this:s", "no installed plugin registers"),
@@ -117,7 +117,7 @@ def test_a_saved_model_never_picks_the_code_that_loads_it(cli, tmp_path, capsys)
         crafted["llmx_modules"][layer] = {k: v for k, v in crafted["llmx_modules"][layer].items() if k != "builder"}
         crafted["llmx_modules"][layer][field] = value
         meta.write_text(json.dumps(crafted))
-        manifest.write(folder)
+        manifest.write(folder, manifest.SAVED)
         bad = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
         assert bad.code == 2 and message in bad.err, bad.err
         assert "this" not in sys.modules and "Beautiful is better" not in bad.out  # nothing imported, nothing ran
@@ -128,7 +128,7 @@ def test_flipped_packed_codes_are_found_on_load(cli, tmp_path):
 
     r = cli("--json", "quantize", "--method", "rtn", "--model", "tiny:llama", "-o", tmp_path / "q")
     folder = Path(r.json()["stages"][0]["metrics"]["model_dir"])
-    assert (folder / "manifest.json").is_file()
+    assert (folder / "llmx-manifest.json").is_file()
     assert cli("eval", "--method", "perplexity", "--model", folder, "--set", "max_tokens=256", "-o", tmp_path / "a").code == 0
     weights = folder / "model.safetensors"
     blob = bytearray(weights.read_bytes())

@@ -27,6 +27,22 @@ def test_default_table_fits_80_columns(cli, smoke_runs, monkeypatch):
     assert "smoke-rtn" in r.out and "0:perplexity" in r.out and "bits w4a16" in r.out and "heldout_loss" in r.out
 
 
+def test_failed_runs_show_their_status_and_half_written_curves_are_read(cli, smoke_runs, tmp_path):
+    import json
+    import shutil
+
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(smoke_runs, runs_dir)
+    lm = next(p for p in runs_dir.iterdir() if "smoke-lm" in p.name)
+    meta = json.loads((lm / "meta.json").read_text())
+    (lm / "meta.json").write_text(json.dumps({**meta, "status": "failed"}))
+    with (lm / "artifacts" / "0_lm" / "metrics.jsonl").open("a") as fh:
+        fh.write('{"step": 11, "lo')  # a killed run's last line
+    r = cli("report", runs_dir)
+    assert r.code == 0 and "[failed]" in r.out, r.err
+    assert cli("report", runs_dir, "--plot", tmp_path / "plots").code == 0
+
+
 def test_chosen_metrics_and_machine_formats(cli, smoke_runs):
     md = cli("report", smoke_runs, "--metrics", "perplexity,bits", "--format", "md").out.splitlines()
     assert md[0] == "| run | status | stage | seconds | perplexity | bits |"

@@ -24,6 +24,13 @@ def test_a_typo_in_a_later_stage_stops_before_the_first(cli, tmp_path):
     recipe.write_text("model: tiny:llama\npipeline:\n  - method: sft\n    params: {data: missing.jsonl}\n")
     r = cli("run", recipe, "-o", tmp_path / "runs")
     assert r.code == 2 and "pipeline.0.params.data: file not found: missing.jsonl" in r.err
+    for check in (("config", "validate", recipe), ("--dry-run", "run", recipe)):  # what run refuses, they refuse
+        r = cli(*check)
+        assert r.code == 2 and "missing.jsonl" in (r.out + r.err), check
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: caf\xe9\npipeline: []\n")
+    r = cli("config", "validate", latin)
+    assert r.code == 2 and "not UTF-8" in (r.out + r.err)
 
 
 def test_a_later_failure_keeps_the_earlier_stages_artifacts(cli, tmp_path):
@@ -31,7 +38,7 @@ def test_a_later_failure_keeps_the_earlier_stages_artifacts(cli, tmp_path):
     latin.write_bytes("caf\u00e9 ".encode("latin-1") * 200)  # exists, so only reading it fails
     r = cli("quantize", "--method", "rtn", "--bits", "w4a16", "--model", "tiny:llama", "--eval", "perplexity",
             "--set", f"perplexity.source={latin}", "-o", tmp_path / "runs")
-    assert r.code == 2 and "not UTF-8" in r.err
+    assert r.code == 2 and "not UTF-8" in r.err and "Run folder kept" in r.err and "0:rtn finished" in r.err
     (folder,) = (tmp_path / "runs").iterdir()
     meta = json.loads((folder / runs.META).read_text())
     assert meta["status"] == "failed" and "not UTF-8" in meta["error"]

@@ -283,7 +283,7 @@ def test_a_model_with_real_widths_gqa_and_biases_trains(cli, tmp_path):
     assert m["trainable_params"] == 8 * (2048 + 2048) + 8 * (2048 + 512)  # r x (in + out) on q_proj and v_proj
 
 
-def test_resume_refuses_a_checkpoint_of_another_run(cli, tmp_path, corpus):
+def test_resume_refuses_a_checkpoint_of_another_run(cli, tmp_path, corpus, monkeypatch):
     cut = lm(cli, tmp_path / "a", corpus, "--set", "stop_after=4")
     step = Path(cut["model_dir"]).parent / "checkpoints" / "step_4.pt"
     def resume(model: str, *sets: str):
@@ -297,3 +297,7 @@ def test_resume_refuses_a_checkpoint_of_another_run(cli, tmp_path, corpus):
     r = resume("tiny:llama", "--set", "steps=3", "--set", "save_at_tokens=[]")
     assert r.code == 2 and "past this run's 3 steps" in r.err, r.err
     assert resume("tiny:llama", "--set", "gradient_checkpointing=true").code == 0  # the same maths may change
+    monkeypatch.chdir(corpus.parent)  # the same corpus by another spelling is the same run
+    r = cli("train", "--method", "lm", "--model", "tiny:llama", "--data", f"./{corpus.name}", *LM,
+            "--set", f"resume={step}", "-o", tmp_path / "e")
+    assert r.code == 0, r.err

@@ -214,6 +214,9 @@ def test_stale_and_shared_entries(cli, cache, notes, monkeypatch):
     assert r.code == 0 and "stale" in r.out
     assert cli("--json", "zoo", "list").json()[0]["names"] == []
     monkeypatch.setattr(os, "umask", lambda mask=0: 0o022)
+    from llmx.core import atomic
+
+    atomic._umask.cache_clear()
     path = zoo.ensure(RefRequest("llama", "test", steps=5, data=str(notes)), show_progress=False)
     assert path.stat().st_mode & 0o777 == 0o755 and (path / "zoo.json").stat().st_mode & 0o044  # readable by others
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -12,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmx import __version__
-from llmx.cli.output import error, error_document, state
+from llmx.cli.output import error, state
 from llmx.errors import LlmxError
 
 
@@ -136,17 +138,22 @@ def main(argv: list[str] | None = None) -> int:
     args = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
     end = args.index("--") if "--" in args else len(args)
     state.json = "--json" in args[:end]  # before parsing: a parse error must still answer in JSON
+    held = io.StringIO()  # under --json, stdout is released only for the one document (typer prints help text)
     try:
-        rv = command.main(args=args, prog_name="llmx", standalone_mode=False)
+        with contextlib.redirect_stdout(held) if state.json else contextlib.nullcontext():
+            rv = command.main(args=args, prog_name="llmx", standalone_mode=False)
+        sys.stdout.write(held.getvalue())
         if rv == 130:  # typer turns Ctrl-C inside a command into a silent exit 130
             raise KeyboardInterrupt
         return rv if isinstance(rv, int) else 0
     except _click.exceptions.ClickException as exc:
         from typer import rich_utils
 
-        rich_utils.rich_format_error(exc)
         if state.json:
-            error_document([exc.format_message()], exc.exit_code)
+            message = "missing command" if isinstance(exc, _click.exceptions.NoArgsIsHelpError) else exc.format_message()
+            error([message], exc.exit_code)
+            return exc.exit_code
+        rich_utils.rich_format_error(exc)
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         error(["interrupted"], 130)

@@ -29,14 +29,16 @@ def show(configs: Annotated[list[str], typer.Argument(help="Config file(s), merg
 @config_app.command("validate", epilog=examples("llmx config validate configs/smoke/*.yaml",
                                                  "llmx --json config validate my.yaml"))
 def validate(configs: Annotated[list[str], typer.Argument(help="Config files to check, each on its own.")]) -> None:
-    """Check each file; report every problem with its path. Exit 2 if any file is invalid."""
+    """Check each file (its params, then the data, files, models and checkpoints it names, as a run would before its
+    first stage); report every problem with its path. Exit 2 if any file is invalid."""
     from llmx.cli.build import merged_files, resolve_cli
+    from llmx.core.pipeline import check_references
     from llmx.errors import ConfigError, UsageError
 
     results = []
     for f in configs:
         try:
-            resolve_cli(merged_files([Path(f)]), None, None, source=f, files=[Path(f)])
+            check_references(resolve_cli(merged_files([Path(f)]), None, None, source=f, files=[Path(f)]))
             results.append({"file": f, "ok": True, "problems": []})
         except ConfigError as exc:
             results.append({"file": f, "ok": False, "problems": [str(p) for p in exc.problems]})

@@ -69,13 +69,15 @@ def error_document(lines: list[str], code: int) -> None:
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    """Cells are plain text: ``[failed]`` in a value is shown, not read as rich markup."""
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=title, show_lines=False)
     for c in columns:
-        t.add_column(c, overflow="fold")
+        t.add_column(escape(c), overflow="fold")
     for r in rows:
-        t.add_row(*[fmt(v) for v in r])
+        t.add_row(*[escape(fmt(v)) for v in r])
     stdout().print(t)
 
 

@@ -33,6 +33,9 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
 def execute(run: ResolvedRun) -> None:
     """Run (or, with --dry-run, only print) a resolved pipeline and show its metrics."""
     if state.dry_run:
+        from llmx.core.pipeline import check_references
+
+        check_references(run)
         emit({"dry_run": True, "config": run.to_dict()}, lambda: stdout().print(run.to_yaml(), highlight=False))
         return
     from llmx.core.pipeline import execute as run_pipeline

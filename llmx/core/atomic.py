@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -31,9 +32,10 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=1)
 def _umask() -> int:
-    """The process umask (tempfile creates 0600 files and 0700 folders whatever it is: a shared cache or runs folder
-    would be unreadable to others)."""
+    """The process umask, read once (tempfile creates 0600 files and 0700 folders whatever it is: a shared cache or
+    runs folder would be unreadable to others). Reading it sets it for an instant, so it is not read again."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

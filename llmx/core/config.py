@@ -121,7 +121,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise UsageError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        from llmx.core.data.files import read_text
+
+        data = yaml.safe_load(read_text(p))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

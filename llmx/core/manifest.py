@@ -7,7 +7,8 @@ import hashlib
 import json
 from pathlib import Path
 
-MANIFEST = "manifest.json"
+MANIFEST = "manifest.json"  # a zoo entry's
+SAVED = "llmx-manifest.json"  # a model folder llmx saved (its own name: other tools' folders may hold a manifest.json)
 
 
 def sha256(path: Path) -> str:

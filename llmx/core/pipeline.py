@@ -148,6 +148,8 @@ def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, A
             shutil.rmtree(path, ignore_errors=True)
         else:  # finished stages keep their artifacts
             runs.finish_meta(path, meta, "failed", error=exc.message)
+            done = ", ".join(f"{s['index']}:{s['method']}" for s in result.stages)
+            exc.hint = "\n".join(filter(None, [exc.hint, f"Run folder kept: {path} ({done} finished)."]))
         raise
     except KeyboardInterrupt:
         runs.finish_meta(path, meta, "interrupted")

@@ -116,7 +116,10 @@ def plot(rows: list[StageRow], folder: Path, metric: str | None = None) -> list[
 
 
 def _common_metric(rows: list[StageRow]) -> str:
-    counts = {k: sum(1 for r in rows if k in r.metrics) for k in KEY_METRICS}
+    def numeric(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    counts = {k: sum(1 for r in rows if numeric(r.metrics.get(k))) for k in KEY_METRICS}
     return max(KEY_METRICS, key=lambda k: (counts[k], -KEY_METRICS.index(k)))
 
 

@@ -28,7 +28,14 @@ def track(items: Iterable[T], total: int | None = None, description: str = "", e
     elif sys.stderr.isatty():
         yield from _bar(items, total, description)
     else:
-        yield from _lines(items, total, description, float(os.environ.get("LLMX_PROGRESS_SECONDS", 30)))
+        yield from _lines(items, total, description, _every())
+
+
+def _every() -> float:
+    try:
+        return max(0.0, float(os.environ.get("LLMX_PROGRESS_SECONDS", 30)))
+    except ValueError:
+        return 30.0
 
 
 def _bar(items: Iterable[T], total: int | None, description: str) -> Iterator[T]:

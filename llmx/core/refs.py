@@ -94,12 +94,14 @@ def check_params(params: Any, prefix: str) -> list[Problem]:
     for name, info in type(params).model_fields.items():
         value = getattr(params, name)
         kind = field_kind(info)
-        if kind and isinstance(value, str):
-            why = problem(kind, value)
-            if why:
-                out.append(Problem(f"{prefix}{name}", why))
-        elif isinstance(value, BaseModel):
-            out += check_params(value, f"{prefix}{name}.")
+        for i, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            where = f"{prefix}{name}" + ("" if i is None else f".{i}")
+            if kind and isinstance(item, str):
+                why = problem(kind, item)
+                if why:
+                    out.append(Problem(where, why))
+            elif isinstance(item, BaseModel):
+                out += check_params(item, f"{where}.")
     return out
 
 
@@ -120,14 +122,20 @@ def rebase(params: Any, folder: Path) -> None:
     the recipe); one that exists only from the current folder keeps working as before."""
     from pydantic import BaseModel
 
+    def moved(value: str) -> str:
+        beside = folder / value
+        return str(beside) if _relative(value) and beside.exists() and not Path(value).exists() else value
+
     for name, info in type(params).model_fields.items():
         value = getattr(params, name)
-        if field_kind(info) and isinstance(value, str) and _relative(value):
-            beside = folder / value
-            if beside.exists() and not Path(value).exists():
-                setattr(params, name, str(beside))
-        elif isinstance(value, BaseModel):
-            rebase(value, folder)
+        kind = field_kind(info)
+        if kind and isinstance(value, str):
+            setattr(params, name, moved(value))
+        elif kind and isinstance(value, list):
+            setattr(params, name, [moved(v) if isinstance(v, str) else v for v in value])
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, BaseModel):
+                rebase(item, folder)
 
 
 def _relative(value: str) -> bool:

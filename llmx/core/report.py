@@ -3,7 +3,6 @@ reader looks for first, and the loss curves training stages left in ``metrics.js
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +73,7 @@ def rows(paths: list[str]) -> list[StageRow]:
             out.append(StageRow(folder.name, status, -1, "-", "-", None, {}, folder, model))
         for s in stages:
             curve_file = folder / "artifacts" / f"{s['index']}_{s['method']}" / "metrics.jsonl"
-            curve = [json.loads(x) for x in curve_file.read_text().splitlines() if x.strip()] if curve_file.is_file() else []
+            curve = runs.records(curve_file) if curve_file.is_file() else []
             out.append(StageRow(folder.name, status, s["index"], s["method"], s["stage"], s.get("seconds"),
                                 s["metrics"], folder, model, curve))
     return out

@@ -127,6 +127,17 @@ def sweep(root: Path) -> list[Path]:
     return died
 
 
+def records(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of a ``metrics.jsonl`` (a killed run may leave its last line half-written)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def read(path: str | Path) -> dict[str, Any]:
     """Load a finished or partial run folder for ``llmx report``."""
     p = Path(path)

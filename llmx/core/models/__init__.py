@@ -54,7 +54,7 @@ def check_manifest(path: Path) -> None:
     """A folder llmx saved carries a SHA-256 manifest: every file must still match it."""
     from llmx.core import manifest
 
-    if (path / manifest.MANIFEST).is_file() and (problem := manifest.verify(path)):
+    if (path / manifest.SAVED).is_file() and (problem := manifest.verify(path, manifest.SAVED)):
         raise UsageError(f"{path}: {problem}; the folder changed after llmx saved it (damaged or edited)")
 
 
@@ -149,5 +149,5 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
         (tmp / METADATA).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         for name, data in (files or {}).items():
             (tmp / name).write_bytes(data)
-        manifest.write(tmp)
+        manifest.write(tmp, manifest.SAVED)
     return Path(path)

@@ -9,22 +9,33 @@ from urllib.parse import urlparse
 
 from llmx.errors import UsageError
 
+PROXIES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy")
+
 
 def cached(name: str) -> bool:
+    """Whether ``name`` is a valid hub id with a config in the local cache (an invalid id is a usage error)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return False
-    found = try_to_load_from_cache(name, "config.json")
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except ValueError as exc:  # HFValidationError: not a hub id at all
+        raise UsageError(f"model '{name}' is not a local folder, a known name or a valid hub id ({exc})") from None
     return isinstance(found, str)
 
 
 def reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub answers a TCP connection within ``timeout`` (the endpoint's own host and port). Behind a
+    proxy the direct probe says nothing, so it is assumed reachable and the hub client decides."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         return False
-    host = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+    if any(os.environ.get(p) for p in PROXIES):
+        return True
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (80 if url.scheme == "http" else 443)
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout).close()
     except OSError:
         return False
     return True

@@ -73,6 +73,7 @@ def attach(path: Path, base: str | None, dtype: str, device: str, trainable: boo
 
     from llmx.core import models
 
+    models.check_manifest(Path(path))
     base = base_of(path, base)
     model, tok = models.load(base, dtype=dtype, device=device)
     if (path / "tokenizer_config.json").is_file():

@@ -62,7 +62,7 @@ def check_identity(state: dict[str, Any], identity: dict[str, Any] | None, sourc
         raise UsageError(f"resume: {source} was trained on model {saved.get('model')!r}, this run uses "
                          f"{identity.get('model')!r}")
     old, new = saved.get("params") or {}, identity.get("params") or {}
-    differ = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    differ = [k for k in sorted(old) if k in new and old[k] != new[k]]  # a param added since is not a difference
     if differ:
         shown = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in differ[:4])
         raise UsageError(f"resume: {source} belongs to a run with other settings ({shown})",

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from llmx.core import atomic
+from llmx.core import atomic, runs
 from llmx.core.train import checkpoint
 from llmx.core.train.distributed import all_sum, world
 from llmx.core.train.schedule import DecayShape, Schedule, lr_at
@@ -102,7 +102,7 @@ def micro_index(step: int, micro: int, c: TrainConfig, rank: int, size: int) -> 
 def _metrics_log(path: Path | None, start: int, resume: Path | None):
     """Open ``metrics.jsonl`` for appending. A resumed run first writes the history up to its step, from this file
     or else from the run it resumes (its stage folder's ``metrics.jsonl``), so the file is the whole curve and never
-    repeats a step."""
+    repeats a step (a half-written last line of a killed run is dropped)."""
     if path is None:
         return None
     kept: list[str] = []
@@ -110,8 +110,8 @@ def _metrics_log(path: Path | None, start: int, resume: Path | None):
         folder = checkpoint.stage_folder(resume) if not path.is_file() else None
         source = path if path.is_file() else (folder / path.name if folder is not None else None)
         if source is not None and source.is_file():
-            kept = [x for x in source.read_text().splitlines() if x.strip() and json.loads(x)["step"] <= start]
-    atomic.write_text(path, "".join(line + "\n" for line in kept))
+            kept = [r for r in runs.records(source) if r.get("step", start + 1) <= start]
+    atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return path.open("a")
 
 

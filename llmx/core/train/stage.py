@@ -77,20 +77,42 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
     schedule by design and is not checked)."""
     checked = p.resume is not None and resume in (None, p.resume)
     resume = resume or p.resume
-    identity = {"model": str(ctx.config.model), "params": _identity_params(p)}
+    identity = {"model": model_identity(ctx.config.model), "params": _identity_params(p)}
     return train(model, params if params is not None else trainable(model), loss, config or p.loop_config(),
                  evaluate=evaluate, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
                  checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(resume) if resume else None,
                  after_step=after_step, weight=weight, identity=identity, verify_resume=checked)
 
 
-RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "checkpoint_every", "eval_every", "save_at_tokens",
-             "gradient_checkpointing")  # may differ between a run and its resumption: the maths is the same
+RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "checkpoint_every", "eval_every",
+             "eval_windows", "save_at_tokens", "gradient_checkpointing", "merge")  # may change on resume: same maths
 
 
 def _identity_params(p: LoopParams) -> dict[str, Any]:
-    """The params a resumed run must share with its checkpoint: all but those a resume may change."""
-    return {k: v for k, v in p.model_dump(mode="json").items() if k not in RESUMABLE}
+    """The params a resumed run must share with its checkpoint: all but those a resume may change, with paths
+    resolved (``./corpus.txt`` and ``corpus.txt`` are one file)."""
+    def norm(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items() if k not in RESUMABLE}
+        if isinstance(v, str) and ":" not in v and Path(v).expanduser().exists():
+            return str(Path(v).expanduser().resolve())
+        return v
+
+    return norm(p.model_dump(mode="json"))
+
+
+def model_identity(name: str | None) -> str:
+    """A model by what it is: a folder llmx saved by its manifest's digest (another model copied to the same path is
+    another model), any other folder by its resolved path, a named source (tiny:, ref:, a hub id) by its name."""
+    from llmx.core import manifest
+
+    path = Path(str(name)).expanduser()
+    if not path.is_dir():
+        return str(name)
+    for listing in (path / manifest.SAVED, path / manifest.MANIFEST):
+        if listing.is_file():
+            return f"{path.resolve()}@{manifest.sha256(listing)[:16]}"
+    return str(path.resolve())
 
 
 def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainParams, method: str,
