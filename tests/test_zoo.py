@@ -237,6 +237,16 @@ def test_a_foreign_tokenizer_without_pad_keeps_eos_trainable():
         assert emb.padding_idx is None and emb.weight[tok.eos_token_id].abs().sum() > 0
 
 
+def test_tokenizer_fingerprint_covers_the_special_ids():
+    from llmx.core.tokenizer import byte_tokenizer
+    from llmx.core.zoo.corpus import tokenizer_fingerprint
+
+    a, b = byte_tokenizer(), byte_tokenizer()
+    assert tokenizer_fingerprint(a) == tokenizer_fingerprint(b)
+    b.pad_token = b.eos_token  # same vocabulary, another padding id: another model config
+    assert tokenizer_fingerprint(a) != tokenizer_fingerprint(b)
+
+
 def test_a_named_tokenizer_is_reused_not_retrained(cache, notes):
     base = zoo.ensure(RefRequest("llama", "test", steps=10, data=str(notes), name="base"), show_progress=False)
     other = zoo.ensure(RefRequest("gpt2", "test", steps=10, data="pydoc", tokenizer="ref:base"), show_progress=False)
