@@ -4,9 +4,9 @@ earlier stages made, and a run killed mid-way is marked ``died`` with its half-w
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from llmx.core import runs
 
@@ -49,19 +49,35 @@ def test_a_later_failure_keeps_the_earlier_stages_artifacts(cli, tmp_path):
 
 
 def test_a_killed_run_is_marked_died_and_its_leftovers_removed(cli, tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    folder = tmp_path / "runs" / "20260101T000000000000Z_run_deadbeef"
-    (folder / "artifacts" / ".model.abc.tmp").mkdir(parents=True)
-    (folder / runs.CONFIG).write_text("pipeline: []\n")
-    meta = {"status": "running", "host": {"hostname": socket.gethostname(), "pid": dead.pid}}
-    (folder / runs.META).write_text(json.dumps(meta))
-    alive = tmp_path / "runs" / "20260101T000000000001Z_run_cafebabe"
-    alive.mkdir()
-    (alive / runs.CONFIG).write_text("pipeline: []\n")
-    (alive / runs.META).write_text(json.dumps({"status": "running", "host": {**meta["host"], "pid": 1}}))
-    r = cli("--json", "report", tmp_path / "runs")
+    def run_folder(name: str) -> Path:
+        folder = tmp_path / "runs" / name
+        (folder / "artifacts" / ".model.abc.tmp").mkdir(parents=True)
+        (folder / runs.CONFIG).write_text("pipeline: []\n")
+        (folder / runs.META).write_text(json.dumps({"status": "running"}))
+        (folder / runs.LOCK).touch()
+        return folder
+
+    dead, alive = run_folder("20260101T000000000000Z_run_deadbeef"), run_folder("20260101T000000000001Z_run_cafebabe")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom filelock import FileLock\n"
+                               f"lock = FileLock({str(alive / runs.LOCK)!r})\nlock.acquire()\nprint('held', flush=True)\n"
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # another process (another container) runs it
+        r = cli("--json", "report", tmp_path / "runs")
+        assert r.code == 0, r.err
+    finally:
+        holder.kill()
+    assert json.loads((dead / runs.META).read_text())["status"] == "died"
+    assert not (dead / "artifacts" / ".model.abc.tmp").exists()
+    assert json.loads((alive / runs.META).read_text())["status"] == "running"
+    assert (alive / "artifacts" / ".model.abc.tmp").exists()  # a live run's save in flight is left alone
+
+
+def test_a_run_holds_its_lock_while_it_runs(cli, tmp_path):
+    from filelock import FileLock
+
+    r = cli("--json", "eval", "--method", "perplexity", "--model", "tiny:llama", "--set", "max_tokens=256",
+            "-o", tmp_path / "runs")
     assert r.code == 0, r.err
-    assert json.loads((folder / runs.META).read_text())["status"] == "died"
-    assert not (folder / "artifacts" / ".model.abc.tmp").exists()
-    assert json.loads((alive / runs.META).read_text())["status"] == "running"  # its process is alive
+    (folder,) = (tmp_path / "runs").iterdir()
+    FileLock(str(folder / runs.LOCK)).acquire(timeout=0)  # released at the end

@@ -121,6 +121,14 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_entry(cli, cache, tmp_path):
     assert not cache.exists() or [p.name for p in cache.iterdir() if not p.name.startswith(".locks")] == []
 
 
+def test_an_unwritable_cache_fails_before_training(cli, monkeypatch, tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("LLMX_CACHE_DIR", str(blocked))
+    r = cli("zoo", "build", "llama", "--preset", "test", "--steps", "5")
+    assert r.code == 2 and "cannot write the zoo cache" in r.err and "training" not in r.err
+
+
 def test_latin1_jsonl_for_evaluation_is_exit_2_with_file_and_line(cli, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')

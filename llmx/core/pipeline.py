@@ -110,6 +110,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, A
     rank = distributed.init(run.config.device)
     runs.sweep(Path(run.config.output_dir))
     path = runs.create(run, rank)
+    lock = runs.hold(path)
     result = RunResult(path)
     log = logging.getLogger("llmx.run")
     log.setLevel(logging.DEBUG)
@@ -160,3 +161,4 @@ def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, A
     finally:
         log.removeHandler(handler)
         handler.close()
+        lock.release()

@@ -20,6 +20,7 @@ from llmx.core.config import ResolvedRun
 from llmx.errors import UsageError
 
 CONFIG, META, METRICS, LOG = "config.yaml", "meta.json", "metrics.json", "log.txt"
+LOCK = ".running.lock"
 
 
 def create(run: ResolvedRun, rank: int = 0) -> Path:
@@ -90,39 +91,53 @@ def write_meta(path: Path, meta: dict[str, Any]) -> None:
     atomic.write_json(path / META, {k: v for k, v in meta.items() if not k.startswith("_")})
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def hold(folder: Path) -> Any:
+    """Take the run's lock (``.running.lock``) for as long as it runs (release it at the end): a lock, unlike a
+    pid, is seen across containers that share a host name but not a process table, and the kernel drops it however
+    the process ends."""
+    from filelock import FileLock
+
+    lock = FileLock(str(folder / LOCK))
+    lock.acquire()
+    return lock
+
+
+def _dead(folder: Path) -> bool:
+    """Whether no process holds the run's lock (a run without one, from before locks, counts as alive)."""
+    from filelock import FileLock, Timeout
+
+    if not (folder / LOCK).is_file():
         return False
-    except PermissionError:
-        return True
+    lock = FileLock(str(folder / LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    lock.release()
     return True
 
 
 def sweep(root: Path) -> list[Path]:
-    """Runs under ``root`` whose process died (killed mid-run: ``meta.json`` still says ``running``, on this host,
-    and its pid is gone) are marked ``died`` and their half-written ``.tmp`` leftovers removed. Returns them."""
+    """Runs under ``root`` whose process died (killed mid-run: ``meta.json`` still says ``running`` and no process
+    holds its lock) are marked ``died`` and their half-written ``.tmp`` leftovers removed. Returns them; a run
+    folder this process may not write is left as it is."""
     import shutil
 
     died = []
     for meta_file in sorted(root.glob(f"*/{META}")) if root.is_dir() else []:
+        folder = meta_file.parent
         try:
             meta = json.loads(meta_file.read_text())
+            if meta.get("status") != "running" or not _dead(folder):
+                continue
+            for left in sorted(folder.rglob(".*.tmp"), reverse=True):
+                if left.is_dir():
+                    shutil.rmtree(left)
+                else:
+                    left.unlink(missing_ok=True)
+            atomic.write_json(meta_file, {**meta, "status": "died"})
         except (OSError, json.JSONDecodeError):
             continue
-        host = meta.get("host") or {}
-        if meta.get("status") != "running" or host.get("hostname") != socket.gethostname() or "pid" not in host:
-            continue
-        if _alive(int(host["pid"])):
-            continue
-        folder = meta_file.parent
-        for left in sorted(folder.rglob(".*.tmp"), reverse=True):
-            if left.is_dir():
-                shutil.rmtree(left, ignore_errors=True)
-            else:
-                left.unlink(missing_ok=True)
-        atomic.write_json(meta_file, {**meta, "status": "died"})
         died.append(folder)
     return died
 

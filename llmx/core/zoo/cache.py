@@ -41,8 +41,8 @@ def locked(entry: Path) -> Iterator[None]:
         except Timeout:
             log.info("waiting for another process building %s", entry.name)
             lock.acquire()
-    except PermissionError as exc:
-        raise UsageError(f"cannot write the zoo cache {entry.parent}: {exc.strerror}",
+    except OSError as exc:  # read-only, not a folder, full: before any training
+        raise UsageError(f"cannot write the zoo cache {entry.parent}: {exc.strerror or exc}",
                          hint="Set LLMX_CACHE_DIR to a writable folder.") from exc
     try:
         yield
