@@ -230,6 +230,7 @@ def test_lora_without_peft_exits_3_before_anything_is_written(cli, tmp_path, mon
 
 
 def test_data_flag_goes_to_the_method_param_or_the_run_corpus(cli, tmp_path):
+    (tmp_path / "corpus.txt").write_text("def f():\n    return 1\n" * 50)  # a dry run checks what the run would read
     r = cli("--json", "--dry-run", "train", "--method", "lm", "--model", "tiny:llama", "--data", "corpus.txt")
     assert r.json()["config"]["pipeline"][0]["params"]["data"] == "corpus.txt"
     r = cli("--json", "--dry-run", "train", "--method", "clover", "--model", "tiny:llama", "--data", "corpus.txt")
