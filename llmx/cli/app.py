@@ -19,8 +19,8 @@ from llmx.errors import LlmxError
 
 
 def examples(*lines: str) -> str:
-    """An epilog of copy-pasteable examples (blank-line separated so rich keeps the breaks)."""
-    return "Examples:\n\n" + "\n\n".join(f"  {line}" for line in lines)
+    """An epilog of copy-pasteable examples, one per line (``\\b``: click keeps the paragraph unwrapped)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
 
 
 app = typer.Typer(
@@ -33,7 +33,7 @@ app = typer.Typer(
         "llmx report runs/*",
     ),
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -11,7 +11,6 @@ from llmx.cli.output import emit, info, state, stdout, table
 
 zoo_app = typer.Typer(help="Build, list and remove the reference models trained from real text (ref:NAME).",
                       no_args_is_help=True)
-_SHAPE = "Shape (overrides the preset)"
 
 
 @zoo_app.command("build", epilog=examples(
@@ -29,16 +28,13 @@ def build(
     steps: Annotated[Optional[int], typer.Option("--steps", help="Maximum training steps (default: the preset's).")] = None,
     tokens: Annotated[Optional[int], typer.Option("--tokens", help="Training budget in tokens, instead of --steps.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed gives identical weights.")] = 0,
-    layers: Annotated[Optional[int], typer.Option("--layers", help="Blocks (decoder or Mamba layers).",
-                                                  rich_help_panel=_SHAPE)] = None,
-    hidden: Annotated[Optional[int], typer.Option("--hidden", help="Model width.", rich_help_panel=_SHAPE)] = None,
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads.", rich_help_panel=_SHAPE)] = None,
-    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Key/value heads (GQA).",
-                                                    rich_help_panel=_SHAPE)] = None,
-    vocab: Annotated[Optional[int], typer.Option("--vocab", help="BPE vocabulary trained on the corpus.",
-                                                 rich_help_panel=_SHAPE)] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Training context length.",
-                                                   rich_help_panel=_SHAPE)] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", help="Shape, over the preset: blocks (decoder or "
+                                                  "Mamba layers).")] = None,
+    hidden: Annotated[Optional[int], typer.Option("--hidden", help="Shape: model width.")] = None,
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Shape: attention heads.")] = None,
+    kv_heads: Annotated[Optional[int], typer.Option("--kv-heads", help="Shape: key/value heads (GQA).")] = None,
+    vocab: Annotated[Optional[int], typer.Option("--vocab", help="Shape: BPE vocabulary trained on the corpus.")] = None,
+    seq_len: Annotated[Optional[int], typer.Option("--seq-len", help="Shape: training context length.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Use this model's tokenizer (ref:NAME, a "
                                                      "folder or a hub id) instead of training one.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if a verified entry exists.")] = False,
