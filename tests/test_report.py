@@ -66,7 +66,7 @@ def test_plots_are_pictures_with_their_data_beside_them(cli, smoke_runs, tmp_pat
         assert 0.01 < ink < 0.6, (name, ink)  # drawn on, not blank and not a solid block
         assert len(list(csv.DictReader(table.open()))) >= 2, name
     pareto = list(csv.DictReader((tmp_path / "plots" / "pareto.csv").open()))
-    assert {(p["method"], p["weight_bits"]) for p in pareto} >= {("fp", "16"), ("rtn", "4")}
+    assert {(p["method"], p["weight_bits"]) for p in pareto} >= {("fp", "16"), ("rtn", "4"), ("lm (train)", "16")}
 
 
 def test_a_quantizing_run_says_which_column_is_fp_and_which_quantized(cli, tmp_path):

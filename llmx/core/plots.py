@@ -1,8 +1,8 @@
 """``llmx report --plot DIR``: the figures people look at, each as a PNG with the CSV it was drawn from beside it.
 
 - ``pareto``: perplexity against weight bits, one panel per model (each evaluation takes the bits of the last
-  quantization before it in its run; none before is FP, drawn at 16), with the front of points no other run on that
-  model beats on both;
+  quantization before it in its run; none before is FP, drawn at 16; a pruned or trained model is labelled by what
+  changed it), with the front of points no other run on that model beats on both;
 - ``loss``: training-loss curves from the ``metrics.jsonl`` of training stages;
 - ``bars``: one bar per stage for a metric (default: the most common headline metric).
 
@@ -46,6 +46,8 @@ def pareto_points(rows: list[StageRow]) -> list[dict[str, Any]]:
         b = weight_bits(r.metrics.get("bits")) if r.stage == "quantize" else None
         if b is not None:
             bits[r.run], method[r.run] = b, r.method
+        elif r.stage in ("prune", "train", "align"):  # another model than the FP one, at the same bits
+            method[r.run] = f"{method[r.run]} + {r.method}" if r.run in method else f"{r.method} ({r.stage})"
         elif isinstance(r.metrics.get("perplexity"), (int, float)) and r.stage == "eval":
             points.append({"model": r.model, "run": short_run(r.run), "stage": r.label, "method": method.get(r.run, "fp"),
                            "weight_bits": bits.get(r.run, FP_BITS), "perplexity": r.metrics["perplexity"]})
