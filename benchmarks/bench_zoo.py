@@ -80,10 +80,11 @@ def domains(args) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llmx.core.data import documents
+    from llmx.core.zoo.corpus import cap
     from llmx.core.zoo.request import RefRequest
 
     torch.set_num_threads(1)
-    held = {d: _cap(documents(d, "validation"), args.max_chars) for d in args.domains}  # the same text for each model
+    held = {d: cap(documents(d, "validation"), args.max_chars) for d in args.domains}  # the same text for each model
     rows = []
     with tempfile.TemporaryDirectory() as fresh:
         for data in args.domains:
@@ -108,16 +109,6 @@ def domains(args) -> None:
     cols = ["trained_on", "params", "train_seconds", "val_perplexity", "unigram_perplexity",
             *[f"bpb_on_{d}" for d in args.domains]]
     (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text(markdown(cols, rows) + "\n")
-
-
-def _cap(docs: list[str], chars: int) -> list[str]:
-    out, total = [], 0
-    for doc in docs:
-        if total >= chars:
-            break
-        out.append(doc)
-        total += len(doc)
-    return out
 
 
 def main() -> None:

@@ -108,7 +108,7 @@ def fixed_windows(stream, seq_len: int, n: int):
     n = min(n, (len(stream) - 1) // seq_len)
     if n < 1:
         raise UsageError(f"the held-out data has {len(stream)} tokens, fewer than one window of {seq_len}")
-    starts = torch.linspace(0, len(stream) - seq_len - 1, n).long()
+    starts = torch.linspace(0, len(stream) - seq_len - 1, n, device=stream.device).long()
     return torch.stack([stream[s:s + seq_len] for s in starts])
 
 

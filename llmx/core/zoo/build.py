@@ -68,9 +68,9 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
             "params": sum(p.numel() for p in model.parameters()), "vocab": len(tok),
             "steps_run": result.steps, "best_step": result.best_step, "train_seconds": round(result.seconds, 1),
             "tokens_seen": result.steps * spec.batch * spec.seq_len, "best_val_nll": result.best_eval,
-            "val_perplexity": float(torch.tensor(total / count).exp()), "val_tokens_scored": count,
+            "val_perplexity": math.exp(total / count), "val_tokens_scored": count,
             "val_bits_per_byte": total / math.log(2) / scored_bytes(tok, scored),
-            "unigram_perplexity": float(torch.tensor(unigram_nll(train_ids, scored, len(tok))).exp()),
+            "unigram_perplexity": math.exp(unigram_nll(train_ids, scored, len(tok))),
             "zoo_version": ZOO_VERSION, "torch": torch.__version__,
             "built_by": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid()},
         }

@@ -24,16 +24,16 @@ def corpus(req: RefRequest) -> Corpus:
     from llmx.core.data import documents
 
     train, val = documents(req.data, "train"), documents(req.data, "validation")
-    cap = req.spec.corpus_chars
-    if cap:
-        train, val = _cap(train, cap), _cap(val, cap // 5)
+    limit = req.spec.corpus_chars
+    if limit:
+        train, val = cap(train, limit), cap(val, limit // 5)
     digest = hashlib.sha256()
     for doc in train + ["\0split\0"] + val:
         digest.update(doc.encode("utf-8", "replace"))
     return Corpus(req.data, train, val, digest.hexdigest()[:16])
 
 
-def _cap(docs: list[str], chars: int) -> list[str]:
+def cap(docs: list[str], chars: int) -> list[str]:
     """Whole documents until ``chars`` characters are reached; a first document longer than that (a single-document
     ``.txt``) is cut to it."""
     out, total = [], 0
