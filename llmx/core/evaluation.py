@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -46,6 +48,11 @@ def scored_bytes(tokenizer, tokens: torch.Tensor) -> int:
     scored = tokens[1:]
     eos = int((scored == tokenizer.eos_token_id).sum()) if tokenizer.eos_token_id is not None else 0
     return len(tokenizer.decode(scored.tolist(), skip_special_tokens=True).encode("utf-8")) + eos
+
+
+def bits_per_byte(total_nll: float, tokenizer, tokens: torch.Tensor) -> float:
+    """Summed NLL (nats) of ``tokens[1:]`` in bits per byte of the text they encode."""
+    return total_nll / math.log(2) / max(scored_bytes(tokenizer, tokens), 1)
 
 
 def unigram_nll(train: torch.Tensor, test: torch.Tensor, vocab_size: int) -> float:

@@ -138,5 +138,12 @@ def rebase(params: Any, folder: Path) -> None:
                 rebase(item, folder)
 
 
+def absolute(value: str) -> str:
+    """``value`` resolved when it is an existing path (not a ``ns:name`` such as ``ref:x`` or ``hf:x``), else as is:
+    ``./corpus.txt`` and ``corpus.txt`` are one file wherever they are read from."""
+    path = Path(value).expanduser()
+    return str(path.resolve()) if ":" not in value and path.exists() else value
+
+
 def _relative(value: str) -> bool:
     return ":" not in value and not Path(value).expanduser().is_absolute() and not value.startswith("~")

@@ -145,7 +145,7 @@ def sweep(root: Path) -> list[Path]:
 def records(path: Path) -> list[dict[str, Any]]:
     """The complete lines of a ``metrics.jsonl`` (a killed run may leave its last line half-written)."""
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in path.read_text(errors="replace").split("\n"):  # not splitlines(): U+2028 may sit in a string
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:

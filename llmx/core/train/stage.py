@@ -91,12 +91,12 @@ RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "check
 def _identity_params(p: LoopParams) -> dict[str, Any]:
     """The params a resumed run must share with its checkpoint: all but those a resume may change, with paths
     resolved (``./corpus.txt`` and ``corpus.txt`` are one file)."""
+    from llmx.core.refs import absolute
+
     def norm(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: norm(x) for k, x in v.items() if k not in RESUMABLE}
-        if isinstance(v, str) and ":" not in v and Path(v).expanduser().exists():
-            return str(Path(v).expanduser().resolve())
-        return v
+        return absolute(v) if isinstance(v, str) else v
 
     return norm(p.model_dump(mode="json"))
 

@@ -26,7 +26,7 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
     from transformers import AutoModelForCausalLM
 
     from llmx.core.data import join_documents
-    from llmx.core.evaluation import scored_bytes, sequence_nll, unigram_nll
+    from llmx.core.evaluation import bits_per_byte, sequence_nll, unigram_nll
     from llmx.core.models import quiet_transformers
     from llmx.core.models.archs import config
     from llmx.core.progress import clock, note, track
@@ -69,7 +69,7 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
             "steps_run": result.steps, "best_step": result.best_step, "train_seconds": round(result.seconds, 1),
             "tokens_seen": result.steps * spec.batch * spec.seq_len, "best_val_nll": result.best_eval,
             "val_perplexity": math.exp(total / count), "val_tokens_scored": count,
-            "val_bits_per_byte": total / math.log(2) / scored_bytes(tok, scored),
+            "val_bits_per_byte": bits_per_byte(total, tok, scored),
             "unigram_perplexity": math.exp(unigram_nll(train_ids, scored, len(tok))),
             "zoo_version": ZOO_VERSION, "torch": torch.__version__,
             "built_by": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid()},

@@ -23,12 +23,9 @@ def bind(name: str, entry: Path, req: RefRequest) -> None:
 
 def portable(req: RefRequest) -> RefRequest:
     """File paths made absolute, so that the request builds the same entry again from any folder."""
-    changes = {}
-    for field in ("data", "tokenizer"):
-        value = getattr(req, field)
-        if value and not value.startswith(("ref:", "hf:")) and Path(value).expanduser().exists():
-            changes[field] = str(Path(value).expanduser().resolve())
-    return replace(req, **changes)
+    from llmx.core.refs import absolute
+
+    return replace(req, **{f: absolute(getattr(req, f)) for f in ("data", "tokenizer") if getattr(req, f)})
 
 
 def lookup(name: str) -> dict[str, Any] | None:

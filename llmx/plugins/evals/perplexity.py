@@ -6,7 +6,7 @@ import math
 
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
-from llmx.core.evaluation import scored_bytes, sequence_nll
+from llmx.core.evaluation import bits_per_byte, sequence_nll
 from llmx.plugins.evals.config import PerplexityParams
 
 
@@ -16,7 +16,6 @@ def run(ctx: RunContext, p: PerplexityParams) -> dict:
     tok = ctx.tokenizer
     tokens = token_stream(tok, p.source or ctx.config.data.source, p.split, p.max_tokens)
     total, count = sequence_nll(ctx.model, tokens, seq_len, stride, p.batch_size, ctx.progress)
-    n_bytes = scored_bytes(tok, tokens)
     nll = total / max(count, 1)
-    return {"perplexity": math.exp(nll), "nll": nll, "bits_per_byte": total / math.log(2) / max(n_bytes, 1),
+    return {"perplexity": math.exp(nll), "nll": nll, "bits_per_byte": bits_per_byte(total, tok, tokens),
             "tokens": count, "seq_len": seq_len, "stride": stride}
