@@ -41,10 +41,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=400)
     ap.add_argument("--eval-prompts", type=int, default=50)
     args = ap.parse_args()
-    evaluate = {"method": "brackets", "stage": "eval", "params": {"prompts": args.eval_prompts, "samples": 4}}
+    evaluate = {"method": "task", "stage": "eval",
+                "params": {"task": "brackets", "limit": args.eval_prompts, "samples": 4, "kl": True}}
     with tempfile.TemporaryDirectory() as tmp:
-        built = run_pipeline(args.model, [{"method": "brackets", "stage": "analyze",
-                                           "params": {"prompts": args.prompts, "heldout_prompts": 50}}],
+        built = run_pipeline(args.model, [{"method": "task", "stage": "analyze",
+                                           "params": {"task": "brackets",
+                                                      "limit": {"train": args.prompts, "validation": 50}}}],
                              output_dir=tmp, threads=1)[0]
         print(built, flush=True)
         base = [run_pipeline(args.model, [evaluate], threads=1, seed=s)[0] for s in args.seeds]
@@ -54,7 +56,7 @@ def main() -> None:
             for seed in args.seeds:
                 stage = {"method": method, "stage": "align",
                          "params": {"data": str(Path(built["data_dir"]) / f"train_{kind}.jsonl"),
-                                    "eval_data": str(Path(built["data_dir"]) / f"heldout_{kind}.jsonl"),
+                                    "eval_data": str(Path(built["data_dir"]) / f"validation_{kind}.jsonl"),
                                     "steps": args.steps, "lr": args.lr, "batch_size": 8, "save": False, **params}}
                 align, ev = run_pipeline(args.model, [stage, evaluate], threads=1, seed=seed)
                 runs.append(ev)
@@ -70,7 +72,7 @@ def main() -> None:
 
 
 def summarise(label: str, evals: list[dict], aligns: list[dict]) -> dict:
-    rates = [e["preferred_rate"] for e in evals]
+    rates = [e["score"] for e in evals]
     return {"method": label, "preferred_rate": statistics.mean(rates),
             "preferred_rate_sd": statistics.stdev(rates) if len(rates) > 1 else 0.0,
             "kl_from_reference": statistics.mean(e["kl_from_reference"] for e in evals),

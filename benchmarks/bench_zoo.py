@@ -65,7 +65,7 @@ def bits_per_byte(model, tok, docs: list[str], seq_len: int) -> dict:
     import torch
 
     from llmx.core.data import join_documents
-    from llmx.core.evaluation import scored_bytes, sequence_nll
+    from llmx.core.eval.lm import scored_bytes, sequence_nll
 
     ids = join_documents(tok, docs)
     with torch.inference_mode():

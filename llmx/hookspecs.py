@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import pluggy
 
-from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec
+from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec, TaskSpec
 
 hookspec = pluggy.HookspecMarker("llmx")
 hookimpl = pluggy.HookimplMarker("llmx")
@@ -30,3 +30,8 @@ def llmx_datasets() -> Iterable[DatasetSpec]:
 @hookspec
 def llmx_layers() -> Iterable[LayerSpec]:
     """Yield the stored layer types this plugin saves and loads (see ``LayerSpec``)."""
+
+
+@hookspec
+def llmx_tasks() -> Iterable[TaskSpec]:
+    """Yield evaluation tasks (prompts a program builds, answers a program judges; see ``TaskSpec``)."""

@@ -79,13 +79,14 @@ def test_align_run_resumes_exactly(cli, tmp_path):
 
 
 def test_brackets_checker():
-    from llmx.plugins.brackets.task import balanced, judge, prompts
+    from llmx.plugins.tasks.brackets import balanced, judge, rows
 
     assert balanced("f(a, [b, {c: d}])") and not balanced("f(a, [b)]") and not balanced("f((a)")
     assert balanced("print('(')") and not balanced(")(")
-    assert judge("x = f(", "a, b)\n") and not judge("x = f(", "a, b)") and not judge("x = f(", "a, (b)\n")
-    train, val = prompts("train", 30, 0), prompts("validation", 30, 0)
-    assert len(train) == 30 and not set(train) & set(val) and all(p.endswith("(") for p in train)
+    row = {"prompt": "x = f("}
+    assert judge(row, "a, b)\n") and not judge(row, "a, b)") and not judge(row, "a, (b)\n")
+    train, val = ({r["prompt"] for r in rows(split, 0)} for split in ("train", "validation"))
+    assert len(train) > 1000 and not train & val and all(p.endswith("(") for p in train)
 
 
 def test_both_sides_of_a_truncated_pair_keep_the_same_prompt_tokens():

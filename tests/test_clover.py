@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llmx.core import models
-from llmx.core.evaluation import mean_nll
+from llmx.core.eval.lm import mean_nll
 from llmx.plugins.clover import transform as T
 from llmx.plugins.clover.attention import attention_layers, convert
 

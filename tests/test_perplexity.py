@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from llmx.core.evaluation import sequence_nll, windows
+from llmx.core.eval.lm import sequence_nll, windows
 
 
 @pytest.mark.parametrize("n,seq_len,stride", [(100, 16, 8), (100, 16, 16), (17, 16, 5), (5, 16, 8), (64, 16, 3)])

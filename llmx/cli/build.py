@@ -29,7 +29,7 @@ def apply_flags(raw: dict[str, Any], *, model=None, seed=None, device=None, dtyp
 def stage_pipeline(raw: dict[str, Any], stage: Stage, method: str | None, params: dict[str, Any],
                    evals: list[str] | None) -> dict[str, Any]:
     """Stage sugar: the pipeline becomes this one stage (params from a matching config entry, then flags)
-    followed by the ``--eval`` methods."""
+    followed by the ``--eval`` methods (a name that is a task and not a method evaluates that task)."""
     from llmx.core.plugins import host
 
     base: dict[str, Any] = {}
@@ -45,8 +45,19 @@ def stage_pipeline(raw: dict[str, Any], stage: Stage, method: str | None, params
         raise UsageError(f"{stage.value} needs --method", hint=f"Methods for {stage.value}: {', '.join(names) or 'none'}.")
     entry = {"method": chosen, "stage": stage.value, "params": deep_merge(base.get("params") or {}, params)}
     out = dict(raw)
-    out["pipeline"] = [entry] + [{"method": e, "stage": Stage.EVAL.value} for e in evals or []]
+    out["pipeline"] = [entry] + [_eval_entry(e) for e in evals or []]
     return out
+
+
+def _eval_entry(name: str) -> dict[str, Any]:
+    from llmx.core.names import normalize
+    from llmx.core.plugins import host
+
+    h = host()
+    known = {normalize(n) for n in h.methods.names(Stage.EVAL)}
+    if normalize(name) not in known and normalize(name) in {normalize(t) for t in h.tasks}:
+        return {"method": "task", "stage": Stage.EVAL.value, "params": {"task": name}}
+    return {"method": name, "stage": Stage.EVAL.value}
 
 
 def _stage_of(entry: dict[str, Any]) -> str | None:

@@ -69,7 +69,7 @@ def plugins() -> None:
     data = [i.as_dict() for i in host().infos]
     emit(data, lambda: table("plugins", ["name", "source", "status", "version", "provides", "error"],
                              [[d["name"], d["source"], d["status"], d["version"],
-                               d["methods"] + d["models"] + d["datasets"], d["error"]] for d in data]))
+                               d["methods"] + d["models"] + d["datasets"] + d["tasks"], d["error"]] for d in data]))
 
 
 def register(app: typer.Typer) -> None:

@@ -18,4 +18,5 @@ Data = Annotated[Optional[str], typer.Option("--data", help="Text source: stdlib
 Name = Annotated[Optional[str], typer.Option("--name", help="Run name (part of the run folder's name).")]
 OutputDir = Annotated[Optional[str], typer.Option("--output-dir", "-o", help="Where run folders go (default runs/).")]
 Bits = Annotated[Optional[str], typer.Option("--bits", help="Quantization format w<N>a<M>, e.g. w4a16, w8a8.")]
-Evals = Annotated[Optional[list[str]], typer.Option("--eval", help="Eval method(s) to run after the stage.")]
+Evals = Annotated[Optional[list[str]],
+                  typer.Option("--eval", help="Eval method(s) or task(s) (llmx tasks) to run after the stage.")]

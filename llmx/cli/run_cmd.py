@@ -62,7 +62,9 @@ def _render(result: dict[str, Any]) -> None:
         tag = f" ({bits or 'FP'})" if quantizes and s["stage"] == "eval" else ""
         names.append(f"{s['index']}:{s['method']}{tag}")
     evals = [s for s in stages if s["stage"] == "eval"]
-    same = len(evals) >= 2 and evals[0]["method"] == evals[-1]["method"]
+    first, last = (evals[0], evals[-1]) if evals else ({}, {})
+    same = len(evals) >= 2 and first["method"] == last["method"] and \
+        first["metrics"].get("task") == last["metrics"].get("task")  # the same measure, before and after
     columns = ["metric", *names] + (["change"] if same else [])
 
     def change(k: str) -> str:

@@ -29,7 +29,7 @@ class RunResult:
         return {"run_dir": str(self.path), "stages": self.stages}
 
 
-EXTRAS = {"cupy": "gpu", "peft": "lora"}
+EXTRAS = {"cupy": "gpu", "peft": "lora", "lm_eval": "lm-eval"}
 
 
 def check_requirements(run: ResolvedRun) -> None:
@@ -45,12 +45,17 @@ def check_requirements(run: ResolvedRun) -> None:
 
                 if not torch.cuda.is_available():
                     raise MissingRequirement(f"method '{stage.spec.name}' needs a CUDA GPU and none is available")
-            module = "cupy" if req == "gpu" else req
-            if req != "gpu" and importlib.util.find_spec(module) is None:
-                hint = f"pip install 'llmx[{EXTRAS[module]}]'" if module in EXTRAS else f"pip install {module}"
-                raise MissingRequirement(
-                    f"method '{stage.spec.name}' needs the Python package '{module}', which is not installed",
-                    hint=f"Install it with: {hint}")
+            if req != "gpu":
+                require_modules(f"method '{stage.spec.name}'", [req])
+
+
+def require_modules(who: str, modules) -> None:
+    """Exit 3 naming the install command when a Python package ``who`` needs is absent."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            hint = f"pip install 'llmx[{EXTRAS[module]}]'" if module in EXTRAS else f"pip install {module}"
+            raise MissingRequirement(f"{who} needs the Python package '{module}', which is not installed",
+                                     hint=f"Install it with: {hint}")
 
 
 def check_device(device: str) -> None:

@@ -23,7 +23,7 @@ import pluggy
 
 from llmx import hookspecs
 from llmx.core.registry import MethodRegistry
-from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec
+from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec, TaskSpec
 
 ENTRY_POINT_GROUP = "llmx"
 
@@ -43,6 +43,7 @@ class PluginInfo:
     methods: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     datasets: list[str] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -57,7 +58,7 @@ def _disabled() -> set[str]:
 
 
 class PluginHost:
-    """Loads every plugin once and builds the method, model and dataset registries."""
+    """Loads every plugin once and builds the method, model, dataset, layer and task registries."""
 
     def __init__(self, plugin_dirs: list[Path] | None = None):
         self.pm = pluggy.PluginManager("llmx")
@@ -67,6 +68,7 @@ class PluginHost:
         self.models: dict[str, ModelSpec] = {}
         self.datasets: dict[str, DatasetSpec] = {}
         self.layers: dict[str, LayerSpec] = {}
+        self.tasks: dict[str, TaskSpec] = {}
         env_dirs = [Path(p) for p in os.environ.get("LLMX_PLUGINS_DIR", "").split(os.pathsep) if p]
         self._load(list(plugin_dirs or []) + env_dirs)
 
@@ -111,20 +113,35 @@ class PluginHost:
         models = [_tag(s, info.name) for s in _call(plugin, "llmx_models", ModelSpec)]
         datasets = [_tag(s, info.name) for s in _call(plugin, "llmx_datasets", DatasetSpec)]
         layers = [_tag(s, info.name) for s in _call(plugin, "llmx_layers", LayerSpec)]
-        for table, specs in ((self.models, models), (self.datasets, datasets), (self.layers, layers)):
+        tasks = [_tag(s, info.name) for s in _call(plugin, "llmx_tasks", TaskSpec)]
+        for table, specs in ((self.models, models), (self.datasets, datasets), (self.layers, layers),
+                             (self.tasks, tasks)):
             for s in specs:
                 if s.name in table:
                     raise ValueError(f"{s.name!r} is already provided by plugin {table[s.name].plugin}")
-        staged = MethodRegistry(self.methods)
+        staged = self.methods.copy()
         for s in methods:
             staged.add(s)
         self.methods = staged
         self.models.update({s.name: s for s in models})
         self.datasets.update({s.name: s for s in datasets})
         self.layers.update({s.name: s for s in layers})
+        self.tasks.update({s.name: s for s in tasks})
         info.methods = [s.name for s in methods]
         info.models = [s.name for s in models]
         info.datasets = [s.name for s in datasets]
+        info.tasks = [s.name for s in tasks]
+
+    def task(self, name: str) -> TaskSpec:
+        """The task called ``name`` (case and separators ignored), or a usage error with a did-you-mean."""
+        from llmx.core.names import did_you_mean, normalize
+        from llmx.errors import UsageError
+
+        found = {normalize(n): s for n, s in self.tasks.items()}.get(normalize(name))
+        if found is None:
+            raise UsageError(f"unknown task '{name}'.{did_you_mean(name, self.tasks)}",
+                             hint=f"Known tasks: {', '.join(sorted(self.tasks)) or 'none'} (llmx tasks).")
+        return found
 
 
 def _call(plugin: object, hook: str, kind: type) -> list:

@@ -31,6 +31,10 @@ class MethodRegistry:
         for key in keys:
             self._index.setdefault(key, []).append(spec)
 
+    def copy(self) -> MethodRegistry:
+        """A registry with the same specs in the same order (the order decides a name's default stage)."""
+        return MethodRegistry(self._specs)
+
     def __iter__(self) -> Iterator[MethodSpec]:
         return iter(sorted(self._specs, key=lambda s: (s.stages[0].value, s.name)))
 

@@ -138,3 +138,53 @@ class DatasetSpec:
     impl: str
     summary: str = ""
     plugin: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """An evaluation whose rows a program builds and whose answers a program judges (``llmx tasks``).
+
+    ``rows`` (``"module:callable"`` or a callable) takes ``(split, seed)`` and returns a list of dicts, each with a
+    ``prompt``; kind ``choice`` rows add ``choices`` (label words or answers) and ``answer`` (the right one's index),
+    scored by log-likelihood of ``delimiter + choice``; kind ``generate`` rows are completed by the model (up to a
+    ``stop`` string, kept when ``include_stop``) and ``judge(row, completion)`` scores each completion: a bool or a
+    float (1 or more passes), or ``(score, note)`` where the note says why. A row's ``reference`` (a gold
+    completion) adds its NLL to the metrics. ``samples`` and ``temperature`` are the task's defaults; ``metrics``
+    names what it reports; ``requires`` are importable modules it needs.
+    """
+
+    name: str
+    rows: str | Callable[..., list[dict]]
+    judge: str | Callable[..., Any] | None = None
+    kind: str = "generate"
+    splits: tuple[str, ...] = ("validation",)
+    metrics: tuple[str, ...] = ("score",)
+    stop: tuple[str, ...] = ()
+    include_stop: bool = False
+    max_new_tokens: int = 64
+    samples: int = 1
+    temperature: float = 0.0
+    delimiter: str = " "
+    requires: tuple[str, ...] = ()
+    summary: str = ""
+    plugin: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("generate", "choice"):
+            raise ValueError(f"task {self.name!r}: kind must be 'generate' or 'choice', got {self.kind!r}")
+        if self.kind == "generate" and self.judge is None:
+            raise ValueError(f"task {self.name!r}: a generate task needs a judge")
+        if not self.splits:
+            raise ValueError(f"task {self.name!r} declares no splits")
+
+    def load_rows(self) -> Callable[..., list[dict]]:
+        return load_object(self.rows) if isinstance(self.rows, str) else self.rows
+
+    def load_judge(self) -> Callable[..., Any]:
+        return load_object(self.judge) if isinstance(self.judge, str) else self.judge
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "splits": list(self.splits), "metrics": list(self.metrics),
+                "samples": self.samples, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
+                "stop": list(self.stop), "requires": list(self.requires), "summary": self.summary,
+                "plugin": self.plugin}

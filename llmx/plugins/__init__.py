@@ -10,7 +10,7 @@ BUILTIN = (
     "llmx.plugins.align_baselines.plugin",
     "llmx.plugins.pipa.plugin",
     "llmx.plugins.confpo.plugin",
-    "llmx.plugins.brackets.plugin",
+    "llmx.plugins.tasks.plugin",
     "llmx.plugins.lexico.plugin",
     "llmx.plugins.quamba2.plugin",
     "llmx.plugins.evals.plugin",

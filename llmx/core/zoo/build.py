@@ -26,7 +26,7 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
     from transformers import AutoModelForCausalLM
 
     from llmx.core.data import join_documents
-    from llmx.core.evaluation import bits_per_byte, sequence_nll, unigram_nll
+    from llmx.core.eval.lm import bits_per_byte, sequence_nll, unigram_nll
     from llmx.core.models import quiet_transformers
     from llmx.core.models.archs import config
     from llmx.core.progress import clock, note, track

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from llmx.core.data import fixed_windows
-from llmx.core.evaluation import mean_nll
+from llmx.core.eval.lm import mean_nll
 from llmx.core.train.loop import TrainConfig, TrainResult, train
 from llmx.core.zoo.presets import Preset
 

@@ -82,7 +82,7 @@ class Core(torch.nn.Module):
 def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
     """Freeze everything but one core per KV group and pair (on K for Q-K, on V for V-O), train, merge back."""
     from llmx.core.data import random_windows
-    from llmx.core.evaluation import mean_nll
+    from llmx.core.eval.lm import mean_nll
     from llmx.core.train.distributed import is_main, world
     from llmx.core.train.stage import fit, prepare, release
 

@@ -6,7 +6,7 @@ import math
 
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
-from llmx.core.evaluation import bits_per_byte, sequence_nll
+from llmx.core.eval.lm import bits_per_byte, sequence_nll
 from llmx.plugins.evals.config import PerplexityParams
 
 

@@ -32,7 +32,7 @@ def fresh(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
     from llmx.core.data import fixed_windows, token_stream
-    from llmx.core.evaluation import mean_nll
+    from llmx.core.eval.lm import mean_nll
 
     info = series.read_info(p.cooldown_from) if p.cooldown_from else None
     source = _branch(ctx, p) if p.cooldown_from else ctx.config.model

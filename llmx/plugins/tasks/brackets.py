@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import random
 
-import torch
-
 PAIRS = {")": "(", "]": "[", "}": "{"}
 
 
@@ -34,8 +32,8 @@ def balanced(line: str) -> bool:
     return not stack and quote is None
 
 
-def prompts(split: str, n: int, seed: int) -> list[str]:
-    """``n`` prompts from the standard-library corpus split (train / validation files never mix)."""
+def rows(split: str, seed: int) -> list[dict]:
+    """Every prompt of the standard-library corpus split (train / validation files never mix), in a seeded order."""
     from llmx.core.data import documents
 
     candidates = []
@@ -45,34 +43,13 @@ def prompts(split: str, n: int, seed: int) -> list[str]:
             line = lines[i]
             head = line[:line.find("(")]
             if "(" in line and len(line) < 100 and not line.lstrip().startswith(("#", "@")) and not set(head) & set("'\"#"):
-                candidates.append("\n".join(lines[i - 3:i]) + "\n" + line[:line.index("(") + 1])
-    rng = random.Random(seed)
-    return rng.sample(candidates, min(n, len(candidates)))
+                candidates.append({"prompt": "\n".join(lines[i - 3:i]) + "\n" + line[:line.index("(") + 1]})
+    random.Random(seed).shuffle(candidates)
+    return candidates
 
 
-def judge(prompt: str, completion: str) -> bool:
+def judge(row: dict, completion: str) -> bool:
     """The checker: the completed line is balanced and ends (a newline came within the budget)."""
     if "\n" not in completion:
         return False
-    return balanced(prompt.rsplit("\n", 1)[-1] + completion.split("\n", 1)[0])
-
-
-def cut(completion: str) -> str:
-    """A completion up to and including its first newline (the rest is another line)."""
-    head, sep, _ = completion.partition("\n")
-    return head + sep
-
-
-@torch.no_grad()
-def sample(model, tok, prompt_list: list[str], k: int, max_new_tokens: int, temperature: float, seed: int,
-           progress=lambda x, **_: x) -> list[list[str]]:
-    """``k`` sampled completions per prompt (one prompt at a time, so any architecture works; seeded per prompt)."""
-    out = []
-    device = next(model.parameters()).device
-    for i, prompt in enumerate(progress(prompt_list, description="sampling")):
-        enc = tok(prompt, return_tensors="pt").to(device)  # with BOS where the tokenizer adds one, as in training
-        torch.manual_seed(seed * 100_003 + i)
-        gen = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-                             max_new_tokens=max_new_tokens, num_return_sequences=k, pad_token_id=tok.pad_token_id)
-        out.append([cut(tok.decode(row[enc["input_ids"].shape[1]:], skip_special_tokens=True)) for row in gen])
-    return out
+    return balanced(row["prompt"].rsplit("\n", 1)[-1] + completion.split("\n", 1)[0])

