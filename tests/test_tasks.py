@@ -299,3 +299,24 @@ def test_analyze_writes_training_rows_that_the_align_stage_reads(cli, tmp_path):
                   folder / "train_unpaired.jsonl", "--set", "steps=1", "--set", "batch_size=2", "--set", "save=false",
                   "-o", tmp_path / "runs")
     assert aligned.code == 0, aligned.err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_generation_scoring_and_task_eval_on_cuda_match_the_cpu(cli, tmp_path):
+    from llmx.core import models
+
+    cpu = models.load("ref:llama-test", dtype="float32", device="cpu")
+    gpu = models.load("ref:llama-test", dtype="float32", device="cuda")
+    prompts = ["def f(x):\n    return", "import os\n", "x = compute("]
+    a = generate(*cpu, prompts, max_new_tokens=12, stop=["O"], batch_size=2)
+    b = generate(*gpu, prompts, max_new_tokens=12, stop=["O"], batch_size=2)
+    assert [c[0].text for c in a] == [c[0].text for c in b]
+    sampled = generate(*gpu, prompts, max_new_tokens=8, samples=2, temperature=1.0, seed=1)
+    assert all(len(row) == 2 for row in sampled)
+    pairs = [("def f(x):\n    return", " x"), ("import", " os")]
+    for x, y in zip(continuation_logprobs(*cpu, pairs), continuation_logprobs(*gpu, pairs), strict=True):
+        assert x.logprob == pytest.approx(y.logprob, abs=1e-3)
+    r = cli("--json", "eval", "--method", "task", "--model", "ref:llama-test", "--device", "cuda", "--set",
+            "task=brackets", "--set", "limit=4", "--set", "kl=true", "--set", "compare=tiny:llama", "-o", tmp_path)
+    assert r.code == 0, r.err

@@ -78,7 +78,7 @@ class _Draw:
             probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
         u = torch.stack([torch.rand((), generator=g, device=g.device) for g in self.generators]).to(probs.device)
         cdf = probs.cumsum(-1)
-        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_max(probs.shape[-1] - 1)
+        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_max(probs.shape[-1] - 1)
         return torch.full_like(scores, float("-inf")).scatter(-1, pick, 0.0)
 
 

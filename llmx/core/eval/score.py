@@ -1,8 +1,8 @@
 """Log-likelihood of continuations given contexts: label-word scoring for classification and multiple choice, and the
 NLL of a reference answer (a graded signal where a small model never passes).
 
-Encoding follows lm-evaluation-harness, so the two agree on the same rows: trailing spaces of the context move to
-the continuation, the pair is encoded whole, and the continuation is what follows the context's own tokens. The
+Encoding follows lm-evaluation-harness, so the two agree on the same rows: trailing whitespace of the context moves
+to the continuation, the pair is encoded whole, and the continuation is what follows the context's own tokens. The
 sequence keeps its last ``context limit + 1`` tokens; rows are right-padded in a batch (causal: padding after a row
 never reaches it).
 """
@@ -25,7 +25,7 @@ class Scored:
 
 
 def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    spaces = len(context) - len(context.rstrip(" "))
+    spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     if not context:

@@ -14,6 +14,8 @@ class TaskSource(Params):
                                   "(multiple choice) or {prompt, answer: text} (generate, exact match).")
     answer_pattern: str | None = Field(None, description="File tasks with text answers: a regex whose last match "
                                        "(its first group) is the answer; default: the completion's first line.")
+    delimiter: str = Field(" ", description="Multiple-choice file tasks: the text between prompt and choice (as "
+                           "lm-eval's target_delimiter).")
     max_new_tokens: int | None = Field(None, gt=0, description="Default: the task's.")
     stop: list[str] | None = Field(None, description="Stop strings; default: the task's.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (with temperature > 0).")

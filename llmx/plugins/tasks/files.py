@@ -13,7 +13,7 @@ from llmx.core.spec import TaskSpec
 from llmx.errors import UsageError
 
 
-def spec(path: str, answer_pattern: str | None) -> TaskSpec:
+def spec(path: str, answer_pattern: str | None, delimiter: str = " ") -> TaskSpec:
     located = list(json_lines(path))
     if not located:
         raise UsageError(f"{path}: no rows")
@@ -27,7 +27,8 @@ def spec(path: str, answer_pattern: str | None) -> TaskSpec:
     return TaskSpec(f"file:{Path(path).name}", rows=lambda split, seed: loaded, kind=kind, splits=("file",),
                     judge=None if kind == "choice" else partial(judge, pattern=answer_pattern),
                     metrics=("accuracy", "accuracy_norm") if kind == "choice" else ("score",),
-                    stop=("\n",) if answer_pattern is None else (), max_new_tokens=32, plugin="tasks")
+                    stop=("\n",) if answer_pattern is None else (), max_new_tokens=32, delimiter=delimiter,
+                    plugin="tasks")
 
 
 def judge(row: dict, completion: str, pattern: str | None = None) -> bool:

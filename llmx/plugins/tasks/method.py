@@ -19,7 +19,7 @@ def _spec(p: TaskSource) -> TaskSpec:
     from llmx.core.plugins import host
     from llmx.plugins.tasks import files
 
-    return host().task(p.task) if p.task else files.spec(p.file, p.answer_pattern)
+    return host().task(p.task) if p.task else files.spec(p.file, p.answer_pattern, p.delimiter)
 
 
 def _decoding(spec: TaskSpec, p: TaskSource, seed: int, samples: int, temperature: float) -> tasks.Decoding:
