@@ -65,7 +65,7 @@ def sandbox_cost() -> dict:
         t0 = time.perf_counter()
         results = sandbox.run_many(programs, humaneval.LIMITS, workers=workers)
         out[f"canonical_164_seconds_workers_{workers}"] = time.perf_counter() - t0
-        out["canonical_passed"] = sum(r.passed for r in results)
+        out[f"canonical_passed_workers_{workers}"] = sum(r.passed for r in results)
     print(out, flush=True)
     return out
 

@@ -59,7 +59,10 @@ def test_writes_outside_the_folder_are_refused_and_do_not_happen(root, tmp_path)
                 f"import os\nos.open({str(outside)!r}, os.O_CREAT | os.O_WRONLY)",
                 f"try:\n    open({str(outside)!r}, 'a')\nexcept BaseException:\n    pass",  # catching does not help
                 f"import os\nos.remove({str(keep)!r})",
-                f"import os\nos.symlink({str(keep)!r}, 'link')\nopen('link', 'w')"]
+                f"import os\nos.symlink({str(keep)!r}, 'link')\nopen('link', 'w')",
+                f"import sqlite3\nsqlite3.connect({str(outside)!r})",
+                f"import os\nfd = os.open({str(tmp_path)!r}, os.O_RDONLY)\nos.open('outside.txt', os.O_CREAT | os.O_WRONLY, "
+                "dir_fd=fd)"]
     for program in programs:
         o = run(program, QUICK, root)
         assert o.status == "forbidden" and "outside the scratch folder" in o.reason, program
@@ -73,10 +76,41 @@ def test_files_inside_the_folder_are_fine_but_size_is_limited(root):
     assert o.status == "file_size" and "1 MiB" in o.reason
 
 
-def test_no_network(root):
-    o = run("import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))", QUICK, root)
+@pytest.mark.parametrize("program", ["import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))",
+                                     "import socket\nsocket.gethostbyname('localhost')",
+                                     "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9')"])
+def test_no_network(root, program):
+    o = run(program, QUICK, root)
     assert o.status == "forbidden" and "socket" in o.reason
     assert o.network in ("namespace", "audit-hook")
+
+
+def test_legitimate_programs_pass(root):
+    """Threads, in-memory SQLite, a BLAS library and a __main__ guard are ordinary Python, not escapes."""
+    assert run("import threading\nt = threading.Thread(target=print)\nt.start()\nt.join()", QUICK, root).passed
+    assert run("import sqlite3\nsqlite3.connect(':memory:').execute('select 1')", QUICK, root).passed
+    assert run("import numpy\nassert numpy.ones((64, 64)).dot(numpy.ones(64)).sum() == 64 * 64", QUICK, root).passed
+    guarded = "if __name__ == '__main__':\n    raise SystemExit(3)"
+    assert run(guarded, QUICK, root).status == "exited" and run(guarded, QUICK, root, module_name="judged").passed
+
+
+def test_an_interrupted_caller_leaves_no_child_running(root, monkeypatch):
+    import llmx.core.eval.sandbox as sandbox
+
+    seen = []
+    real = sandbox._reap
+
+    def recording(proc):
+        seen.append(proc.pid)
+        return real(proc)
+
+    monkeypatch.setattr(sandbox._reap.__globals__["os"], "waitid",
+                        lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(sandbox, "_reap", recording)
+    with pytest.raises(KeyboardInterrupt):
+        run("import time\ntime.sleep(60)", QUICK, root)
+    with pytest.raises(ProcessLookupError):
+        os.kill(seen[0], 0)  # killed and reaped
 
 
 def test_leaving_early_is_not_passing(root):

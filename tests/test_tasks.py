@@ -95,6 +95,23 @@ def test_bad_task_params_are_config_errors(cli):
     assert kl.code == 2 and "temperature 1" in kl.err
     both = cli("eval", "--method", "task", "--model", "tiny:llama", "--set", "task=brackets", "--set", "file=x.jsonl")
     assert both.code == 2 and "exactly one" in both.err
+    split = cli("eval", "--method", "task", "--model", "tiny:llama", "--set", "task=brackets", "--set", "split=test")
+    assert split.code == 2 and "no split 'test'" in split.err
+    k = cli("eval", "--method", "task", "--model", "tiny:llama", "--set", "task=brackets", "--set", "k=[1,8]")
+    assert k.code == 2 and "pass@8 needs at least 8 samples" in k.err
+    typo = cli("quantize", "--method", "rtn", "--model", "tiny:llama", "--eval", "humaneva")
+    assert typo.code == 2 and "Did you mean 'humaneval'" in typo.err
+
+
+def test_kl_from_a_reference_with_another_tokenizer(cli, tmp_path):
+    """Each model scores the sampled text with its own tokenizer: KL from itself is 0, from a random byte-level
+    model it is large and positive."""
+    runs = []
+    for reference in ("ref:llama-test", "tiny:llama"):
+        runs.append(stage(cli("--json", "eval", "--method", "task", "--model", "ref:llama-test", "--set", "task=brackets",
+                              "--set", "limit=6", "--set", f"kl_reference={reference}", "-o", tmp_path)))
+    assert runs[0]["kl_from_reference"] == pytest.approx(0.0, abs=1e-4) and runs[0]["kl_samples"] > 0
+    assert runs[1]["kl_from_reference"] > 1.0 and runs[1]["kl_per_token"] > 0.5
 
 
 def test_eval_flag_names_a_task(cli):
@@ -105,7 +122,8 @@ def test_eval_flag_names_a_task(cli):
     assert pipeline[2]["method"] == "perplexity"
 
 
-def hand_greedy(model, tok, prompt: str, max_new: int, stop: str) -> str:
+def hand_greedy(model, tok, prompt: str, max_new: int, stops: list[str], include: bool) -> str:
+    """Greedy decoding without a cache, one token at a time, cut at the earliest stop string."""
     ids = tok(prompt, return_tensors="pt")["input_ids"]
     new: list[int] = []
     with torch.no_grad():
@@ -115,22 +133,42 @@ def hand_greedy(model, tok, prompt: str, max_new: int, stop: str) -> str:
                 break
             new.append(nxt)
             ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-            if stop in tok.decode(new, skip_special_tokens=True):
+            if any(s in tok.decode(new, skip_special_tokens=True) for s in stops):
                 break
-    return tok.decode(new, skip_special_tokens=True).split(stop)[0]
+    text = tok.decode(new, skip_special_tokens=True)
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if not hits:
+        return text
+    at, s = min(hits)
+    return text[:at + (len(s) if include else 0)]
 
 
-@pytest.mark.parametrize("name", ["ref:llama-test", "tiny:mamba"])
-def test_batched_greedy_decoding_with_stop_strings_equals_a_hand_loop(name, ref):
+@pytest.mark.parametrize("name,include", [("ref:llama-test", False), ("ref:llama-test", True), ("tiny:mamba", False)])
+def test_batched_greedy_decoding_with_stop_strings_equals_a_hand_loop(name, include, ref):
     from llmx.core import models
 
     model, tok = ref if name == "ref:llama-test" else models.load(name, dtype="float32", device="cpu")
-    prompts = ["def f(x):\n    return", "import os\n", "x = compute(", "class A:\n    def __init__(self", "for"]
-    out = generate(model, tok, prompts, max_new_tokens=16, stop=["O"], batch_size=3)
-    hand = [hand_greedy(model, tok, p, 16, "O") for p in prompts]
-    assert [c[0].text for c in out] == hand
-    if name == "ref:llama-test":  # both endings occur, so the check means something
-        assert {c[0].stop for c in out} >= {"O"}
+    prompts = ["def f(x):\n    return", "import os\n", "x = compute(", "class A:\n    def __init__(self", "for",
+               "if x:\n    "]
+    stops = ["N", "self"]
+    out = generate(model, tok, prompts, max_new_tokens=16, stop=stops, include_stop=include, batch_size=4)
+    assert [c[0].text for c in out] == [hand_greedy(model, tok, p, 16, stops, include) for p in prompts]
+    if name == "ref:llama-test":  # each ending occurs, so the comparison covers them all
+        assert {c[0].stop for c in out} == {"N", "self", None}
+
+
+def test_a_prompt_longer_than_the_context_keeps_its_last_tokens():
+    from llmx.core import models
+    from llmx.errors import UsageError
+
+    model, tok = models.load("tiny:gpt2", dtype="float32", device="cpu")
+    model.config.n_positions = 40  # its context, as the config says
+    long = "x = 1\n" * 20  # 120 byte tokens
+    (cut,), = generate(model, tok, [long], max_new_tokens=8)
+    (same,), = generate(model, tok, [long[-32:]], max_new_tokens=8)
+    assert cut.truncated and not same.truncated and cut.text == same.text
+    with pytest.raises(UsageError, match="no room"):
+        generate(model, tok, ["x"], max_new_tokens=40)
 
 
 def test_sampling_is_seeded_per_completion_not_per_batch(ref):
@@ -184,7 +222,6 @@ def test_answer_extraction_and_exact_match():
     assert answers.extract("  \n42 is it\nmore") == "42 is it"
     assert answers.extract("so the answer is 7. Final: 9", r"(\d+)") == "9"
     assert answers.extract("nothing", r"answer: (\w+)") == ""
-    assert answers.last_number("from 1,200 to 3,400.5 units") == "3400.5"
     assert answers.exact_match(" Paris. ", "paris") and answers.exact_match("3.0", "3")
     assert not answers.exact_match("3", "4") and not answers.exact_match("Lyon", "Paris")
 
@@ -216,10 +253,14 @@ def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail():
 
 
 def test_humaneval_eval_reports_pass_at_1_and_reference_nll(cli, tmp_path):
-    m = stage(cli("--json", "eval", "--method", "task", "--model", "ref:llama-test", "--set", "task=humaneval",
-                  "--set", "limit=3", "--set", "max_new_tokens=16", "-o", tmp_path))
+    r = cli("--json", "eval", "--method", "task", "--model", "ref:llama-test", "--set", "task=humaneval",
+            "--set", "limit=3", "--set", "max_new_tokens=16", "-o", tmp_path)
+    m = stage(r)
     assert m["prompts"] == 3 and m["pass@1"] == 0.0 and m["judge_errors"] == 0
     assert 0.5 < m["reference_bpb"] < 8 and m["reference_nll_per_token"] > 0
+    records = [json.loads(x) for x in Path(r.json()["run_dir"], "artifacts", "0_task", "rows.jsonl").open()]
+    assert [rec["id"] for rec in records] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert all(rec["notes"][0].split(":")[0] in ("failed", "exited", "timeout", "cpu") for rec in records)
 
 
 CHOICE_ROWS = [
@@ -231,6 +272,9 @@ CHOICE_ROWS = [
     {"prompt": "    return self.", "choices": ["value", "\n\n\n", "_x"], "answer": 2},
     {"prompt": "from typing import", "choices": ["List", "42", "(("], "answer": 0},
     {"prompt": "x = [1, 2,", "choices": [" 3]", "'a'", "def"], "answer": 0},
+    {"prompt": "def main():\n    ", "choices": ["return 0", "}}}"], "answer": 0},  # trailing whitespace moves
+    {"prompt": "import sys\n", "choices": ["import os", "@@@"], "answer": 0},
+    {"prompt": "", "choices": ["import os", "]]]"], "answer": 0},  # an empty context is BOS / EOS
 ]
 
 
@@ -260,8 +304,14 @@ def test_lm_eval_on_a_local_task_agrees_with_llmx_row_by_row(cli, tmp_path, monk
     samples = [json.loads(x) for x in Path(theirs.json()["run_dir"], "artifacts", "0_lm-eval",
                                            "samples_local_mc.jsonl").open()]
     mine = [json.loads(x) for x in Path(ours.json()["run_dir"], "artifacts", "0_task", "rows.jsonl").open()]
-    assert [bool(s["acc"]) for s in sorted(samples, key=lambda s: s["doc_id"])] == [r["correct"] for r in mine]
+    samples.sort(key=lambda s: s["doc_id"])
+    assert [bool(s["acc"]) for s in samples] == [r["correct"] for r in mine]
+    for s, r in zip(samples, mine, strict=True):  # the log-likelihoods themselves, choice by choice
+        assert [resp[0][0] for resp in s["resps"]] == pytest.approx(r["logprobs"], abs=1e-4)
     assert 0 < b["accuracy"] < 1  # some right and some wrong: the agreement is not vacuous
+    unknown = cli("eval", "--method", "lm-eval", "--model", "tiny:llama", "--set", "tasks=local_mcq",
+                  "--set", f"include_path={tmp_path / 'tasks'}", "-o", tmp_path / "runs")
+    assert unknown.code == 2 and "Did you mean 'local_mc'" in unknown.err
 
 
 def test_lm_eval_missing_is_exit_3_with_the_install_hint(cli, monkeypatch):

@@ -50,14 +50,18 @@ def stage_pipeline(raw: dict[str, Any], stage: Stage, method: str | None, params
 
 
 def _eval_entry(name: str) -> dict[str, Any]:
-    from llmx.core.names import normalize
+    from llmx.core.names import did_you_mean, normalize
     from llmx.core.plugins import host
 
     h = host()
-    known = {normalize(n) for n in h.methods.names(Stage.EVAL)}
-    if normalize(name) not in known and normalize(name) in {normalize(t) for t in h.tasks}:
+    methods = [s.name for s in h.methods if Stage.EVAL in s.stages] + \
+        [a for s in h.methods if Stage.EVAL in s.stages for a in s.aliases]
+    if normalize(name) in {normalize(m) for m in methods}:
+        return {"method": name, "stage": Stage.EVAL.value}
+    if normalize(name) in {normalize(t) for t in h.tasks}:
         return {"method": "task", "stage": Stage.EVAL.value, "params": {"task": name}}
-    return {"method": name, "stage": Stage.EVAL.value}
+    raise UsageError(f"--eval {name}: neither an eval method nor a task.{did_you_mean(name, methods + list(h.tasks))}",
+                     hint="See llmx methods --stage eval and llmx tasks.")
 
 
 def _stage_of(entry: dict[str, Any]) -> str | None:

@@ -186,5 +186,6 @@ class TaskSpec:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "splits": list(self.splits), "metrics": list(self.metrics),
                 "samples": self.samples, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
-                "stop": list(self.stop), "requires": list(self.requires), "summary": self.summary,
+                "stop": list(self.stop), "include_stop": self.include_stop, "delimiter": self.delimiter,
+                "requires": list(self.requires), "summary": self.summary,
                 "plugin": self.plugin}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
 
 def extract(text: str, pattern: str | None = None) -> str:
     """The answer in a completion: the first group (or whole match) of the last match of ``pattern``; by default the
@@ -17,12 +15,6 @@ def extract(text: str, pattern: str | None = None) -> str:
         return ""
     last = hits[-1]
     return (last.group(1) if last.groups() else last.group(0)).strip()
-
-
-def last_number(text: str) -> str:
-    """The last number in ``text`` (thousands separators dropped), or an empty string."""
-    hits = NUMBER.findall(text)
-    return hits[-1].replace(",", "") if hits else ""
 
 
 def normalize(answer: str) -> str:

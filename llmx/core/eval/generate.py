@@ -3,20 +3,25 @@
 Sampling draws every completion from its own generator, seeded by ``(seed, prompt index, sample index)``, so a
 completion does not depend on which others share its batch. Decoding goes through ``model.generate`` (its caches
 and position handling serve every architecture), with the draw done by a logits processor and greedy selection
-of the drawn token. Prompts are encoded as in training (the tokenizer's own special tokens), left-padded in a batch;
-recurrent models (Mamba), whose state padding would enter, batch only prompts of equal length. A prompt longer than
-the model's context less ``max_new_tokens`` keeps its last tokens, and the completion says so.
+of the drawn token (up to the floating-point differences of batched kernels, bf16 on a GPU above all). Prompts are
+encoded as in training (the tokenizer's own special tokens), left-padded in a batch; stateful models (Mamba and
+the other recurrent ones transformers marks ``_is_stateful``), whose state padding would enter, batch only prompts
+of equal length. A prompt longer than the model's context less ``max_new_tokens`` keeps its last tokens, and the
+completion says so.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-RECURRENT = ("mamba", "mamba2", "falcon_mamba")
+from llmx.errors import UsageError
+
+LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")  # checked in this order, as lm-eval does
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class Completion:
 
 
 def row_seed(seed: int, prompt: int, sample: int) -> int:
-    return ((seed * 1_000_003 + prompt) * 1_009 + sample) % (2**63)
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{prompt}:{sample}".encode(), digest_size=8).digest(), "big") >> 1
 
 
 def _eos_ids(model, tok) -> set[int]:
@@ -38,8 +43,13 @@ def _eos_ids(model, tok) -> set[int]:
 
 
 def context_limit(model) -> int | None:
-    cfg = model.config
-    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    """The model's context length from its config (a composite config's ``text_config`` first), or None."""
+    for cfg in (getattr(model.config, "text_config", None), model.config):
+        for name in LENGTH_FIELDS:
+            value = getattr(cfg, name, None) if cfg is not None else None
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
 
 
 def cut(text: str, stop: Sequence[str], include_stop: bool) -> tuple[str, str | None]:
@@ -52,14 +62,16 @@ def cut(text: str, stop: Sequence[str], include_stop: bool) -> tuple[str, str | 
 
 
 class _Stop:
-    """Stopping criterion: a row is done once its new text holds a stop string."""
+    """Stopping criterion: a row is done once the tail of its new text holds a stop string (one transfer from the
+    device per step; only the last tokens are decoded, and the final cut decodes the whole completion anyway)."""
 
     def __init__(self, tok, start: int, stop: Sequence[str]):
         self.tok, self.start, self.stop = tok, start, [s for s in stop if s]
+        self.tail = 4 * max(len(s) for s in self.stop) + 4
 
     def __call__(self, input_ids: torch.Tensor, scores, **_) -> torch.Tensor:
-        done = [any(s in self.tok.decode(row[self.start:], skip_special_tokens=True) for s in self.stop)
-                for row in input_ids]
+        rows = input_ids[:, max(self.start, input_ids.shape[1] - self.tail):].tolist()
+        done = [any(s in self.tok.decode(row, skip_special_tokens=True) for s in self.stop) for row in rows]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
@@ -76,9 +88,7 @@ class _Draw:
             sorted_p, order = probs.sort(dim=-1, descending=True)
             outside = sorted_p.cumsum(-1) - sorted_p >= self.top_p  # the smallest set reaching top_p is kept
             probs = probs.scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-        u = torch.stack([torch.rand((), generator=g, device=g.device) for g in self.generators]).to(probs.device)
-        cdf = probs.cumsum(-1)
-        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_max(probs.shape[-1] - 1)
+        pick = torch.stack([torch.multinomial(row, 1, generator=g) for row, g in zip(probs, self.generators, strict=True)])
         return torch.full_like(scores, float("-inf")).scatter(-1, pick, 0.0)
 
 
@@ -95,9 +105,9 @@ def _batches(lengths: list[int], batch_size: int, equal_only: bool) -> list[list
 
 def _config(model, max_new_tokens: int, pad: int, eos: set[int]):
     cfg = copy.deepcopy(model.generation_config)
-    cfg.update(do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None, repetition_penalty=None,
-               no_repeat_ngram_size=None, max_new_tokens=max_new_tokens, max_length=None, min_new_tokens=None,
-               pad_token_id=pad, eos_token_id=sorted(eos) or None)
+    cfg.update(do_sample=False, num_beams=1, num_return_sequences=1, return_dict_in_generate=False, temperature=None,
+               top_p=None, top_k=None, repetition_penalty=None, no_repeat_ngram_size=None, max_new_tokens=max_new_tokens,
+               max_length=None, min_length=0, min_new_tokens=None, pad_token_id=pad, eos_token_id=sorted(eos) or None)
     return cfg
 
 
@@ -109,17 +119,21 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     if temperature == 0 and samples > 1:
-        raise ValueError("greedy decoding gives one completion per prompt; set temperature > 0 for several samples")
+        raise UsageError(f"greedy decoding (temperature 0) gives one completion per prompt, not {samples}; set "
+                         "temperature > 0 to sample several")
     device = next(model.parameters()).device
     eos = _eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos, default=0)
     limit = context_limit(model)
-    budget = max(limit - max_new_tokens, 1) if limit else None
+    if limit and max_new_tokens >= limit:
+        raise UsageError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in this model's context of "
+                         f"{limit} tokens")
+    budget = limit - max_new_tokens if limit else None
     encoded = [tok(p)["input_ids"] for p in prompts]
     truncated = [budget is not None and len(ids) > budget for ids in encoded]
     encoded = [ids[-budget:] if cut_ else ids for ids, cut_ in zip(encoded, truncated, strict=True)]
     rows = [(i, j) for i in range(len(prompts)) for j in range(samples)]
-    equal_only = getattr(model.config, "model_type", "") in RECURRENT
+    equal_only = bool(getattr(model, "_is_stateful", False))
     out: list[list[Completion | None]] = [[None] * samples for _ in prompts]
     for batch in progress(_batches([len(encoded[i]) for i, _ in rows], batch_size, equal_only), description="generating"):
         width = max(len(encoded[rows[r][0]]) for r in batch)

@@ -1,11 +1,13 @@
 """Run generated code in a child process with limits, for judges that execute it (pass@k, ProSec's checks, FunBO).
 
-What it does: a fresh interpreter (``python -I -B``) in a new session, in a scratch folder that is removed afterwards;
-limits on CPU time, address space, file size, processes and core dumps; a wall-clock kill of the whole process
-group; its own network namespace where the kernel allows unprivileged ones, else sockets refused in Python; an audit
-hook that stops the program (``forbidden``) when it forks, spawns, signals, opens a socket, loads a C library
-through ctypes, raises its limits, or writes, removes or renames anything outside its folder. A program passes only
-when it runs to its end: a ``sys.exit`` or ``os._exit`` half-way fails.
+What it does: a fresh interpreter (``python -I -B``, one thread for BLAS / OpenMP) in a new session, in a scratch
+folder that is removed afterwards; limits on CPU time, address space, file size and core dumps (and processes, where
+asked: ``RLIMIT_NPROC`` counts all of the user's processes and threads, and not at all for root); a wall-clock kill of
+the whole process group, also when the caller is interrupted; its own network namespace where the kernel allows
+unprivileged ones; an audit hook that stops the program (``forbidden``) when it forks, spawns, signals, connects,
+binds, sends or resolves a name through a socket, loads a C library through ctypes, changes its limits, or writes,
+removes or renames anything (a SQLite file included) outside its folder. A program passes only when it runs to its
+end: a ``sys.exit`` or ``os._exit`` half-way fails.
 
 What it does not protect against: it is not a container. The program can read every file the user can; code in C
 extensions it imports (numpy, say) is not audited; the audit hook lives in the same interpreter, so a program
@@ -24,6 +26,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +36,7 @@ from pathlib import Path
 CHILD = Path(__file__).with_name("sandbox_child.py")
 FORBIDDEN_CODE = 86
 CAPTURED = 8192  # bytes of stdout / stderr kept
+THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # one thread each, as the official harness
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class Limits:
     cpu_seconds: int = 10
     memory_mb: int = 1024
     file_mb: int = 16
-    processes: int = 1  # RLIMIT_NPROC (not enforced for root; the audit hook refuses forks for everyone)
+    processes: int | None = None  # RLIMIT_NPROC, off by default (the audit hook refuses forks for everyone)
 
 
 @dataclass(frozen=True)
@@ -58,11 +62,12 @@ class Outcome:
         return self.status == "passed"
 
 
-def run(source: str, limits: Limits = Limits(), root: str | Path | None = None) -> Outcome:
-    """Run ``source`` as a program; the scratch folder is made under ``root`` (the system temp folder by default)."""
+def run(source: str, limits: Limits = Limits(), root: str | Path | None = None, module_name: str = "__main__") -> Outcome:
+    """Run ``source`` as a program (its ``__name__`` is ``module_name``); the scratch folder is made under ``root``
+    (the system temp folder by default)."""
     scratch = tempfile.mkdtemp(prefix="llmx-sandbox-", dir=root)
     try:
-        return _run(source, limits, scratch)
+        return _run(source, limits, scratch, module_name)
     finally:
         _remove(scratch)
 
@@ -89,7 +94,7 @@ def _writable(func, path, _exc) -> None:
     func(path)
 
 
-def _run(source: str, limits: Limits, scratch: str) -> Outcome:
+def _run(source: str, limits: Limits, scratch: str, module_name: str) -> Outcome:
     program = os.path.join(scratch, "program.py")
     with open(program, "w", encoding="utf-8") as f:
         f.write(source)
@@ -97,39 +102,55 @@ def _run(source: str, limits: Limits, scratch: str) -> Outcome:
     read_end, write_end = os.pipe()
     cfg = {"scratch": scratch, "program": program, "status_fd": write_end, "forbidden_code": FORBIDDEN_CODE,
            "cpu_seconds": int(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb) << 20,
-           "file_bytes": int(limits.file_mb) << 20, "processes": int(limits.processes)}
-    env = {"PATH": os.defpath, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
+           "file_bytes": int(limits.file_mb) << 20, "processes": limits.processes, "module_name": module_name}
+    env = {"PATH": os.defpath, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8", **dict.fromkeys(THREADS, "1")}
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD), json.dumps(cfg)], stdin=subprocess.PIPE,
                                     stdout=out, stderr=err, cwd=scratch, env=env, pass_fds=(write_end,),
                                     start_new_session=True)
+        except BaseException:
+            os.close(read_end)
+            raise
         finally:
             os.close(write_end)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            _kill_group(proc.pid)
+
+        clock = threading.Timer(limits.wall_seconds, expire)
         try:
-            proc.stdin.write(f"{token}\n".encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        timed_out = False
-        try:
-            proc.wait(timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        _kill_group(proc.pid)
-        proc.wait()
-        seconds = time.monotonic() - start
-        status = _drain(read_end)
+            try:
+                proc.stdin.write(f"{token}\n".encode())
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            clock.start()
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended but not reaped: its group id stays ours
+        finally:
+            clock.cancel()
+            _kill_group(proc.pid)  # what the program left running, or the program itself when the caller is interrupted
+            rc, cpu = _reap(proc)
+            status = _drain(read_end)
         texts = [_tail(f) for f in (out, err)]
     network = next((line.split(" ", 1)[1] for line in status if line.startswith("network ")), "")
-    status_, reason = _classify(proc.returncode, status, token, timed_out, limits)
-    return Outcome(status_, reason, seconds, texts[0], texts[1], network.strip())
+    status_, reason = _classify(rc, cpu, status, token, expired.is_set(), limits)
+    return Outcome(status_, reason, time.monotonic() - start, texts[0], texts[1], network.strip())
+
+
+def _reap(proc: subprocess.Popen) -> tuple[int, float]:
+    """Wait for the child; its return code (minus the signal that killed it) and the CPU seconds it used."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def _kill_group(pid: int) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)  # the program and anything it started
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -153,14 +174,14 @@ def _tail(f) -> str:
     return f.read().decode("utf-8", "replace")
 
 
-def _classify(rc: int, status: list[str], token: str, timed_out: bool, limits: Limits) -> tuple[str, str]:
+def _classify(rc: int, cpu: float, status: list[str], token: str, timed_out: bool, limits: Limits) -> tuple[str, str]:
     outcome = next((line for line in reversed(status) if not line.startswith("network ")), "")
     kind, _, detail = outcome.partition(" ")
     if timed_out:
         return "timeout", f"killed after {limits.wall_seconds:g} s of wall-clock time"
     if kind == "pass" and detail == token and rc == 0:
         return "passed", ""
-    if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and not kind):
+    if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu >= limits.cpu_seconds):
         return "cpu", f"CPU-time limit of {limits.cpu_seconds} s exceeded"
     if rc == -signal.SIGXFSZ or kind == "file_size":
         return "file_size", f"file-size limit of {limits.file_mb} MiB exceeded"
@@ -170,6 +191,8 @@ def _classify(rc: int, status: list[str], token: str, timed_out: bool, limits: L
         return "exited", detail
     if kind == "error":
         return "failed", detail
+    if rc == -signal.SIGKILL:
+        return "crashed", "killed by SIGKILL (the system's out-of-memory killer?)"
     if rc < 0:
         return "crashed", f"killed by {signal.Signals(-rc).name}"
     return "exited", f"the program stopped before its end (exit code {rc})"

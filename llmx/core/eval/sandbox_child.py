@@ -17,14 +17,16 @@ CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 FORBIDDEN_EVENTS = {
     "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen", "os.kill",
     "os.killpg", "pty.spawn", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
-    "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function", "os.setuid", "os.setgid", "os.chroot", "resource.setrlimit",
-    "resource.prlimit",
+    "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo", "ctypes.dlopen", "ctypes.dlsym",
+    "ctypes.call_function", "os.setuid", "os.setgid", "os.chroot", "resource.setrlimit", "resource.prlimit",
 }
 PATH_EVENTS = {  # event: indices of path arguments that must stay inside the scratch folder
     "os.remove": (0,), "os.rename": (0, 1), "os.replace": (0, 1), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,),
     "os.chown": (0,), "os.link": (0, 1), "os.symlink": (0, 1), "os.truncate": (0,), "os.utime": (0,),
     "shutil.rmtree": (0,), "shutil.move": (0, 1), "os.mkfifo": (0,), "os.mknod": (0,), "os.chflags": (0,),
+    "sqlite3.connect": (0,),
 }
+IN_MEMORY = {":memory:", ""}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -43,14 +45,16 @@ def main() -> None:
     report("network", "namespace" if isolated else "audit-hook")
     scratch = os.path.realpath(cfg["scratch"])
     allowed = (scratch, os.devnull)
-    limits = ((resource.RLIMIT_AS, cfg["memory_bytes"]), (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
-              (resource.RLIMIT_NPROC, cfg["processes"]), (resource.RLIMIT_CORE, 0))
+    limits = [(resource.RLIMIT_AS, cfg["memory_bytes"]), (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
+              (resource.RLIMIT_CORE, 0)]
+    if cfg["processes"] is not None:
+        limits.append((resource.RLIMIT_NPROC, cfg["processes"]))
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
     for which, value in limits:
         resource.setrlimit(which, (value, value))
 
     def inside(path) -> bool:
-        if isinstance(path, int):
+        if isinstance(path, int) or os.fsdecode(path) in IN_MEMORY:
             return True
         real = os.path.realpath(os.fsdecode(path))
         return any(real == a or real.startswith(a + os.sep) for a in allowed)
@@ -72,12 +76,20 @@ def main() -> None:
                 if i < len(args) and args[i] is not None and not inside(args[i]):
                     refuse(f"{event} {os.fsdecode(args[i])} (outside the scratch folder)")
 
+    real_open = os.open
+
+    def open_fd(path, flags, mode=0o777, *, dir_fd=None):  # the audit event does not carry dir_fd
+        if dir_fd is not None and flags & WRITE_FLAGS and not os.path.isabs(os.fsdecode(path)):
+            refuse(f"writing {os.fsdecode(path)} relative to a directory descriptor (it may be outside the scratch folder)")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
     with open(cfg["program"], encoding="utf-8") as f:
         source = f.read()
     sys.path.insert(0, scratch)
+    os.open = open_fd
     sys.addaudithook(hook)
     try:
-        exec(compile(source, cfg["program"], "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        exec(compile(source, cfg["program"], "exec"), {"__name__": cfg["module_name"], "__builtins__": __builtins__})
     except MemoryError:
         report("memory", "MemoryError: the program exceeded its memory limit")
         os._exit(1)

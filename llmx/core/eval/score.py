@@ -2,9 +2,11 @@
 NLL of a reference answer (a graded signal where a small model never passes).
 
 Encoding follows lm-evaluation-harness, so the two agree on the same rows: trailing whitespace of the context moves
-to the continuation, the pair is encoded whole, and the continuation is what follows the context's own tokens. The
-sequence keeps its last ``context limit + 1`` tokens; rows are right-padded in a batch (causal: padding after a row
-never reaches it).
+to the continuation, the pair is encoded whole, and the continuation is what follows the context's own tokens; an
+empty context is the BOS (else EOS) token unless the continuation starts with it. The sequence keeps its last
+``context + 1`` tokens, the context being the config's (as lm-eval resolves it: ``text_config`` first, then the
+tokenizer's ``model_max_length``, then 2048); rows are right-padded in a batch (causal: padding after a row never
+reaches it), and only the continuation's positions are turned into log-probabilities.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import torch
 
 from llmx.core.eval.generate import context_limit
 
+DEFAULT_CONTEXT = 2048
+UNSET = 10**29  # tokenizers say "no limit" with a model_max_length of about 1e30
+
 
 @dataclass(frozen=True)
 class Scored:
@@ -24,13 +29,18 @@ class Scored:
     greedy: bool  # every continuation token is the argmax
 
 
-def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
+def move_whitespace(context: str, continuation: str) -> tuple[str, str]:
+    """The context's trailing whitespace moved to the start of the continuation (lm-eval's ``_encode_pair``)."""
     spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    return (context[:-spaces], context[-spaces:] + continuation) if spaces else (context, continuation)
+
+
+def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    context, continuation = move_whitespace(context, continuation)
     if not context:
         first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        return [first], tok(continuation, add_special_tokens=False)["input_ids"]
+        ids = tok(continuation, add_special_tokens=False)["input_ids"]
+        return (ids[:1], ids[1:]) if ids and ids[0] == first else ([first], ids)
     whole = tok(context + continuation)["input_ids"]
     head = tok(context)["input_ids"]
     return head, whole[len(head):]
@@ -41,11 +51,11 @@ def continuation_logprobs(model, tok, pairs: Sequence[tuple[str, str]], batch_si
                           progress: Callable = lambda x, **_: x) -> list[Scored]:
     """One :class:`Scored` per ``(context, continuation)`` pair, in order."""
     device = next(model.parameters()).device
-    limit = context_limit(model)
+    limit = scoring_limit(model, tok)
     seqs: list[tuple[list[int], int]] = []  # (whole sequence, continuation tokens scored)
     for context, continuation in pairs:
         head, tail = encode_pair(tok, context, continuation)
-        whole = (head + tail)[-(limit + 1):] if limit else head + tail
+        whole = (head + tail)[-(limit + 1):]
         seqs.append((whole, min(len(tail), len(whole) - 1)))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     order = sorted(range(len(seqs)), key=lambda r: -len(seqs[r][0]))
@@ -59,14 +69,21 @@ def continuation_logprobs(model, tok, pairs: Sequence[tuple[str, str]], batch_si
             inputs = seqs[r][0][:-1]
             ids[b, :len(inputs)] = torch.tensor(inputs, dtype=torch.long, device=device)
             mask[b, :len(inputs)] = 1
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+        logits = model(input_ids=ids, attention_mask=mask).logits
         for b, r in enumerate(batch):
             whole, n = seqs[r]
             want = torch.tensor(whole[len(whole) - n:], dtype=torch.long, device=device)
-            rows = logp[b, len(whole) - 1 - n:len(whole) - 1]
+            rows = torch.log_softmax(logits[b, len(whole) - 1 - n:len(whole) - 1].float(), dim=-1)
             picked = rows.gather(-1, want[:, None]).squeeze(-1)
             out[r] = Scored(float(picked.sum()), n, bool((rows.argmax(-1) == want).all()))
     return out  # type: ignore[return-value]
+
+
+def scoring_limit(model, tok) -> int:
+    """The context a scored sequence must fit, as lm-evaluation-harness resolves it."""
+    from_tokenizer = getattr(tok, "model_max_length", None)
+    usable = isinstance(from_tokenizer, int) and 0 < from_tokenizer < UNSET
+    return context_limit(model) or (from_tokenizer if usable else DEFAULT_CONTEXT)
 
 
 def choose(scores: Sequence[Scored], choices: Sequence[str]) -> tuple[int, int]:

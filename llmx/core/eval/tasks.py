@@ -17,7 +17,7 @@ from typing import Any
 
 from llmx.core.eval import stats
 from llmx.core.eval.generate import Completion, generate
-from llmx.core.eval.score import choose, continuation_logprobs
+from llmx.core.eval.score import choose, continuation_logprobs, move_whitespace
 from llmx.core.spec import TaskSpec
 from llmx.errors import UsageError
 
@@ -73,6 +73,8 @@ def row_problem(row: Any, kind: str) -> str | None:
 def run(spec: TaskSpec, model, tok, task_rows: Sequence[dict], decoding: Decoding, *, judge_workers: int | None = None,
         resamples: int = 1000, ks: Sequence[int] = (1,), progress: Callable = lambda x, **_: x) -> TaskResult:
     """Evaluate ``model`` on ``task_rows``."""
+    if spec.kind == "generate" and max(ks) > decoding.samples:
+        raise UsageError(f"pass@{max(ks)} needs at least {max(ks)} samples per prompt (samples is {decoding.samples})")
     if spec.kind == "choice":
         result = _choice(spec, model, tok, task_rows, decoding, progress)
     else:
@@ -106,8 +108,7 @@ def _generate(spec, model, tok, task_rows, d: Decoding, judge_workers, ks, progr
                                "finished_rate": _mean([c.stop is not None for c in flat]),
                                "prompts_truncated": sum(cs[0].truncated for cs in completions)}
     for k in ks:
-        if k <= d.samples:
-            metrics[f"pass@{k}"] = _mean([stats.pass_at_k(d.samples, c, k) for c in passes])
+        metrics[f"pass@{k}"] = _mean([stats.pass_at_k(d.samples, c, k) for c in passes])
     return TaskResult(metrics, records, scores, completions)
 
 
@@ -148,23 +149,24 @@ def reference_nll(model, tok, task_rows: Sequence[dict], batch_size: int, progre
     scored = continuation_logprobs(model, tok, refs, batch_size, progress)
     nll = -sum(s.logprob for s in scored)
     tokens = sum(s.tokens for s in scored)
-    size = sum(len(ref.encode("utf-8")) for _, ref in refs)
+    size = sum(len(move_whitespace(*pair)[1].encode("utf-8")) for pair in refs)  # the text actually scored
     return {"reference_nll_per_token": nll / max(tokens, 1), "reference_bpb": nll / math.log(2) / max(size, 1)}
 
 
-def drift(model, reference, tok, task_rows: Sequence[dict], completions: list[list[Completion]], batch_size: int,
-          progress: Callable) -> dict[str, float]:
-    """Monte-Carlo KL(model || reference) on the model's own samples: the mean over samples of the summed
-    ``log p_model - log p_reference`` of each completion given its prompt (an estimate of the KL of the sampling
-    distribution only when sampled at temperature 1 without truncation)."""
+def drift(model, tok, reference, reference_tok, task_rows: Sequence[dict], completions: list[list[Completion]],
+          batch_size: int, progress: Callable) -> dict[str, float]:
+    """Monte-Carlo KL(model || reference) on the model's own samples: the mean over the non-empty completions of the
+    summed ``log p_model - log p_reference`` of the completion's text given its prompt, each model with its own
+    tokenizer (an EOS or a cut stop string is not scored). It estimates the KL of the sampling distribution only
+    when sampled at temperature 1 without truncation."""
     pairs = [(row["prompt"], c.text) for row, cs in zip(task_rows, completions, strict=True) for c in cs if c.text]
     if not pairs:
-        return {"kl_from_reference": 0.0, "kl_per_token": 0.0}
+        return {"kl_from_reference": 0.0, "kl_per_token": 0.0, "kl_samples": 0}
     mine = continuation_logprobs(model, tok, pairs, batch_size, progress)
-    theirs = continuation_logprobs(reference, tok, pairs, batch_size, progress)
+    theirs = continuation_logprobs(reference, reference_tok, pairs, batch_size, progress)
     total = sum(a.logprob - b.logprob for a, b in zip(mine, theirs, strict=True))
-    samples = sum(len(cs) for cs in completions)
-    return {"kl_from_reference": total / max(samples, 1), "kl_per_token": total / max(sum(a.tokens for a in mine), 1)}
+    return {"kl_from_reference": total / len(pairs), "kl_per_token": total / max(sum(a.tokens for a in mine), 1),
+            "kl_samples": len(pairs)}
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -5,13 +5,10 @@ from __future__ import annotations
 from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.eval.generate import generate
-from llmx.errors import UsageError
 from llmx.plugins.evals.config import GenerateParams
 
 
 def run(ctx: RunContext, p: GenerateParams) -> dict:
-    if p.temperature == 0 and p.samples > 1:
-        raise UsageError("greedy decoding (temperature 0) gives one completion; set temperature > 0 for samples > 1")
     (completions,) = generate(ctx.model, ctx.tokenizer, [p.prompt], max_new_tokens=p.max_new_tokens,
                               samples=p.samples, temperature=p.temperature, top_p=p.top_p, seed=ctx.config.seed)
     texts = [c.text for c in completions]

@@ -88,6 +88,8 @@ class LmEvalParams(Params):
     limit: float | None = Field(None, gt=0, description="Rows per task (a count, or a fraction below 1).")
     batch_size: int = Field(8, gt=0)
     log_samples: bool = Field(True, description="Write each task's per-row results as samples_<task>.jsonl.")
+    confirm_unsafe_code: bool = Field(False, description="Let tasks that execute model-written code (lm-eval's "
+                                      "humaneval, mbpp) run it, unsandboxed, in lm-eval's own way.")
 
     @field_validator("tasks", mode="before")
     @classmethod

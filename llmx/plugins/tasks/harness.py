@@ -4,6 +4,7 @@ papers report. Metrics come back as ``TASK.METRIC`` (the filter suffix dropped w
 
 from __future__ import annotations
 
+import copy
 import json
 
 from llmx.core import atomic
@@ -24,11 +25,20 @@ def run(ctx: RunContext, p: LmEvalParams) -> dict:
     if missing:
         raise UsageError(f"unknown lm-eval task '{missing[0]}'.{did_you_mean(missing[0], known)}",
                          hint="Name a task of lm-eval's or of a YAML under include_path.")
-    lm = HFLM(pretrained=ctx.model, tokenizer=ctx.tokenizer, batch_size=p.batch_size)
+    # HFLM sets a pad token on the tokenizer it is given: a copy keeps the run's own for the stages after
+    lm = HFLM(pretrained=ctx.model, tokenizer=copy.deepcopy(ctx.tokenizer), batch_size=p.batch_size)
     seed = ctx.config.seed
-    results = lm_eval.simple_evaluate(model=lm, tasks=p.tasks, num_fewshot=p.num_fewshot, limit=p.limit,
-                                      task_manager=manager, log_samples=p.log_samples, random_seed=seed,
-                                      numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    try:
+        results = lm_eval.simple_evaluate(model=lm, tasks=p.tasks, num_fewshot=p.num_fewshot, limit=p.limit,
+                                          task_manager=manager, log_samples=p.log_samples, random_seed=seed,
+                                          numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                                          confirm_run_unsafe_code=p.confirm_unsafe_code)
+    except ValueError as exc:
+        if "confirm_run_unsafe_code" not in str(exc):
+            raise
+        raise UsageError(f"lm-eval task {', '.join(p.tasks)} runs model-written code outside any sandbox",
+                         hint="Allow it with --set confirm_unsafe_code=true, or use llmx's sandboxed "
+                         "--method task --set task=humaneval.") from None
     out: dict = {}
     for task, metrics in results["results"].items():
         for key, value in metrics.items():

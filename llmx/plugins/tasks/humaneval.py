@@ -14,6 +14,7 @@ from llmx.core.eval import sandbox
 
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 LIMITS = sandbox.Limits(wall_seconds=10.0, cpu_seconds=3, memory_mb=1024, file_mb=16)
+MODULE = "__humaneval__"  # not __main__: the official exec(program, {}) runs no `if __name__ == "__main__"` block
 
 
 def rows(split: str, seed: int) -> list[dict]:
@@ -30,5 +31,5 @@ def program(row: dict, completion: str) -> str:
 
 def judge(row: dict, completion: str) -> tuple[bool, str]:
     """Passed, and the sandbox's outcome (``failed: AssertionError``, ``timeout: ...``)."""
-    outcome = sandbox.run(program(row, completion), LIMITS)
+    outcome = sandbox.run(program(row, completion), LIMITS, module_name=MODULE)
     return outcome.passed, f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status

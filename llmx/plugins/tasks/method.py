@@ -23,9 +23,6 @@ def _spec(p: TaskSource) -> TaskSpec:
 
 
 def _decoding(spec: TaskSpec, p: TaskSource, seed: int, samples: int, temperature: float) -> tasks.Decoding:
-    if temperature == 0 and samples > 1:
-        raise UsageError(f"greedy decoding (temperature 0) gives one completion per prompt, not {samples}; "
-                         "set temperature > 0 to sample several")
     return tasks.Decoding(samples=samples, temperature=temperature, top_p=p.top_p,
                           max_new_tokens=p.max_new_tokens or spec.max_new_tokens,
                           stop=tuple(spec.stop if p.stop is None else p.stop), include_stop=spec.include_stop,
@@ -37,7 +34,9 @@ def _jsonl(rows: list[dict]) -> str:
 
 
 def _workers(p: TaskSource) -> int:
-    return p.judge_workers or os.cpu_count() or 1
+    """The judges run at once: as many as the CPUs this process may use (its affinity, not the host's count)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return p.judge_workers or usable or 1
 
 
 def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
@@ -59,8 +58,8 @@ def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
     atomic.write_text(ctx.artifact("rows.jsonl"), _jsonl(result.records))
     out = {"task": spec.name, "split": split, **result.metrics}
     if p.kl or p.kl_reference:
-        reference, _ = models.load(p.kl_reference or ctx.config.model, dtype=ctx.config.dtype, device=ctx.device)
-        out.update(tasks.drift(ctx.model, reference, ctx.tokenizer, rows, result.completions, d.batch_size,
+        reference = models.load(p.kl_reference or ctx.config.model, dtype=ctx.config.dtype, device=ctx.device)
+        out.update(tasks.drift(ctx.model, ctx.tokenizer, *reference, rows, result.completions, d.batch_size,
                                ctx.progress))
     if p.compare:
         other = run(*models.load(p.compare, dtype=ctx.config.dtype, device=ctx.device))
@@ -79,6 +78,9 @@ def analyze(ctx: RunContext, p: TaskDataParams) -> dict:
     d = _decoding(spec, p, ctx.config.seed, p.samples, p.temperature)
     out: dict = {"task": spec.name}
     for split in splits:
+        if split == "test":
+            ctx.log.warning("analyze: the rows of task %s come from its test split; training on them contaminates "
+                            "its evaluation", spec.name)
         limit = p.limit.get(split) if isinstance(p.limit, dict) else p.limit
         rows = tasks.rows(spec, split, ctx.config.seed, limit)
         result = tasks.run(spec, ctx.model, ctx.tokenizer, rows, d, judge_workers=_workers(p), progress=ctx.progress)
