@@ -370,3 +370,16 @@ def test_generation_scoring_and_task_eval_on_cuda_match_the_cpu(cli, tmp_path):
     r = cli("--json", "eval", "--method", "task", "--model", "ref:llama-test", "--device", "cuda", "--set",
             "task=brackets", "--set", "limit=4", "--set", "kl=true", "--set", "compare=tiny:llama", "-o", tmp_path)
     assert r.code == 0, r.err
+
+
+def test_the_kl_frontier_of_a_binary_reward():
+    p = [0.1, 0.5, 0.9]
+    assert stats.frontier_rate(p, 0.0) == pytest.approx(0.5)
+    rates = [stats.frontier_rate(p, k) for k in (0.05, 0.2, 0.5, 1.0)]
+    assert rates == sorted(rates) and rates[-1] < 1.0  # more KL buys more, never everything
+    one = stats.frontier_rate([0.2], 0.3)  # a single prompt: the q whose binary KL from p is the budget
+    assert stats.binary_kl(one, 0.2) == pytest.approx(0.3, abs=1e-6)
+    # no policy at the same KL does better: a mixture that spends the budget unevenly is below the frontier
+    uneven = (stats.tilted(0.1, 3.0) + 0.5 + 0.9) / 3
+    spent = stats.binary_kl(stats.tilted(0.1, 3.0), 0.1) / 3
+    assert uneven < stats.frontier_rate(p, spent)

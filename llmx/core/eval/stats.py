@@ -54,3 +54,33 @@ def paired(a: Sequence[float], b: Sequence[float], resamples: int = 1000, level:
     low, high = bootstrap_ci(d, resamples, level, seed)
     return Paired(sum(d) / max(len(d), 1), low, high, sum(x > 0 for x in d), sum(x < 0 for x in d),
                   sum(x == 0 for x in d))
+
+
+def binary_kl(q: float, p: float) -> float:
+    """KL(Bernoulli(q) || Bernoulli(p)) in nats."""
+    return sum(a * math.log(a / b) for a, b in ((q, p), (1 - q, 1 - p)) if a > 0)
+
+
+def tilted(p: float, strength: float) -> float:
+    """A prompt's success probability under the KL-regularised optimum ``pi* ~ pi_ref exp(r / beta)`` for a reward of
+    1 on success and 0 otherwise (Rafailov et al. 2023, eq. 4), with ``strength = 1 / beta``."""
+    w = p * math.exp(strength)
+    return w / (w + 1 - p)
+
+
+def frontier_rate(p: Sequence[float], kl: float, hi: float = 50.0) -> float:
+    """The best mean success rate any policy reaches at mean KL ``kl`` from the reference (sequence level, per prompt
+    averaged), given each prompt's success probability ``p`` under the reference (in (0, 1)): the optimum tilts
+    every prompt by one common ``1 / beta`` (a Lagrangian over the prompts' shared budget), found by bisection."""
+    def mean_kl(t: float) -> float:
+        return sum(binary_kl(tilted(x, t), x) for x in p) / len(p)
+
+    if kl <= 0:
+        return sum(p) / len(p)
+    lo, top = 0.0, hi
+    if mean_kl(top) <= kl:
+        return sum(tilted(x, top) for x in p) / len(p)
+    for _ in range(100):
+        mid = (lo + top) / 2
+        lo, top = (mid, top) if mean_kl(mid) < kl else (lo, mid)
+    return sum(tilted(x, lo) for x in p) / len(p)

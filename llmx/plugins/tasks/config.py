@@ -16,6 +16,8 @@ class TaskSource(Params):
                                        "(its first group) is the answer; default: the completion's first line.")
     delimiter: str = Field(" ", description="Multiple-choice file tasks: the text between prompt and choice (as "
                            "lm-eval's target_delimiter).")
+    rows_seed: int = Field(0, description="The order a task's rows are drawn in: the same prompts for every run, "
+                           "whatever its seed (which seeds the sampling).")
     max_new_tokens: int | None = Field(None, gt=0, description="Default: the task's.")
     stop: list[str] | None = Field(None, description="Stop strings; default: the task's.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (with temperature > 0).")

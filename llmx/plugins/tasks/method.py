@@ -44,7 +44,7 @@ def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
 
     spec = _spec(p)
     split = p.split or spec.splits[-1]
-    rows = tasks.rows(spec, split, ctx.config.seed, p.limit)
+    rows = tasks.rows(spec, split, p.rows_seed, p.limit)
     d = _decoding(spec, p, ctx.config.seed, p.samples or spec.samples,
                   spec.temperature if p.temperature is None else p.temperature)
     if (p.kl or p.kl_reference) and (spec.kind != "generate" or d.temperature != 1.0):
@@ -82,7 +82,7 @@ def analyze(ctx: RunContext, p: TaskDataParams) -> dict:
             ctx.log.warning("analyze: the rows of task %s come from its test split; training on them contaminates "
                             "its evaluation", spec.name)
         limit = p.limit.get(split) if isinstance(p.limit, dict) else p.limit
-        rows = tasks.rows(spec, split, ctx.config.seed, limit)
+        rows = tasks.rows(spec, split, p.rows_seed, limit)
         result = tasks.run(spec, ctx.model, ctx.tokenizer, rows, d, judge_workers=_workers(p), progress=ctx.progress)
         data = training_rows(rows, result.records)
         for kind, items in data.items():
