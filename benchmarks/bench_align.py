@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
 import sys
 import tempfile
 import time
@@ -33,53 +35,72 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine, markdown, run_pipeline, write  # noqa: E402
 
 DPO_REF = "DPO b=0.1"
-CONFIGS = [  # (label, family, method, data kind, params)
+KEY = {"DPO b=0.1", "PIPA-N independent 100 steps", "SimPO b=2.5", "ConfPO b=2.5"}  # the claims rest on these
+CONFIGS = [  # (label, family, method, data kind, params): strengths swept by beta, or by steps where none exists
     *[(f"DPO b={b}", "DPO", "dpo", "paired", {"beta": b}) for b in (0.03, 0.1, 0.3)],
+    ("DPO b=0.1 25 steps", "DPO", "dpo", "paired", {"beta": 0.1, "steps": 25}),
     *[(f"IPO b={b}", "IPO", "ipo", "paired", {"beta": b}) for b in (0.1, 0.5)],
     *[(f"SimPO b={b}", "SimPO", "simpo", "paired", {"beta": b, "gamma": 0.5}) for b in (1.0, 2.5)],
+    ("SimPO b=2.5 25 steps", "SimPO", "simpo", "paired", {"beta": 2.5, "gamma": 0.5, "steps": 25}),
     *[(f"ConfPO b={b}", "ConfPO", "confpo", "paired", {"base": "simpo", "beta": b, "gamma": 0.5}) for b in (1.0, 2.5)],
+    ("ConfPO b=2.5 25 steps", "ConfPO", "confpo", "paired", {"base": "simpo", "beta": 2.5, "gamma": 0.5, "steps": 25}),
     *[(f"KTO b={b}", "KTO", "kto", "unpaired", {"beta": b}) for b in (0.1, 0.3)],
+    ("KTO b=0.1 25 steps", "KTO", "kto", "unpaired", {"beta": 0.1, "steps": 25}),
     ("PIPA-N conditional b=1 (= DPO b=1)", "PIPA-N conditional", "pipa", "paired",
      {"variant": "n", "pair_mode": "conditional", "beta": 1.0}),
     *[(f"PIPA-N independent {s} steps", "PIPA-N independent", "pipa", "paired",
-       {"variant": "n", "pair_mode": "independent", "steps": s}) for s in (50, 100)],
-    *[(f"PIPA-M {s} steps", "PIPA-M", "pipa", "paired", {"variant": "m", "steps": s}) for s in (50, 100)],
-    ("PIPA-M unpaired", "PIPA-M unpaired", "pipa", "unpaired", {"variant": "m"}),
-    ("PIPA-N unpaired", "PIPA-N unpaired", "pipa", "unpaired", {"variant": "n"}),
-    *[(f"SFT on chosen {s} steps", "SFT", "sft", "chosen", {"steps": s}) for s in (50, 100)],
+       {"variant": "n", "pair_mode": "independent", "steps": s}) for s in (25, 50, 100)],
+    *[(f"PIPA-M {s} steps", "PIPA-M", "pipa", "paired", {"variant": "m", "steps": s}) for s in (25, 50, 100)],
+    *[(f"PIPA-M unpaired {s} steps", "PIPA-M unpaired", "pipa", "unpaired", {"variant": "m", "steps": s})
+      for s in (50, 100)],
+    *[(f"PIPA-N unpaired {s} steps", "PIPA-N unpaired", "pipa", "unpaired", {"variant": "n", "steps": s})
+      for s in (50, 100)],
+    *[(f"SFT on chosen {s} steps", "SFT", "sft", "chosen", {"steps": s}) for s in (25, 50, 100)],
 ]
+MATCHED_KL = (1.0, 2.0, 3.0)  # nats per completion at which families are compared by interpolation
 
 
-def evaluation(prompts: int, samples: int) -> dict:
+def evaluation(prompts: int, samples: int, kl: bool = True) -> dict:
     return {"method": "task", "stage": "eval",
-            "params": {"task": "brackets", "limit": prompts, "samples": samples, "kl": samples > 1}}
+            "params": {"task": "brackets", "limit": prompts, "samples": samples, "kl": kl}}
 
 
-def scores(folder: Path) -> list[float]:
+def per_prompt(folder: Path) -> tuple[list[float], list[float]]:
+    """Each held-out prompt's preferred rate and KL (0 where none was measured) from the eval's rows."""
     (rows,) = list(folder.glob("*/artifacts/*_task/rows.jsonl"))
-    return [sum(r["scores"]) / len(r["scores"]) for r in map(json.loads, rows.open())]
+    records = [json.loads(line) for line in rows.open()]
+    return [sum(r["scores"]) / len(r["scores"]) for r in records], [r.get("kl", 0.0) for r in records]
 
 
-def constant_policy(model: str, prompts: int, text: str = ")\n") -> dict:
-    """Always answering ``text``: its preferred rate under the judge and its KL from the reference (the KL of a point
-    mass is minus the log-probability the reference gives it)."""
+def constant_policy(model: str, prompts: int) -> dict:
+    """Always answering ``)`` and then a newline, generated token by token: the ``)`` token after the prompt's own
+    tokens, then any token that starts with a newline (which ends the line; the judge sees ``")\n"``). Its KL from
+    the reference is minus the log-probability of that path under the reference; its preferred rate is the judge's."""
+    import torch
+
     from llmx.core import models
-    from llmx.core.eval.score import continuation_logprobs
     from llmx.core.eval.tasks import rows
     from llmx.core.plugins import host
     from llmx.plugins.tasks.brackets import judge
 
     ref, tok = models.load(model, dtype="float32", device="cpu")
+    torch.set_grad_enabled(False)
+    close = tok(")", add_special_tokens=False)["input_ids"]
+    newline = [i for i in range(len(tok)) if tok.decode([i]).startswith("\n")]
     held = rows(host().task("brackets"), "validation", 0, prompts)
-    logps = continuation_logprobs(ref, tok, [(r["prompt"], text) for r in held])
-    wins = [float(judge(r, text)) for r in held]
-    return {"label": f"constant {text!r}", "family": "constant", "rate": sum(wins) / len(wins), "ci_low": min(wins),
-            "ci_high": max(wins), "kl": -sum(s.logprob for s in logps) / len(logps), "kl_per_token": None,
-            "per_prompt": wins}
+    kl = []
+    for r in held:
+        ids = torch.tensor([tok(r["prompt"])["input_ids"] + close])
+        logp = torch.log_softmax(ref(input_ids=ids).logits[0].float(), dim=-1)
+        path = sum(float(logp[ids.shape[1] - 1 - len(close) + k, t]) for k, t in enumerate(close))
+        kl.append(-(path + float(torch.logsumexp(logp[-1, newline], dim=0))))
+    wins = [float(judge(r, ")\n")) for r in held]
+    return {"label": "constant ')\\n'", "family": "constant", "rate": sum(wins) / len(wins), "kl": sum(kl) / len(kl),
+            "kl_per_token": None, "scores": wins, "kls": kl}
 
 
 def run_config(job: tuple) -> dict:
-    (label, family, method, kind, params), model, data, args, out = job
+    (label, family, method, kind, params), seed, model, data, args, out = job
     stage_name = "train" if method == "sft" else "align"
     train = {"method": method, "stage": stage_name,
              "params": {"data": str(Path(data) / f"train_{kind}.jsonl"), "steps": args["steps"], "lr": args["lr"],
@@ -87,13 +108,60 @@ def run_config(job: tuple) -> dict:
     if method != "sft":
         train["params"]["eval_data"] = str(Path(data) / f"validation_{'paired' if kind == 'chosen' else kind}.jsonl")
     t0 = time.perf_counter()
-    folder = Path(out) / label.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
-    trained, ev = run_pipeline(model, [train, evaluation(args["eval_prompts"], 8)], output_dir=str(folder),
-                               threads=1, seed=args["seed"])
-    return {"label": label, "family": family, "rate": ev["score"], "ci_low": ev["score_ci_low"],
-            "ci_high": ev["score_ci_high"], "kl": ev["kl_from_reference"], "kl_per_token": ev["kl_per_token"],
-            "heldout_pref_accuracy": trained.get("heldout_pref_accuracy"), "per_prompt": scores(folder),
+    folder = Path(out) / f"{label}-{seed}".replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
+    try:
+        trained, ev = run_pipeline(model, [train, evaluation(args["eval_prompts"], 8)], output_dir=str(folder),
+                                   threads=1, seed=seed)
+    except Exception as exc:  # noqa: BLE001 - one failed configuration is a row saying so, not a lost run
+        return {"label": label, "family": family, "seed": seed, "error": f"{type(exc).__name__}: {exc}"}
+    rates, kls = per_prompt(folder)
+    return {"label": label, "family": family, "seed": seed, "rate": ev["score"], "ci_low": ev["score_ci_low"],
+            "ci_high": ev["score_ci_high"], "kl": ev["kl_from_reference"], "kl_ci_low": ev["kl_ci_low"],
+            "kl_ci_high": ev["kl_ci_high"], "kl_per_token": ev["kl_per_token"],
+            "heldout_pref_accuracy": trained.get("heldout_pref_accuracy"), "scores": rates, "kls": kls,
             "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def interpolate(points: list[tuple[float, float]], kl: float) -> float | None:
+    """The rate at ``kl`` on a family's piecewise-linear curve (its points sorted by KL), None outside its range."""
+    points = sorted(points)
+    for (k0, r0), (k1, r1) in zip(points, points[1:], strict=False):
+        if k0 <= kl <= k1:
+            return r0 if k1 == k0 else r0 + (r1 - r0) * (kl - k0) / (k1 - k0)
+    return None
+
+
+def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int = 0) -> list[dict]:
+    """Each family's rate at the MATCHED_KL values (its curve starts at the reference, KL 0) and its difference from
+    DPO's there, with percentile intervals from resampling the prompts jointly for every model."""
+    families = {}
+    for r in rows:
+        if r.get("seed") == seed and "error" not in r and r["family"] not in ("reference", "constant"):
+            families.setdefault(r["family"], []).append(r)
+    n = len(reference["scores"])
+    rng = random.Random(seed)
+    draws = [list(range(n))] + [[rng.randrange(n) for _ in range(n)] for _ in range(resamples)]
+
+    def curve(members: list[dict], idx: list[int]) -> list[tuple[float, float]]:
+        base = (0.0, sum(reference["scores"][i] for i in idx) / n)
+        return [base] + [(sum(m["kls"][i] for i in idx) / n, sum(m["scores"][i] for i in idx) / n) for m in members]
+
+    out = []
+    for fam, members in families.items():
+        for kl in MATCHED_KL:
+            values = [(interpolate(curve(members, idx), kl), interpolate(curve(families["DPO"], idx), kl))
+                      for idx in draws]
+            if values[0][0] is None:
+                continue
+            rates = sorted(v for v, _ in values[1:] if v is not None)
+            diffs = sorted(a - b for a, b in values[1:] if a is not None and b is not None)
+            row = {"family": fam, "kl": kl, "rate": values[0][0],
+                   "rate_ci": f"[{rates[int(0.025 * len(rates))]:.3f}, {rates[int(0.975 * len(rates)) - 1]:.3f}]"}
+            if values[0][1] is not None and diffs and fam != "DPO":
+                row.update({"diff_vs_dpo": values[0][0] - values[0][1],
+                            "diff_ci": f"[{diffs[int(0.025 * len(diffs))]:.3f}, {diffs[int(0.975 * len(diffs)) - 1]:.3f}]"})
+            out.append(row)
+    return out
 
 
 def main() -> None:
@@ -102,6 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ref:llama")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--extra-seeds", type=int, nargs="*", default=[1], help="Seeds repeated for the key configs.")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--prompts", type=int, default=400)
@@ -109,48 +178,71 @@ def main() -> None:
     ap.add_argument("--oracle-samples", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
+    payload = {"benchmark": "align", "model": args.model, "seed": args.seed, "steps": args.steps, "lr": args.lr,
+               "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         built = run_pipeline(args.model, [{"method": "task", "stage": "analyze", "params": {
             "task": "brackets", "limit": {"train": args.prompts, "validation": 50}}}], output_dir=tmp, threads=1)[0]
         print(built, flush=True)
-        oracle_dir = Path(tmp) / "oracle"
-        run_pipeline(args.model, [evaluation(args.eval_prompts, args.oracle_samples)], output_dir=str(oracle_dir),
-                     threads=1, seed=args.seed + 1)
+        oracle_dir, ref_dir = Path(tmp) / "oracle", Path(tmp) / "reference"
+        run_pipeline(args.model, [evaluation(args.eval_prompts, args.oracle_samples, kl=False)],
+                     output_dir=str(oracle_dir), threads=1, seed=args.seed + 1)
         n = args.oracle_samples
-        p = [(s * n + 0.5) / (n + 1) for s in scores(oracle_dir)]  # add-half smoothing: no prompt is certain
-        ref_dir = Path(tmp) / "reference"
-        ref = run_pipeline(args.model, [evaluation(args.eval_prompts, 8)], output_dir=str(ref_dir), threads=1,
-                           seed=args.seed)[0]
-        reference = {"label": "reference", "family": "reference", "rate": ref["score"], "ci_low": ref["score_ci_low"],
-                     "ci_high": ref["score_ci_high"], "kl": 0.0, "kl_per_token": 0.0, "per_prompt": scores(ref_dir)}
-        jobs = [(c, args.model, built["data_dir"], vars(args), tmp) for c in CONFIGS]
+        p = [(s * n + 0.5) / (n + 1) for s in per_prompt(oracle_dir)[0]]  # add-half smoothing: no prompt is certain
+        ref = run_pipeline(args.model, [evaluation(args.eval_prompts, 8, kl=False)], output_dir=str(ref_dir),
+                           threads=1, seed=args.seed)[0]
+        reference = {"label": "reference", "family": "reference", "seed": args.seed, "rate": ref["score"],
+                     "ci_low": ref["score_ci_low"], "ci_high": ref["score_ci_high"], "kl": 0.0, "kl_per_token": 0.0,
+                     "scores": per_prompt(ref_dir)[0], "kls": [0.0] * args.eval_prompts}
+        payload.update(data=built, oracle_p=p)
+        jobs = [(c, seed, args.model, built["data_dir"], vars(args), tmp) for c in CONFIGS
+                for seed in [args.seed, *(args.extra_seeds if c[0] in KEY else [])]]
+        rows = [reference]
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            rows = []
             for row in pool.map(run_config, jobs):
-                print({k: v for k, v in row.items() if k != "per_prompt"}, flush=True)
+                print({k: v for k, v in row.items() if k not in ("scores", "kls")}, flush=True)
                 rows.append(row)
-    rows = [reference, *rows, constant_policy(args.model, args.eval_prompts)]
-    dpo = next(r for r in rows if r["label"] == DPO_REF)["per_prompt"]
-    for r in rows:
+                write("align", {**payload, "rows": rows})  # what is done survives a later failure
+    rows.append({**constant_policy(args.model, args.eval_prompts), "seed": args.seed})
+    done = [r for r in rows if "error" not in r]
+    dpo = next(r for r in done if r["label"] == DPO_REF and r["seed"] == args.seed)["scores"]
+    for r in done:
         r["frontier_at_kl"] = stats.frontier_rate(p, max(r["kl"], 0.0))
         r["gap_to_frontier"] = r["frontier_at_kl"] - r["rate"]
-        d = stats.paired(dpo, r["per_prompt"], seed=args.seed)
-        r.update({"diff_vs_dpo": d.diff, "diff_ci": f"[{d.low:.3f}, {d.high:.3f}]",
-                  "rate_ci": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"})
-    top = max(r["kl"] for r in rows) * 1.15 + 0.5
-    curve = [(top * i / 60, stats.frontier_rate(p, top * i / 60)) for i in range(61)]
-    write("align", {"benchmark": "align", "model": args.model, "seed": args.seed, "steps": args.steps, "lr": args.lr,
-                    "data": built, "oracle_p": p, "frontier": curve, "machine": machine(),
-                    "rows": [{k: v for k, v in r.items()} for r in rows]})
-    columns = ["label", "rate", "rate_ci", "kl", "frontier_at_kl", "gap_to_frontier", "diff_vs_dpo", "diff_ci",
-               "heldout_pref_accuracy"]
-    table = markdown(columns, rows)
+        r["frontier_kl_for_rate"] = stats.frontier_kl(p, r["rate"])
+        d = stats.paired(dpo, r["scores"], seed=args.seed)
+        r.update({"diff_vs_dpo_b0.1": d.diff, "diff_ci": f"[{d.low:.3f}, {d.high:.3f}]",
+                  "rate_ci": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if "ci_low" in r else "",
+                  "kl_ci": f"[{r['kl_ci_low']:.2f}, {r['kl_ci_high']:.2f}]" if "kl_ci_low" in r else ""})
+    seeds = seed_summary(done)
+    at_kl = matched(done, reference, seed=args.seed)
+    kl_top = max(r["kl"] for r in done if r["family"] != "constant")
+    grid = [0.0] + [1e-3 * (kl_top * 1.2 / 1e-3) ** (i / 80) for i in range(81)]
+    curve = [(k, stats.frontier_rate(p, k)) for k in grid]
+    write("align", {**payload, "rows": rows, "frontier": curve, "seeds": seeds, "matched_kl": at_kl})
+    main_rows = [r for r in done if r["seed"] == args.seed]
+    table = "\n\n".join([
+        markdown(["label", "rate", "rate_ci", "kl", "kl_ci", "frontier_at_kl", "frontier_kl_for_rate", "diff_vs_dpo_b0.1",
+                  "diff_ci", "heldout_pref_accuracy"], main_rows),
+        markdown(["family", "kl", "rate", "rate_ci", "diff_vs_dpo", "diff_ci"], at_kl),
+        markdown(["label", "seeds", "rate_mean", "rate_sd", "kl_mean", "kl_sd"], seeds)])
     (RESULTS / "align.md").write_text(table + "\n")
-    plot(rows, curve)
+    plot(main_rows, curve, kl_top)
     print(table)
 
 
-def plot(rows: list[dict], curve: list[tuple[float, float]]) -> None:
+def seed_summary(rows: list[dict]) -> list[dict]:
+    out = []
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = [r for r in rows if r["label"] == label]
+        if len(mine) > 1:
+            rates, kls = [r["rate"] for r in mine], [r["kl"] for r in mine]
+            out.append({"label": label, "seeds": len(mine), "rate_mean": statistics.mean(rates),
+                        "rate_sd": statistics.stdev(rates), "kl_mean": statistics.mean(kls), "kl_sd": statistics.stdev(kls)})
+    return out
+
+
+def plot(rows: list[dict], curve: list[tuple[float, float]], kl_top: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,22 +250,29 @@ def plot(rows: list[dict], curve: list[tuple[float, float]]) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     ax.plot([k for k, _ in curve], [r for _, r in curve], "k--", label="best reachable (KL-regularised optimum)")
-    families = list(dict.fromkeys(r["family"] for r in rows))
+    families = [f for f in dict.fromkeys(r["family"] for r in rows) if f != "constant"]
     for i, fam in enumerate(families):
         mine = sorted((r for r in rows if r["family"] == fam), key=lambda r: r["kl"])
         ax.errorbar([r["kl"] for r in mine], [r["rate"] for r in mine],
                     yerr=[[r["rate"] - r["ci_low"] for r in mine], [r["ci_high"] - r["rate"] for r in mine]],
-                    fmt="o-", capsize=3, color=plt.cm.tab20(i % 20), label=fam)
-    ax.set_xlabel("KL from the reference (nats per completion)")
+                    xerr=[[r["kl"] - r.get("kl_ci_low", r["kl"]) for r in mine],
+                          [r.get("kl_ci_high", r["kl"]) - r["kl"] for r in mine]],
+                    fmt="o-", capsize=2, lw=1, color=plt.cm.tab20(i % 20), label=fam)
+    const = next((r for r in rows if r["family"] == "constant"), None)
+    if const:
+        ax.annotate(f"constant ')\\n': rate {const['rate']:.2f} at KL {const['kl']:.1f}", xy=(kl_top * 1.2, 1.0),
+                    xytext=(kl_top * 0.55, 1.02), fontsize=8, arrowprops={"arrowstyle": "->"})
+    ax.set_xlabel("KL from the reference (nats per completion, token level)")
     ax.set_ylabel("preferred rate on held-out prompts (95% CI)")
-    ax.set_xlim(left=-0.2, right=max(r["kl"] for r in rows) * 1.15 + 0.5)
+    ax.set_xlim(-0.1, kl_top * 1.2)
+    ax.set_ylim(top=1.06)
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(RESULTS / "align_frontier.png", dpi=120)
     (RESULTS / "align_frontier.csv").write_text("label,family,kl,rate,ci_low,ci_high,frontier_at_kl\n" + "".join(
-        f"{r['label']},{r['family']},{r['kl']:.4f},{r['rate']:.4f},{r['ci_low']:.4f},{r['ci_high']:.4f},"
-        f"{r['frontier_at_kl']:.4f}\n" for r in rows))
+        f"{r['label']},{r['family']},{r['kl']:.4f},{r['rate']:.4f},{r.get('ci_low', r['rate']):.4f},"
+        f"{r.get('ci_high', r['rate']):.4f},{r['frontier_at_kl']:.4f}\n" for r in rows))
 
 
 if __name__ == "__main__":

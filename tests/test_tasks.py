@@ -110,8 +110,36 @@ def test_kl_from_a_reference_with_another_tokenizer(cli, tmp_path):
     for reference in ("ref:llama-test", "tiny:llama"):
         runs.append(stage(cli("--json", "eval", "--method", "task", "--model", "ref:llama-test", "--set", "task=brackets",
                               "--set", "limit=6", "--set", f"kl_reference={reference}", "-o", tmp_path)))
-    assert runs[0]["kl_from_reference"] == pytest.approx(0.0, abs=1e-4) and runs[0]["kl_samples"] > 0
-    assert runs[1]["kl_from_reference"] > 1.0 and runs[1]["kl_per_token"] > 0.5
+    assert runs[0]["kl_from_reference"] == pytest.approx(0.0, abs=1e-4) and runs[0]["kl_level"] == "tokens"
+    assert runs[1]["kl_from_reference"] > 1.0 and runs[1]["kl_per_token"] > 0.5 and runs[1]["kl_level"] == "text"
+    assert runs[1]["kl_ci_low"] <= runs[1]["kl_from_reference"] <= runs[1]["kl_ci_high"]
+
+
+def test_the_kl_estimate_scores_the_tokens_as_sampled(ref):
+    """Token level: the log-ratio of the very tokens drawn (the stop string's whole token, not a re-encoding of the
+    cut text), against a hand forward pass; a sampled EOS is among them."""
+    from llmx.core import models
+    from llmx.core.eval.tasks import drift
+
+    model, tok = ref
+    other, _ = models.load("ref:llama-test", dtype="float32", device="cpu")
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.3)  # another policy, same vocabulary
+    rows = [{"prompt": "def f(x):\n    return"}, {"prompt": "x = compute("}]
+    completions = generate(model, tok, [r["prompt"] for r in rows], max_new_tokens=12, samples=3, temperature=1.0,
+                           stop=["\n"], include_stop=True, seed=3)
+    _, per_prompt = drift(model, tok, other, tok, rows, completions, 4, lambda x, **_: x)
+    for row, cs, value in zip(rows, completions, per_prompt, strict=True):
+        hand = []
+        for c in cs:
+            ids = tok(row["prompt"])["input_ids"] + list(c.ids)
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                a, b = (torch.log_softmax(m(input_ids=x).logits[0, :-1].float(), -1) for m in (model, other))
+            start = len(ids) - len(c.ids) - 1
+            hand.append(sum(float(a[start + k, t] - b[start + k, t]) for k, t in enumerate(c.ids)))
+            assert tok.decode(list(c.ids), skip_special_tokens=True).startswith(c.text)
+        assert value == pytest.approx(sum(hand) / len(hand), abs=1e-3)
 
 
 def test_eval_flag_names_a_task(cli):
@@ -379,6 +407,8 @@ def test_the_kl_frontier_of_a_binary_reward():
     assert rates == sorted(rates) and rates[-1] < 1.0  # more KL buys more, never everything
     one = stats.frontier_rate([0.2], 0.3)  # a single prompt: the q whose binary KL from p is the budget
     assert stats.binary_kl(one, 0.2) == pytest.approx(0.3, abs=1e-6)
+    assert stats.frontier_kl(p, stats.frontier_rate(p, 0.2)) == pytest.approx(0.2, rel=1e-4)
+    assert stats.frontier_kl(p, 0.4) == 0.0 and stats.tilted(0.3, 800.0) == 1.0  # no overflow at large strengths
     # no policy at the same KL does better: a mixture that spends the budget unevenly is below the frontier
     uneven = (stats.tilted(0.1, 3.0) + 0.5 + 0.9) / 3
     spent = stats.binary_kl(stats.tilted(0.1, 3.0), 0.1) / 3

@@ -30,6 +30,8 @@ class Completion:
     stop: str | None  # the stop string that ended it, "eos", or None: the token budget ran out
     tokens: int  # new tokens generated
     truncated: bool = False  # the prompt lost its first tokens to fit the context
+    ids: tuple[int, ...] = ()  # the tokens sampled, an EOS included (what a token-level KL scores)
+    prompt_tokens: int = 0  # the prompt's last tokens the model saw
 
 
 def row_seed(seed: int, prompt: int, sample: int) -> int:
@@ -153,10 +155,11 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
         for b, r in enumerate(batch):
             new = gen[b, width:].tolist()
             ended = next((k for k, t in enumerate(new) if t in eos), None)
-            new = new if ended is None else new[:ended]
-            while ended is None and new and new[-1] == pad:  # a row a stop string ended is padded to the batch's end
-                new.pop()
-            text, hit = cut(tok.decode(new, skip_special_tokens=True), stop, include_stop)
+            sampled = new if ended is None else new[:ended + 1]
+            while ended is None and sampled and sampled[-1] == pad:  # a row a stop string ended is padded after it
+                sampled.pop()
+            text, hit = cut(tok.decode(sampled, skip_special_tokens=True), stop, include_stop)
             i, j = rows[r]
-            out[i][j] = Completion(text, hit or ("eos" if ended is not None else None), len(new), truncated[i])
+            out[i][j] = Completion(text, hit or ("eos" if ended is not None else None), len(sampled), truncated[i],
+                                   tuple(sampled), len(encoded[i]))
     return out  # type: ignore[return-value]

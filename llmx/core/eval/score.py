@@ -46,16 +46,21 @@ def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[i
     return head, whole[len(head):]
 
 
-@torch.inference_mode()
 def continuation_logprobs(model, tok, pairs: Sequence[tuple[str, str]], batch_size: int = 8,
                           progress: Callable = lambda x, **_: x) -> list[Scored]:
-    """One :class:`Scored` per ``(context, continuation)`` pair, in order."""
+    """One :class:`Scored` per ``(context, continuation)`` pair of texts, in order."""
+    return token_logprobs(model, tok, [encode_pair(tok, c, x) for c, x in pairs], batch_size, progress)
+
+
+@torch.inference_mode()
+def token_logprobs(model, tok, pairs: Sequence[tuple[list[int], list[int]]], batch_size: int = 8,
+                   progress: Callable = lambda x, **_: x) -> list[Scored]:
+    """One :class:`Scored` per ``(context ids, continuation ids)`` pair: the continuation's tokens as given."""
     device = next(model.parameters()).device
     limit = scoring_limit(model, tok)
     seqs: list[tuple[list[int], int]] = []  # (whole sequence, continuation tokens scored)
-    for context, continuation in pairs:
-        head, tail = encode_pair(tok, context, continuation)
-        whole = (head + tail)[-(limit + 1):]
+    for head, tail in pairs:
+        whole = (list(head) + list(tail))[-(limit + 1):]
         seqs.append((whole, min(len(tail), len(whole) - 1)))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     order = sorted(range(len(seqs)), key=lambda r: -len(seqs[r][0]))

@@ -64,8 +64,24 @@ def binary_kl(q: float, p: float) -> float:
 def tilted(p: float, strength: float) -> float:
     """A prompt's success probability under the KL-regularised optimum ``pi* ~ pi_ref exp(r / beta)`` for a reward of
     1 on success and 0 otherwise (Rafailov et al. 2023, eq. 4), with ``strength = 1 / beta``."""
-    w = p * math.exp(strength)
-    return w / (w + 1 - p)
+    return 1.0 / (1.0 + math.exp(-(math.log(p / (1 - p)) + strength)))  # logit q = logit p + 1 / beta
+
+
+def frontier_kl(p: Sequence[float], rate: float, hi: float = 50.0) -> float:
+    """The least mean KL at which any policy reaches mean success ``rate`` (the inverse of :func:`frontier_rate`);
+    infinite when ``rate`` is beyond the tilt ``hi``."""
+    def mean_rate(t: float) -> float:
+        return sum(tilted(x, t) for x in p) / len(p)
+
+    if rate <= mean_rate(0.0):
+        return 0.0
+    if rate > mean_rate(hi):
+        return math.inf
+    lo, top = 0.0, hi
+    for _ in range(100):
+        mid = (lo + top) / 2
+        lo, top = (mid, top) if mean_rate(mid) < rate else (lo, mid)
+    return sum(binary_kl(tilted(x, top), x) for x in p) / len(p)
 
 
 def frontier_rate(p: Sequence[float], kl: float, hi: float = 50.0) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 
 from llmx.core.eval import stats
 from llmx.core.eval.generate import Completion, generate
-from llmx.core.eval.score import choose, continuation_logprobs, move_whitespace
+from llmx.core.eval.score import choose, continuation_logprobs, move_whitespace, token_logprobs
 from llmx.core.spec import TaskSpec
 from llmx.errors import UsageError
 
@@ -154,19 +154,32 @@ def reference_nll(model, tok, task_rows: Sequence[dict], batch_size: int, progre
 
 
 def drift(model, tok, reference, reference_tok, task_rows: Sequence[dict], completions: list[list[Completion]],
-          batch_size: int, progress: Callable) -> dict[str, float]:
-    """Monte-Carlo KL(model || reference) on the model's own samples: the mean over the non-empty completions of the
-    summed ``log p_model - log p_reference`` of the completion's text given its prompt, each model with its own
-    tokenizer (an EOS or a cut stop string is not scored). It estimates the KL of the sampling distribution only
-    when sampled at temperature 1 without truncation."""
-    pairs = [(row["prompt"], c.text) for row, cs in zip(task_rows, completions, strict=True) for c in cs if c.text]
-    if not pairs:
-        return {"kl_from_reference": 0.0, "kl_per_token": 0.0, "kl_samples": 0}
-    mine = continuation_logprobs(model, tok, pairs, batch_size, progress)
-    theirs = continuation_logprobs(reference, reference_tok, pairs, batch_size, progress)
-    total = sum(a.logprob - b.logprob for a, b in zip(mine, theirs, strict=True))
-    return {"kl_from_reference": total / len(pairs), "kl_per_token": total / max(sum(a.tokens for a in mine), 1),
-            "kl_samples": len(pairs)}
+          batch_size: int, progress: Callable, resamples: int = 1000, seed: int = 0) -> tuple[dict[str, Any], list[float]]:
+    """Monte-Carlo KL(model || reference) on the model's own samples, and its value per prompt.
+
+    With a shared vocabulary the estimate is token level: the summed ``log p_model - log p_reference`` of the tokens
+    each completion was sampled as (the prompt's tokens as the model saw them; the token that held the stop string
+    and a sampled EOS included), an unbiased estimate of the KL between the two sampling processes at temperature 1.
+    A reference with another tokenizer scores the completion's text instead (each model encodes it its own way; what
+    follows a cut stop string is not scored), a cruder estimate. Empty completions count with a log-ratio of 0 only
+    at text level. The interval is a bootstrap over prompts."""
+    shared = tok.get_vocab() == reference_tok.get_vocab()
+    if shared:
+        seqs = [(tok(row["prompt"])["input_ids"][-c.prompt_tokens:] if c.prompt_tokens else [], list(c.ids))
+                for row, cs in zip(task_rows, completions, strict=True) for c in cs]
+        mine = token_logprobs(model, tok, seqs, batch_size, progress)
+        theirs = token_logprobs(reference, reference_tok, seqs, batch_size, progress)
+    else:
+        pairs = [(row["prompt"], c.text) for row, cs in zip(task_rows, completions, strict=True) for c in cs]
+        mine = continuation_logprobs(model, tok, pairs, batch_size, progress)
+        theirs = continuation_logprobs(reference, reference_tok, pairs, batch_size, progress)
+    ratios = iter([a.logprob - b.logprob for a, b in zip(mine, theirs, strict=True)])
+    per_prompt = [sum(next(ratios) for _ in cs) / max(len(cs), 1) for cs in completions]
+    low, high = stats.bootstrap_ci(per_prompt, resamples, seed=seed)
+    total = sum(p * len(cs) for p, cs in zip(per_prompt, completions, strict=True))
+    return {"kl_from_reference": _mean(per_prompt), "kl_ci_low": low, "kl_ci_high": high,
+            "kl_per_token": total / max(sum(a.tokens for a in mine), 1), "kl_level": "tokens" if shared else "text"}, \
+        per_prompt
 
 
 def _mean(values: Sequence[float]) -> float:

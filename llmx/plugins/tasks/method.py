@@ -55,12 +55,15 @@ def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
                          progress=ctx.progress)
 
     result = run(ctx.model, ctx.tokenizer)
-    atomic.write_text(ctx.artifact("rows.jsonl"), _jsonl(result.records))
     out = {"task": spec.name, "split": split, **result.metrics}
     if p.kl or p.kl_reference:
         reference = models.load(p.kl_reference or ctx.config.model, dtype=ctx.config.dtype, device=ctx.device)
-        out.update(tasks.drift(ctx.model, ctx.tokenizer, *reference, rows, result.completions, d.batch_size,
-                               ctx.progress))
+        kl, per_prompt = tasks.drift(ctx.model, ctx.tokenizer, *reference, rows, result.completions, d.batch_size,
+                                     ctx.progress, p.resamples, ctx.config.seed)
+        out.update(kl)
+        for record, value in zip(result.records, per_prompt, strict=True):
+            record["kl"] = value
+    atomic.write_text(ctx.artifact("rows.jsonl"), _jsonl(result.records))
     if p.compare:
         other = run(*models.load(p.compare, dtype=ctx.config.dtype, device=ctx.device))
         atomic.write_text(ctx.artifact("compare_rows.jsonl"), _jsonl(other.records))
