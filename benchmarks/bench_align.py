@@ -57,7 +57,7 @@ CONFIGS = [  # (label, family, method, data kind, params): strengths swept by be
       for s in (50, 100)],
     *[(f"SFT on chosen {s} steps", "SFT", "sft", "chosen", {"steps": s}) for s in (25, 50, 100)],
 ]
-MATCHED_KL = (1.0, 2.0, 3.0)  # nats per completion at which families are compared by interpolation
+MATCHED_KL = (0.25, 0.4, 1.0, 2.0, 3.0)  # nats per completion at which families are compared by interpolation
 
 
 def evaluation(prompts: int, samples: int, kl: bool = True) -> dict:
@@ -165,7 +165,6 @@ def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int 
 
 
 def main() -> None:
-    from llmx.core.eval import stats
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ref:llama")
@@ -177,7 +176,13 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=50)
     ap.add_argument("--oracle-samples", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--reanalyze", action="store_true", help="Recompute the tables and the plot from align.json.")
     args = ap.parse_args()
+    if args.reanalyze:
+        saved = json.loads((RESULTS / "align.json").read_text())
+        keep = {k: v for k, v in saved.items() if k not in ("rows", "frontier", "seeds", "matched_kl")}
+        report(saved["rows"], saved["oracle_p"], keep, saved["seed"])
+        return
     payload = {"benchmark": "align", "model": args.model, "seed": args.seed, "steps": args.steps, "lr": args.lr,
                "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,26 +209,35 @@ def main() -> None:
                 rows.append(row)
                 write("align", {**payload, "rows": rows})  # what is done survives a later failure
     rows.append({**constant_policy(args.model, args.eval_prompts), "seed": args.seed})
+    report(rows, p, payload, args.seed)
+
+
+def report(rows: list[dict], p: list[float], payload: dict, seed: int) -> None:
+    """Frontier gaps, differences from DPO, matched-KL comparisons and seed spreads; the tables and the plot."""
+    from llmx.core.eval import stats
+
     done = [r for r in rows if "error" not in r]
-    dpo = next(r for r in done if r["label"] == DPO_REF and r["seed"] == args.seed)["scores"]
+    reference = next(r for r in done if r["family"] == "reference")
+    dpo = next(r for r in done if r["label"] == DPO_REF and r["seed"] == seed)["scores"]
     for r in done:
         r["frontier_at_kl"] = stats.frontier_rate(p, max(r["kl"], 0.0))
         r["gap_to_frontier"] = r["frontier_at_kl"] - r["rate"]
         r["frontier_kl_for_rate"] = stats.frontier_kl(p, r["rate"])
-        d = stats.paired(dpo, r["scores"], seed=args.seed)
+        r["kl_efficiency"] = r["frontier_kl_for_rate"] / r["kl"] if r["kl"] > 0 else None
+        d = stats.paired(dpo, r["scores"], seed=seed)
         r.update({"diff_vs_dpo_b0.1": d.diff, "diff_ci": f"[{d.low:.3f}, {d.high:.3f}]",
                   "rate_ci": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if "ci_low" in r else "",
                   "kl_ci": f"[{r['kl_ci_low']:.2f}, {r['kl_ci_high']:.2f}]" if "kl_ci_low" in r else ""})
     seeds = seed_summary(done)
-    at_kl = matched(done, reference, seed=args.seed)
+    at_kl = matched(done, reference, seed=seed)
     kl_top = max(r["kl"] for r in done if r["family"] != "constant")
     grid = [0.0] + [1e-3 * (kl_top * 1.2 / 1e-3) ** (i / 80) for i in range(81)]
     curve = [(k, stats.frontier_rate(p, k)) for k in grid]
     write("align", {**payload, "rows": rows, "frontier": curve, "seeds": seeds, "matched_kl": at_kl})
-    main_rows = [r for r in done if r["seed"] == args.seed]
+    main_rows = [r for r in done if r["seed"] == seed]
     table = "\n\n".join([
-        markdown(["label", "rate", "rate_ci", "kl", "kl_ci", "frontier_at_kl", "frontier_kl_for_rate", "diff_vs_dpo_b0.1",
-                  "diff_ci", "heldout_pref_accuracy"], main_rows),
+        markdown(["label", "rate", "rate_ci", "kl", "kl_ci", "frontier_at_kl", "frontier_kl_for_rate", "kl_efficiency",
+                  "diff_vs_dpo_b0.1", "diff_ci", "heldout_pref_accuracy"], main_rows),
         markdown(["family", "kl", "rate", "rate_ci", "diff_vs_dpo", "diff_ci"], at_kl),
         markdown(["label", "seeds", "rate_mean", "rate_sd", "kl_mean", "kl_sd"], seeds)])
     (RESULTS / "align.md").write_text(table + "\n")

@@ -5,6 +5,11 @@ Prompt: three lines of real code, then the start of a line up to its first ``(``
 holds a quote or a comment are skipped: they are often inside a multi-line string). Completion: what the model writes up
 to the end of that line. Preferred: the line closes every bracket it opens, in order (characters inside simple string
 literals are ignored), and the line ends within the token budget.
+
+The judge does not need the content: the constant ``)\n`` always passes. Judges that do (the completed line must
+parse, its argument names must occur in the prompt, or its argument count must match the real line's) were measured
+on ``ref:llama``'s samples and every one rated a constant above the model (README, Alignment), so the task keeps this
+judge and the alignment benchmark compares methods at matched KL, where the constant sits far out.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ def balanced(line: str) -> bool:
 
 
 def rows(split: str, seed: int) -> list[dict]:
-    """Every prompt of the standard-library corpus split (train / validation files never mix), in a seeded order."""
+    """Every prompt of the standard-library corpus split (train / validation files never mix), in a seeded order,
+    with the rest of the real line as the row's ``reference`` (its NLL is reported; analyze writes it as SFT rows)."""
     from llmx.core.data import documents
 
     candidates = []
@@ -43,7 +49,9 @@ def rows(split: str, seed: int) -> list[dict]:
             line = lines[i]
             head = line[:line.find("(")]
             if "(" in line and len(line) < 100 and not line.lstrip().startswith(("#", "@")) and not set(head) & set("'\"#"):
-                candidates.append({"prompt": "\n".join(lines[i - 3:i]) + "\n" + line[:line.index("(") + 1]})
+                cut = line.index("(") + 1
+                candidates.append({"prompt": "\n".join(lines[i - 3:i]) + "\n" + line[:cut],
+                                   "reference": line[cut:] + "\n"})
     random.Random(seed).shuffle(candidates)
     return candidates
 
