@@ -133,7 +133,9 @@ def interpolate(points: list[tuple[float, float]], kl: float) -> float | None:
 
 def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int = 0) -> list[dict]:
     """Each family's rate at the MATCHED_KL values (its curve starts at the reference, KL 0) and its difference from
-    DPO's there, with percentile intervals from resampling the prompts jointly for every model."""
+    DPO's there, with percentile intervals from resampling the prompts jointly for every model. Near the end of a
+    family's range some resamples fall short of the KL; the interval is over the others, and ``coverage`` says how
+    many that is."""
     families = {}
     for r in rows:
         if r.get("seed") == seed and "error" not in r and r["family"] not in ("reference", "constant"):
@@ -153,9 +155,10 @@ def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int 
                       for idx in draws]
             if values[0][0] is None:
                 continue
+            covered = sum(v is not None for v, _ in values[1:]) / resamples  # draws whose curve reaches this KL
             rates = sorted(v for v, _ in values[1:] if v is not None)
             diffs = sorted(a - b for a, b in values[1:] if a is not None and b is not None)
-            row = {"family": fam, "kl": kl, "rate": values[0][0],
+            row = {"family": fam, "kl": kl, "rate": values[0][0], "coverage": covered,
                    "rate_ci": f"[{rates[int(0.025 * len(rates))]:.3f}, {rates[int(0.975 * len(rates)) - 1]:.3f}]"}
             if values[0][1] is not None and diffs and fam != "DPO":
                 row.update({"diff_vs_dpo": values[0][0] - values[0][1],
@@ -238,7 +241,7 @@ def report(rows: list[dict], p: list[float], payload: dict, seed: int) -> None:
     table = "\n\n".join([
         markdown(["label", "rate", "rate_ci", "kl", "kl_ci", "frontier_at_kl", "frontier_kl_for_rate", "kl_efficiency",
                   "diff_vs_dpo_b0.1", "diff_ci", "heldout_pref_accuracy"], main_rows),
-        markdown(["family", "kl", "rate", "rate_ci", "diff_vs_dpo", "diff_ci"], at_kl),
+        markdown(["family", "kl", "rate", "rate_ci", "diff_vs_dpo", "diff_ci", "coverage"], at_kl),
         markdown(["label", "seeds", "rate_mean", "rate_sd", "kl_mean", "kl_sd"], seeds)])
     (RESULTS / "align.md").write_text(table + "\n")
     plot(main_rows, curve, kl_top)

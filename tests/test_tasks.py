@@ -413,3 +413,18 @@ def test_the_kl_frontier_of_a_binary_reward():
     uneven = (stats.tilted(0.1, 3.0) + 0.5 + 0.9) / 3
     spent = stats.binary_kl(stats.tilted(0.1, 3.0), 0.1) / 3
     assert uneven < stats.frontier_rate(p, spent)
+
+
+def test_a_tokenizer_whose_pad_is_its_eos_does_not_add_unsampled_eos_tokens(ref):
+    """Rows that a stop string ended are padded with the EOS while the batch goes on: that EOS was not sampled."""
+    import copy
+
+    model, tok = ref
+    tok = copy.deepcopy(tok)
+    tok.pad_token = tok.eos_token
+    prompts = ["def f(x):\n    return", "import os\n", "x = compute(", "for"]
+    out = generate(model, tok, prompts, max_new_tokens=12, samples=3, temperature=1.0, stop=["\n"], include_stop=True,
+                   seed=1, batch_size=12)
+    stopped = [c for cs in out for c in cs if c.stop == "\n"]
+    assert stopped and all(c.ids[-1] != tok.eos_token_id for c in stopped)
+    assert all(c.tokens == len(c.ids) for cs in out for c in cs)

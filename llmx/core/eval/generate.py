@@ -155,8 +155,10 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
         for b, r in enumerate(batch):
             new = gen[b, width:].tolist()
             ended = next((k for k, t in enumerate(new) if t in eos), None)
+            if ended is not None and cut(tok.decode(new[:ended], skip_special_tokens=True), stop, include_stop)[1]:
+                ended = None  # a stop string came first: this EOS is the padding of a finished row (pad == EOS)
             sampled = new if ended is None else new[:ended + 1]
-            while ended is None and sampled and sampled[-1] == pad:  # a row a stop string ended is padded after it
+            while ended is None and sampled and sampled[-1] in (pad, *eos):  # a row a stop string ended is padded
                 sampled.pop()
             text, hit = cut(tok.decode(sampled, skip_special_tokens=True), stop, include_stop)
             i, j = rows[r]

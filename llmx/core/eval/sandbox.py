@@ -132,6 +132,8 @@ def _run(source: str, limits: Limits, scratch: str, module_name: str) -> Outcome
             os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended but not reaped: its group id stays ours
         finally:
             clock.cancel()
+            if clock.ident is not None:
+                clock.join()  # an expiry already under way finishes before the child is reaped
             _kill_group(proc.pid)  # what the program left running, or the program itself when the caller is interrupted
             rc, cpu = _reap(proc)
             status = _drain(read_end)
@@ -177,10 +179,10 @@ def _tail(f) -> str:
 def _classify(rc: int, cpu: float, status: list[str], token: str, timed_out: bool, limits: Limits) -> tuple[str, str]:
     outcome = next((line for line in reversed(status) if not line.startswith("network ")), "")
     kind, _, detail = outcome.partition(" ")
-    if timed_out:
-        return "timeout", f"killed after {limits.wall_seconds:g} s of wall-clock time"
     if kind == "pass" and detail == token and rc == 0:
         return "passed", ""
+    if timed_out:
+        return "timeout", f"killed after {limits.wall_seconds:g} s of wall-clock time"
     if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu >= limits.cpu_seconds):
         return "cpu", f"CPU-time limit of {limits.cpu_seconds} s exceeded"
     if rc == -signal.SIGXFSZ or kind == "file_size":

@@ -36,7 +36,8 @@ def move_whitespace(context: str, continuation: str) -> tuple[str, str]:
 
 
 def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    context, continuation = move_whitespace(context, continuation)
+    if context:  # lm-eval tests for an empty context before it moves whitespace
+        context, continuation = move_whitespace(context, continuation)
     if not context:
         first = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         ids = tok(continuation, add_special_tokens=False)["input_ids"]

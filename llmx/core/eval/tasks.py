@@ -161,8 +161,7 @@ def drift(model, tok, reference, reference_tok, task_rows: Sequence[dict], compl
     each completion was sampled as (the prompt's tokens as the model saw them; the token that held the stop string
     and a sampled EOS included), an unbiased estimate of the KL between the two sampling processes at temperature 1.
     A reference with another tokenizer scores the completion's text instead (each model encodes it its own way; what
-    follows a cut stop string is not scored), a cruder estimate. Empty completions count with a log-ratio of 0 only
-    at text level. The interval is a bootstrap over prompts."""
+    follows a cut stop string is not scored), a cruder estimate. The interval is a bootstrap over prompts."""
     shared = tok.get_vocab() == reference_tok.get_vocab()
     if shared:
         seqs = [(tok(row["prompt"])["input_ids"][-c.prompt_tokens:] if c.prompt_tokens else [], list(c.ids))
