@@ -44,20 +44,13 @@ def inner(body: str) -> str | None:
     return None
 
 
-def arity(args: str) -> int:
-    depth, n, quote = 0, 1, None
-    for ch in args:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            n += 1
-    return 0 if not args.strip() else n - args.rstrip().endswith(",")
+def arity(args: str) -> int | None:
+    """Positional plus keyword arguments of a call with these arguments, None when they do not parse."""
+    try:
+        call = ast.parse(f"f({args})", mode="eval").body
+    except SyntaxError:
+        return None
+    return len(call.args) + len(call.keywords)
 
 
 def parses(line: str) -> bool:
@@ -96,7 +89,7 @@ def verdicts(row: dict, completion: str) -> dict[str, bool]:
             "+ argument names occur in the prompt": grounded,
             "+ a name other than self": grounded and bool((used or set()) - {"self"}),
             "+ argument count of the real line": base and args is not None and true_args is not None
-            and arity(args) == arity(true_args)}
+            and arity(args) is not None and arity(args) == arity(true_args)}
 
 
 def main() -> None:
