@@ -25,8 +25,10 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
     "align": ("Align a model on preference data (--data is the .jsonl of preference rows).",
                   ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
     "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
-    "eval": ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",)),
-    "analyze": ("Analyze a model without changing it.", ("llmx analyze --method params --model tiny:llama",)),
+    "eval": ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",
+                                   "llmx eval --method task --set task=humaneval --set limit=10 --model ref:llama")),
+    "analyze": ("Analyze a model without changing it.", ("llmx analyze --method memory --model tiny:llama",
+                                                        "llmx analyze --method task --set task=brackets --model ref:llama")),
 }
 
 
