@@ -76,3 +76,17 @@ def test_global_flags_anywhere():
 
     assert hoist_global_flags(["methods", "--json"]) == ["--json", "methods"]
     assert hoist_global_flags(["run", "a.yaml", "-q", "--", "--json"]) == ["-q", "run", "a.yaml", "--", "--json"]
+
+
+def test_every_stage_help_example_names_a_method_of_that_stage():
+    import shlex
+
+    import llmx.cli.app  # noqa: F401 - the commands register through the app (importing run_cmd alone is a cycle)
+    from llmx.cli.run_cmd import STAGE_HELP
+    from llmx.core.plugins import host
+
+    for stage, (_, examples) in STAGE_HELP.items():
+        for line in examples:
+            words = shlex.split(line)
+            method = words[words.index("--method") + 1]
+            assert host().methods.get(method, stage).name, line  # raises on a method the stage does not have
