@@ -427,4 +427,3 @@ def test_a_tokenizer_whose_pad_is_its_eos_does_not_add_unsampled_eos_tokens(ref)
                    seed=1, batch_size=12)
     stopped = [c for cs in out for c in cs if c.stop == "\n"]
     assert stopped and all(c.ids[-1] != tok.eos_token_id for c in stopped)
-    assert all(c.tokens == len(c.ids) for cs in out for c in cs)

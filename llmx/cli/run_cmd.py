@@ -64,9 +64,8 @@ def _render(result: dict[str, Any]) -> None:
         tag = f" ({bits or 'FP'})" if quantizes and s["stage"] == "eval" else ""
         names.append(f"{s['index']}:{s['method']}{tag}")
     evals = [s for s in stages if s["stage"] == "eval"]
-    first, last = (evals[0], evals[-1]) if evals else ({}, {})
-    same = len(evals) >= 2 and first["method"] == last["method"] and \
-        first["metrics"].get("task") == last["metrics"].get("task")  # the same measure, before and after
+    measure = [(s["method"], s["metrics"].get("task")) for s in evals]  # a task eval is measured by its task
+    same = len(evals) >= 2 and measure[0] == measure[-1]
     columns = ["metric", *names] + (["change"] if same else [])
 
     def change(k: str) -> str:

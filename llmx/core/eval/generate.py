@@ -28,10 +28,14 @@ LENGTH_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx")  # checked i
 class Completion:
     text: str
     stop: str | None  # the stop string that ended it, "eos", or None: the token budget ran out
-    tokens: int  # new tokens generated
-    truncated: bool = False  # the prompt lost its first tokens to fit the context
     ids: tuple[int, ...] = ()  # the tokens sampled, an EOS included (what a token-level KL scores)
     prompt_tokens: int = 0  # the prompt's last tokens the model saw
+    truncated: bool = False  # the prompt lost its first tokens to fit the context
+
+    @property
+    def tokens(self) -> int:
+        """New tokens generated."""
+        return len(self.ids)
 
 
 def row_seed(seed: int, prompt: int, sample: int) -> int:
@@ -162,6 +166,6 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
                 sampled.pop()
             text, hit = cut(tok.decode(sampled, skip_special_tokens=True), stop, include_stop)
             i, j = rows[r]
-            out[i][j] = Completion(text, hit or ("eos" if ended is not None else None), len(sampled), truncated[i],
-                                   tuple(sampled), len(encoded[i]))
+            out[i][j] = Completion(text, hit or ("eos" if ended is not None else None), tuple(sampled),
+                                   len(encoded[i]), truncated[i])
     return out  # type: ignore[return-value]

