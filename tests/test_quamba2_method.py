@@ -30,14 +30,17 @@ def test_norm_folding_and_hadamard_rotations_leave_the_fp_model_unchanged(name):
 
 
 @pytest.mark.parametrize("group", [64, None])
-def test_w4a8_layer_is_int4_weights_times_int8_inputs(group):
+def test_w4a8_layer_is_int4_weights_times_int8_inputs(group, monkeypatch):
     torch.manual_seed(0)
     lin = torch.nn.Linear(128, 40)
     fmt = IntFormat(4, group)
     q = QuantLinear.from_codes(lin, *quantize(lin.weight.data, fmt), fmt, act_bits=8, act_scale=0.03)
     x = torch.randn(7, 128)
     xq = torch.clamp(torch.round(x / 0.03), -128, 127) * 0.03
-    assert torch.allclose(q(x), torch.nn.functional.linear(xq, q.dequantized_weight(), lin.bias), atol=1e-4)
+    expected = torch.nn.functional.linear(xq, q.dequantized_weight(), lin.bias)
+    assert (q(x) - expected).abs().max() < 1e-2 * expected.abs().max()  # the CPU int4 kernel: bf16 scales
+    monkeypatch.setenv("LLMX_CPU_INT4", "0")
+    assert torch.allclose(q(x), expected, atol=1e-4)  # the exact integer path
     with pytest.raises(ValueError, match="A8 needs symmetric"):
         QuantLinear(128, 40, True, IntFormat(4, 0), act_bits=8)
 

@@ -54,6 +54,21 @@ def function(path: str | Path, name: str) -> Any:
     return module(str(path)).get_function(name)
 
 
+def launch(path: str | Path, name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, like: Any,
+           shared_mem: int = 0) -> None:
+    """Run kernel ``name`` on the device of the torch tensor ``like``, on torch's current stream there (CuPy's own
+    current device and stream are neither), so it is ordered with the torch ops around it. An empty grid (no rows, no
+    columns) launches nothing: CUDA rejects a zero-sized grid."""
+    if min(grid) <= 0:
+        return
+    import cupy
+    import torch
+
+    with cupy.cuda.Device(like.device.index):
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(like.device).cuda_stream, like.device.index)
+        function(path, name)(grid, block, args, shared_mem=shared_mem, stream=stream)
+
+
 def compile_check(path: str | Path, arch: str = DEFAULT_ARCH) -> str:
     """Compile without a GPU; returns the compiler used. Raises RuntimeError with the compiler's message."""
     path = Path(path)

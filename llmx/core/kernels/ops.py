@@ -11,6 +11,7 @@ from llmx.core import kernels
 from llmx.core.quant.packing import unpack
 
 CUDA = Path(__file__).parent / "cuda"
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y; the GEMM kernels stride over rows beyond it
 
 
 def int4_gemm_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
@@ -43,7 +44,7 @@ def int4_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero
             cupy.asarray(bias.detach().float().contiguous()) if bias is not None else cupy.uint64(0),
             cupy.asarray(out), cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int32(group_size), cupy.int32(offset))
     threads = 128
-    kernels.function(CUDA / "int4_gemm.cu", "int4_dequant_gemm")(((n + threads - 1) // threads, m), (threads,), args)
+    kernels.launch(CUDA / "int4_gemm.cu", "int4_dequant_gemm", (-(-n // threads), min(m, MAX_GRID_Y)), (threads,), args, x)
     return out
 
 
@@ -60,7 +61,7 @@ def w4a8_gemm_reference(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.
     out = torch.zeros(xq.shape[0], qweight.shape[0], dtype=torch.float32, device=xq.device)
     for g, start in enumerate(range(0, k, group_size)):
         cols = slice(start, start + group_size)
-        acc = torch._int_mm(x[:, cols].contiguous(), codes[:, cols].t()) if cpu else x[:, cols] @ codes[:, cols].T
+        acc = int_mm(x[:, cols].contiguous(), codes[:, cols].t()) if cpu else x[:, cols] @ codes[:, cols].T
         out += acc.float() * scales[:, g].float()
     out = out * x_scale.to(out.device, torch.float32).reshape(-1, 1)
     return out + bias.float() if bias is not None else out
@@ -84,8 +85,24 @@ def w4a8_gemm(xq: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor, sc
             cupy.asarray(bias.detach().float().contiguous()) if bias is not None else cupy.uint64(0),
             cupy.asarray(out), cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int32(group_size))
     threads = 128
-    kernels.function(CUDA / "w4a8_gemm.cu", "w4a8_gemm")(((n + threads - 1) // threads, min(m, 65535)), (threads,), args)
+    kernels.launch(CUDA / "w4a8_gemm.cu", "w4a8_gemm", (-(-n // threads), min(m, MAX_GRID_Y)), (threads,), args, xq)
     return out
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor, pad: bool | None = None) -> torch.Tensor:
+    """``a @ b`` for int8 ``a [M, K]`` and ``b [K, N]``, exact int32. CUDA's ``torch._int_mm`` needs M > 16 and K, N
+    multiples of 8 (a decode step has M = 1): there (or with ``pad=True``) the operands are zero-padded to fit and the
+    result cut back, which changes no sum."""
+    m, k = a.shape
+    n = b.shape[1]
+    if not (a.is_cuda if pad is None else pad):
+        return torch._int_mm(a, b)
+    mp, kp, np_ = max(m, 17), -(-k // 8) * 8, -(-n // 8) * 8
+    if (mp, kp) != (m, k):
+        a = torch.nn.functional.pad(a, (0, kp - k, 0, mp - m))
+    if (kp, np_) != (k, n):
+        b = torch.nn.functional.pad(b, (0, np_ - n, 0, kp - k))
+    return torch._int_mm(a, b)[:m, :n]
 
 
 def quantize_rows_int8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +122,6 @@ def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(rows, cols, dtype=torch.int8, device=x.device)
     scale = torch.empty(rows, dtype=torch.float32, device=x.device)
     threads = 256
-    kernels.function(CUDA / "int8_quant.cu", "quantize_rows_int8")(
-        (rows,), (threads,), (cupy.asarray(xf), cupy.asarray(q), cupy.asarray(scale), cupy.int32(rows), cupy.int32(cols)))
+    kernels.launch(CUDA / "int8_quant.cu", "quantize_rows_int8", (rows,), (threads,),
+                   (cupy.asarray(xf), cupy.asarray(q), cupy.asarray(scale), cupy.int32(rows), cupy.int32(cols)), x)
     return q, scale

@@ -50,7 +50,7 @@ def _cholesky_inverse_upper(h: torch.Tensor, percdamp: float) -> torch.Tensor:
             lower = torch.linalg.cholesky(h + damp * eye)
             return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
         except torch.linalg.LinAlgError:
-            damp = damp * 10 if damp > 0 else torch.tensor(1e-6, dtype=h.dtype)
+            damp = damp * 10 if damp > 0 else torch.tensor(1e-6, dtype=h.dtype, device=h.device)
     raise torch.linalg.LinAlgError("Hessian is not positive definite even after damping")
 
 
@@ -73,27 +73,28 @@ def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128
 
     n_groups = 1 if not g else -(-cols // g)
     scale_rows = 1 if g == 0 else rows
-    scale = torch.empty(scale_rows, n_groups, 1)
-    zero = torch.empty(scale_rows, n_groups, 1)
+    scale = torch.empty(scale_rows, n_groups, 1, device=W.device)
+    zero = torch.empty(scale_rows, n_groups, 1, device=W.device)
     if not g:  # per-channel or per-tensor: one range for the whole row / tensor, from the original weights
         scale[:, 0], zero[:, 0] = _group_range(W, fmt)
     elif static_groups:
         for k in range(n_groups):
             scale[:, k], zero[:, k] = _group_range(W[:, k * g:(k + 1) * g], fmt)
 
-    perm = torch.argsort(torch.diag(H), descending=True) if actorder else torch.arange(cols)
+    perm = torch.argsort(torch.diag(H), descending=True) if actorder else torch.arange(cols, device=W.device)
     W, H = W[:, perm], H[perm][:, perm]
     U = _cholesky_inverse_upper(H, percdamp)
 
+    order = perm.tolist()  # host copy: one read per column would synchronise a GPU every column
     Q = torch.zeros_like(W)
-    codes = torch.zeros(rows, cols, dtype=torch.int16)
+    codes = torch.zeros(rows, cols, dtype=torch.int16, device=W.device)
     for i1 in range(0, cols, block_size):
         i2 = min(i1 + block_size, cols)
         W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]
         Err1 = torch.zeros_like(W1)
         for i in range(i2 - i1):
             col = i1 + i
-            group = int(perm[col]) // g if g else 0
+            group = order[col] // g if g else 0
             if g and not static_groups and col % g == 0:
                 upcoming = torch.cat([W1[:, i:], W[:, i2:]], dim=1)[:, :g]
                 scale[:, group], zero[:, group] = _group_range(upcoming, fmt)

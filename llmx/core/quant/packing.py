@@ -17,7 +17,7 @@ def pack(codes: torch.Tensor, bits: int, offset: int = 0) -> torch.Tensor:
     if pad:
         u = torch.nn.functional.pad(u, (0, pad))
     u = u.reshape(*u.shape[:-1], -1, 8)
-    word = torch.zeros(u.shape[:-1], dtype=torch.int64)
+    word = torch.zeros(u.shape[:-1], dtype=torch.int64, device=u.device)
     for i in range(8):
         word |= u[..., i] << (bits * i)
     out = torch.stack([(word >> (8 * k)) & 0xFF for k in range(bits)], dim=-1)

@@ -33,7 +33,14 @@ class BitsParams(Params):
         return parse_bits(self.bits, self.BITS)
 
 
-class WeightQuantParams(BitsParams):
+class GridParams(Params):
+    grid: Literal["full", "restricted"] = Field("full", description="Symmetric integer grid: full uses all 2^b codes "
+                                                "(scale = absmax / ((2^b - 1) / 2), as the reference GPTQ code, "
+                                                "compressed-tensors and Quamba2's code); restricted leaves -2^(b-1) "
+                                                "unused (scale = absmax / (2^(b-1) - 1)).")
+
+
+class WeightQuantParams(BitsParams, GridParams):
     BITS: ClassVar[tuple[str, ...]] = ("w8a16", "w4a16", "w3a16", "w2a16", "w8a8")
 
     group_size: int | None = Field(None, ge=-1, description="Input channels per scale; -1 per output channel, 0 per "
@@ -61,4 +68,4 @@ class WeightQuantParams(BitsParams):
         if g is None:
             g = -1 if self.bitspec.act == 8 else 128
         group = None if g == -1 or g >= in_features else g
-        return IntFormat(self.bitspec.weight, group, self.symmetric)
+        return IntFormat(self.bitspec.weight, group, self.symmetric, self.grid == "full")

@@ -5,6 +5,10 @@ int8), fp16 scales per group / channel / tensor, uint8 zero points when asymmetr
 per-channel or per-tensor weights, 8-bit activations) runs through an integer matmul (``torch._int_mm``) with int32
 accumulation, W4A8 (4-bit symmetric grouped weights) through ``ops.w4a8_gemm`` (int32 per group, then scaled; a CuPy
 kernel on CUDA); other activation widths are simulated (quantize-dequantize) around a float matmul.
+
+On the CPU, int4 layers (W4A16 and W4A8) run through torch's packed-int4 kernel (:mod:`llmx.core.quant.cpu_int4`):
+on the first CPU call ``qweight`` is converted in place to that kernel's layout, and ``codes()``, ``state_dict()`` and
+any other device read the canonical layout back from it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch.nn.functional as F
 
 from llmx.core import kernels
 from llmx.core.kernels import ops
+from llmx.core.quant import cpu_int4
 from llmx.core.quant.formats import IntFormat, dequantize
 from llmx.core.quant.packing import pack, unpack
 
@@ -50,6 +55,8 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("zeros", torch.zeros(rows, groups, dtype=torch.uint8) if not fmt.symmetric else None)
         self.register_buffer("act_scale", torch.ones((), dtype=torch.float32) if static_act else None)
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        self._kernel_group = cpu_int4.kernel_group(fmt.bits, fmt.group_size, in_features)
+        self._kernel_layout = False  # qweight holds the CPU kernel's layout (and _kernel_sz its scales)
 
     @property
     def float_numel(self) -> int:
@@ -79,10 +86,46 @@ class QuantLinear(torch.nn.Module):
             q.bias.data.copy_(linear.bias.data)
         return q.to(linear.weight.device)
 
+    def canonical_qweight(self) -> torch.Tensor:
+        if self._kernel_layout:
+            return cpu_int4.canonical(self.qweight, self.out_features, self.in_features)
+        return self.qweight
+
     def codes(self) -> torch.Tensor:
         if self.qweight.dtype == torch.int8:
             return self.qweight.to(torch.int16)
-        return unpack(self.qweight, self.fmt.bits, self.in_features, self.offset)
+        return unpack(self.canonical_qweight(), self.fmt.bits, self.in_features, self.offset)
+
+    def _use_cpu_kernel(self, x: torch.Tensor) -> bool:
+        """Switch to (or out of) the CPU kernel's layout for an input on ``x``'s device; True when it runs there."""
+        on_cpu = x.device.type == "cpu" and self._kernel_group is not None and cpu_int4.enabled()
+        if on_cpu and not self._kernel_layout:
+            packed = cpu_int4.to_kernel(self.qweight, self.out_features, self.in_features)
+            if packed is None:  # a torch whose kernel layout this module cannot invert: the exact path, always
+                self._kernel_group = None
+                return False
+            sz = cpu_int4.scales_and_zeros(self.scales, self.zeros, self.out_features, self.in_features, self._kernel_group)
+            self.qweight = packed
+            self.register_buffer("_kernel_sz", sz, persistent=False)
+            self._kernel_layout = True
+        elif not on_cpu and self._kernel_layout:
+            self._leave_kernel_layout()
+        return on_cpu
+
+    def _leave_kernel_layout(self) -> None:
+        self.qweight = self.canonical_qweight()
+        del self._kernel_sz
+        self._kernel_layout = False
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._kernel_layout:
+            destination[prefix + "qweight"] = self.canonical_qweight()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if self._kernel_layout:
+            self._leave_kernel_layout()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         zero = self.zeros.float()[..., None] if self.zeros is not None else torch.zeros(1, device=self.scales.device)
@@ -90,6 +133,8 @@ class QuantLinear(torch.nn.Module):
         return w.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._use_cpu_kernel(x):
+            return self._cpu_kernel_forward(x)
         if self.act_bits == 8:
             return self._int8_forward(x)
         if self.fmt.bits == 4 and self.act_bits == 16 and self.fmt.group_size != 0 and kernels.use_kernel(x):
@@ -98,6 +143,20 @@ class QuantLinear(torch.nn.Module):
             codes, s = quantize_activation(x, self.act_bits, self.act_scale)
             x = codes * s
         return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
+
+    def _cpu_kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """W4A16: bf16 activations into the int4 kernel. W4A8: the int8 codes (exact in bf16) into it, times their
+        scale, as the integer kernel would."""
+        x2 = x.reshape(-1, x.shape[-1])
+        scale = None
+        if self.act_bits < 16:
+            x2, scale = quantize_activation(x2.float(), self.act_bits, self.act_scale)
+        out = cpu_int4.matmul(x2, self.qweight, self._kernel_sz, self._kernel_group, self.out_features)
+        if scale is not None:
+            out = out * scale
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def _int4_kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self.fmt.group_size or self.in_features
@@ -115,7 +174,7 @@ class QuantLinear(torch.nn.Module):
             group = self.fmt.group_size or self.in_features
             out = ops.w4a8_gemm(xq.to(torch.int8), sx, self.qweight, self.scales, self.bias, group)
             return out.to(x.dtype).reshape(*shape[:-1], self.out_features)
-        acc = torch._int_mm(xq.to(torch.int8), self.qweight.t())
+        acc = ops.int_mm(xq.to(torch.int8), self.qweight.t())
         out = acc.float() * sx.reshape(-1, 1) * self.scales.float().reshape(1, -1)
         if self.bias is not None:
             out = out + self.bias.float()
@@ -125,13 +184,14 @@ class QuantLinear(torch.nn.Module):
         """What :func:`llmx.core.models.storage.load` needs to rebuild this layer."""
         return {"layer": self.LAYER,
                 "bits": self.fmt.bits, "group_size": self.fmt.group_size, "symmetric": self.fmt.symmetric,
+                "full_range": self.fmt.full_range,
                 "act_bits": self.act_bits, "static_act": self.act_scale is not None,
                 "in_features": self.in_features, "out_features": self.out_features, "bias": self.bias is not None}
 
     @classmethod
     def rebuild(cls, spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any = None) -> QuantLinear:
         """Inverse of :meth:`llmx_spec` plus the layer's stored tensors (the storage loader's builder)."""
-        fmt = IntFormat(spec["bits"], spec["group_size"], spec["symmetric"])
+        fmt = IntFormat(spec["bits"], spec["group_size"], spec["symmetric"], spec.get("full_range", False))
         layer = cls(spec["in_features"], spec["out_features"], spec["bias"], fmt, spec["act_bits"], spec["static_act"], dtype)
         layer.load_state_dict(state, strict=True)
         return layer

@@ -67,9 +67,8 @@ def omp_cuda(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int) -> tuple[
     m, n = b.shape
     idx = torch.empty(m, sparsity, dtype=torch.long, device=x.device)
     coef = torch.empty(m, sparsity, dtype=torch.float32, device=x.device)
-    kernels.function(KERNEL, "omp_gram")((m,), (256,), (cupy.asarray(b), cupy.asarray(G), cupy.asarray(idx),
-                                                          cupy.asarray(coef), cupy.int32(m), cupy.int32(n),
-                                                          cupy.int32(sparsity)), shared_mem=4 * n)
+    kernels.launch(KERNEL, "omp_gram", (m,), (256,), (cupy.asarray(b), cupy.asarray(G), cupy.asarray(idx), cupy.asarray(coef),
+                                                      cupy.int32(m), cupy.int32(n), cupy.int32(sparsity)), x, shared_mem=4 * n)
     return idx, coef
 
 

@@ -7,11 +7,11 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from llmx.core.quant.params import BitsParams
+from llmx.core.quant.params import BitsParams, GridParams
 from llmx.core.refs import TextSource
 
 
-class Quamba2Params(BitsParams):
+class Quamba2Params(BitsParams, GridParams):
     BITS: ClassVar[tuple[str, ...]] = ("w8a8", "w4a8", "w4a16")
 
     bits: str = Field("w4a8", description="w8a8: int8 per-tensor weights; w4a8: GPTQ int4 group-128 weights; both with "

@@ -40,5 +40,5 @@ def conv_silu_quant(xbc: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
             cupy.asarray(out_scale.detach().to(xbc.device, torch.float32).contiguous()), cupy.asarray(out),
             cupy.int32(b), cupy.int32(t), cupy.int32(c), cupy.int32(k))
     threads = 256
-    kernels.function(KERNELS / "conv_quant.cu", "conv_silu_quant_int8")(((b * t * c + threads - 1) // threads,), (threads,), args)
+    kernels.launch(KERNELS / "conv_quant.cu", "conv_silu_quant_int8", (-(-(b * t * c) // threads),), (threads,), args, xbc)
     return out

@@ -1,0 +1,101 @@
+"""int4 layers on the CPU through torch's packed-int4 kernel: the same outputs as the exact path (to bf16 rounding),
+the canonical layout back in every read (codes, state_dict, save / reload), and the exact path where the kernel
+cannot run or its layout is not the one this module inverts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmx.core.quant import cpu_int4
+from llmx.core.quant.formats import IntFormat, quantize
+from llmx.core.quant.qlinear import QuantLinear
+
+
+def _layer(n, k, group, sym=True, act=16, bias=True, seed=0):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    fmt = IntFormat(4, group, sym, full_range=True)
+    static = torch.tensor(0.02) if act == 8 else None
+    q = QuantLinear.from_codes(lin, *quantize(lin.weight.data, fmt), fmt, act, None if static is None else float(static))
+    return q, torch.randn(5, k)
+
+
+def _exact(q, x, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setenv(cpu_int4.ENV, "0")
+        return q(x)
+
+
+@pytest.mark.parametrize("n,k,group,sym,act", [(48, 256, 64, True, 16), (128, 256, None, True, 16),
+                                               (100, 128, 32, False, 16), (64, 512, 0, True, 16),
+                                               (256, 512, 128, True, 8), (40, 96, 32, True, 16), (200, 256, 256, False, 16)])
+def test_kernel_path_matches_the_exact_path_to_bf16_rounding(n, k, group, sym, act, monkeypatch):
+    q, x = _layer(n, k, group, sym, act)
+    with torch.no_grad():
+        ref = _exact(q, x, monkeypatch)
+        out = q(x)
+    assert q._kernel_layout and out.shape == ref.shape
+    assert (out - ref).abs().max() <= 1e-2 * ref.abs().max()
+    assert not torch.equal(out, ref)  # it really ran in bf16, not the float path
+
+
+def test_kernel_path_never_dequantizes_the_weight(monkeypatch):
+    q, x = _layer(64, 256, 64)
+    monkeypatch.setattr(QuantLinear, "dequantized_weight", lambda *a, **k: (_ for _ in ()).throw(AssertionError("unpacked")))
+    q(x)
+
+
+def test_reads_see_the_canonical_layout_after_a_kernel_call(tmp_path, monkeypatch):
+    q, x = _layer(100, 256, 64, sym=False)
+    before = {k: v.clone() for k, v in q.state_dict().items()}
+    codes = q.codes()
+    with torch.no_grad():
+        ref = _exact(q, x, monkeypatch)
+        q(x)
+    assert q._kernel_layout and not torch.equal(q.qweight, before["qweight"])
+    after = q.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert torch.equal(q.codes(), codes)
+    fresh = QuantLinear.rebuild(q.llmx_spec(), after, torch.float32)
+    with torch.no_grad():
+        assert torch.equal(_exact(fresh, x, monkeypatch), ref)
+
+
+def test_loading_a_state_dict_into_a_layer_in_kernel_layout(monkeypatch):
+    q, x = _layer(64, 128, 32)
+    other, _ = _layer(64, 128, 32, seed=1)
+    with torch.no_grad():
+        q(x)
+        q.load_state_dict(other.state_dict())
+        assert not q._kernel_layout and torch.equal(q.qweight, other.qweight)
+        assert not torch.equal(q.qweight, _layer(64, 128, 32)[0].qweight)
+        assert torch.allclose(q(x), other(x))
+
+
+def test_switching_the_kernel_off_returns_to_the_canonical_layout(monkeypatch):
+    q, x = _layer(64, 128, 32)
+    canonical = q.qweight.clone()
+    with torch.no_grad():
+        q(x)
+        _exact(q, x, monkeypatch)
+    assert not q._kernel_layout and torch.equal(q.qweight, canonical)
+
+
+def test_ragged_groups_and_other_widths_take_the_exact_path():
+    assert cpu_int4.kernel_group(4, 64, 200) is None  # ragged last group
+    assert cpu_int4.kernel_group(4, 16, 256) is None  # a group the kernel has no code for
+    assert cpu_int4.kernel_group(3, 128, 256) is None
+    assert cpu_int4.kernel_group(4, None, 96) == 32 and cpu_int4.kernel_group(4, 0, 4096) == 256
+    q, x = _layer(48, 200, 64)
+    q(x)
+    assert not q._kernel_layout
+
+
+def test_a_kernel_layout_this_module_cannot_invert_falls_back_to_the_exact_path(monkeypatch):
+    q, x = _layer(64, 256, 64)
+    with torch.no_grad():
+        ref = _exact(q, x, monkeypatch)
+        monkeypatch.setattr(cpu_int4, "_from_kernel", lambda p, n, k: torch.zeros(n, k, dtype=torch.int16))
+        out = q(x)
+    assert not q._kernel_layout and q._kernel_group is None and torch.equal(out, ref)
