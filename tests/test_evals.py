@@ -60,7 +60,7 @@ def test_stored_bytes_of_a_saved_model(cli, tmp_path, monkeypatch):
     assert (saved / "llmx.json").is_file()
     m = cli("--json", "eval", "--method", "memory", "--model", saved, "--set", "context_len=16", "-o", tmp_path / "m")
     fast = m.json()["stages"][0]["metrics"]
-    monkeypatch.setenv("LLMX_CPU_INT4", "0")
+    monkeypatch.setenv("LLMX_CPU_KERNELS", "0")
     m = cli("--json", "eval", "--method", "memory", "--model", saved, "--set", "context_len=16", "-o", tmp_path / "m2")
     exact = m.json()["stages"][0]["metrics"]
     assert exact["weight_bytes"] <= exact["stored_weight_bytes"] <= exact["weight_bytes"] + 64 * 1024

@@ -39,7 +39,7 @@ def test_w4a8_layer_is_int4_weights_times_int8_inputs(group, monkeypatch):
     xq = torch.clamp(torch.round(x / 0.03), -128, 127) * 0.03
     expected = torch.nn.functional.linear(xq, q.dequantized_weight(), lin.bias)
     assert (q(x) - expected).abs().max() < 1e-2 * expected.abs().max()  # the CPU int4 kernel: bf16 scales
-    monkeypatch.setenv("LLMX_CPU_INT4", "0")
+    monkeypatch.setenv("LLMX_CPU_KERNELS", "0")
     assert torch.allclose(q(x), expected, atol=1e-4)  # the exact integer path
     with pytest.raises(ValueError, match="A8 needs symmetric"):
         QuantLinear(128, 40, True, IntFormat(4, 0), act_bits=8)

@@ -67,19 +67,114 @@ def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batches:
     return stats
 
 
+class _Stop(Exception):
+    """Raised by the hook that caught a block's inputs: the rest of the model need not run."""
+
+
+def decoder_blocks(model: torch.nn.Module, names: Iterable[str]) -> torch.nn.ModuleList | None:
+    """The list of decoder blocks that ``names`` live in (``model.layers`` for ``model.layers.3.mlp.up_proj``)."""
+    for name in names:
+        m = _BLOCK.search(f".{name}.")
+        if m:
+            return model.get_submodule(f".{name}."[1:m.end() - len(m.group(1)) - 2])
+    return None
+
+
+@torch.no_grad()
+def block_inputs(model: torch.nn.Module, block: torch.nn.Module, batches: torch.Tensor,
+                 batch_size: int = 8) -> list[tuple[tuple, dict]]:
+    """``(args, kwargs)`` of every call ``block`` receives, one per chunk of windows, the model stopped right there."""
+    device = next(model.parameters()).device
+    calls: list[tuple[tuple, dict]] = []
+
+    def catch(_module, args, kwargs):
+        calls.append((args, kwargs))
+        raise _Stop
+
+    handle = block.register_forward_pre_hook(catch, with_kwargs=True)
+    try:
+        for i in range(0, len(batches), batch_size):
+            try:
+                model(input_ids=batches[i:i + batch_size].to(device), use_cache=False)
+            except _Stop:
+                pass
+    finally:
+        handle.remove()
+    return calls
+
+
+def _hidden(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _with_hidden(call: tuple[tuple, dict], hidden: torch.Tensor) -> tuple[tuple, dict]:
+    args, kwargs = call
+    if args:
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}
+
+
+@torch.no_grad()
+def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: dict[str, torch.nn.Module] | None = None,
+               with_hessian: bool = True) -> tuple[list[torch.Tensor], dict[str, LinearStats]]:
+    """Run ``block`` on its cached calls; with ``layers``, record their inputs. Layers reading the same tensor (q, k,
+    v; gate, up) share one ``LinearStats``: one Hessian, not three."""
+    stats: dict[str, LinearStats] = {}
+    same_as: dict[str, str] = {}
+    seen: dict[tuple, tuple[str, torch.Tensor]] = {}  # this call's inputs (held, so no address is reused mid-call)
+
+    def record(name, x):
+        if name in same_as:
+            return
+        key = (x.data_ptr(), tuple(x.shape), x.stride())
+        first, _ = seen.setdefault(key, (name, x))
+        if first != name and name not in stats:
+            same_as[name] = first
+            return
+        stats.setdefault(name, LinearStats()).add(x, with_hessian)
+
+    hooks = [m.register_forward_pre_hook(lambda _m, args, n=name: record(n, args[0])) for name, m in (layers or {}).items()]
+    outputs = []
+    try:
+        for args, kwargs in calls:
+            seen.clear()
+            outputs.append(_hidden(block(*args, **kwargs)))
+    finally:
+        for h in hooks:
+            h.remove()
+    seen.clear()
+    return outputs, {**stats, **{n: stats[first] for n, first in same_as.items()}}
+
+
 def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batches: torch.Tensor,
                quantize_block: Callable[[dict[str, torch.nn.Module], dict[str, LinearStats]], None],
                propagate: str = "quantized", with_hessian: bool = True, progress=None) -> None:
-    """Group ``layers`` by decoder block and call ``quantize_block(block_layers, stats)`` block by block."""
-    blocks: dict[int, dict[str, torch.nn.Module]] = {}
+    """Group ``layers`` by decoder block and call ``quantize_block(block_layers, stats)`` block by block.
+
+    Each block runs once on its cached inputs (the model up to block 0 runs once): the statistics come from that run,
+    and the next block's inputs are this block's outputs, computed again after quantizing it (``quantized``) or taken
+    from the same full-precision run (``fp``). Only one block's statistics are held at a time. Layers outside every
+    block (``lm_head``) see one whole-model pass at the end (``quantized``) or at the start (``fp``).
+    """
+    groups: dict[int | None, dict[str, torch.nn.Module]] = {}
     for name, module in layers.items():
-        idx = block_of(name)
-        blocks.setdefault(10**9 if idx is None else idx, {})[name] = module
-    order: Iterable[int] = sorted(blocks)
-    if propagate == "fp":
-        stats = collect(model, layers, batches, with_hessian)
+        groups.setdefault(block_of(name), {})[name] = module
+    outside = groups.pop(None, {})
+    blocks = decoder_blocks(model, layers)
+    if outside and propagate == "fp":
+        quantize_block(outside, collect(model, outside, batches, with_hessian))
+        outside = {}
+    if groups:
+        calls = block_inputs(model, blocks[min(groups)], batches)
+        order = range(min(groups), max(groups) + 1)
         for idx in progress(order, description="quantizing") if progress else order:
-            quantize_block(blocks[idx], {n: stats[n] for n in blocks[idx]})
-        return
-    for idx in progress(order, description="quantizing") if progress else order:
-        quantize_block(blocks[idx], collect(model, blocks[idx], batches, with_hessian))
+            block = blocks[idx]
+            outputs, stats = _run_block(block, calls, groups.get(idx), with_hessian)
+            if idx in groups:
+                quantize_block(groups[idx], stats)
+                if propagate == "quantized":
+                    outputs, _ = _run_block(block, calls)
+            del stats
+            calls = [_with_hidden(c, h) for c, h in zip(calls, outputs, strict=True)]
+    if outside:
+        quantize_block(outside, collect(model, outside, batches, with_hessian))

@@ -6,9 +6,10 @@ per-channel or per-tensor weights, 8-bit activations) runs through an integer ma
 accumulation, W4A8 (4-bit symmetric grouped weights) through ``ops.w4a8_gemm`` (int32 per group, then scaled; a CuPy
 kernel on CUDA); other activation widths are simulated (quantize-dequantize) around a float matmul.
 
-On the CPU, int4 layers (W4A16 and W4A8) run through torch's packed-int4 kernel (:mod:`llmx.core.quant.cpu_int4`):
-on the first CPU call ``qweight`` is converted in place to that kernel's layout, and ``codes()``, ``state_dict()`` and
-any other device read the canonical layout back from it.
+On the CPU, int4 layers (W4A16 and W4A8) run through torch's packed-int4 kernel and per-channel W8A16 through its
+int8 one (:mod:`llmx.core.quant.cpu_kernels`, bf16 activations): on the first CPU call an int4 ``qweight`` is converted
+in place to that kernel's layout, and ``codes()``, ``state_dict()`` and any other device read the canonical layout
+back from it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 from llmx.core import kernels
 from llmx.core.kernels import ops
-from llmx.core.quant import cpu_int4
+from llmx.core.quant import cpu_kernels
 from llmx.core.quant.formats import IntFormat, dequantize
 from llmx.core.quant.packing import pack, unpack
 
@@ -55,8 +56,9 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("zeros", torch.zeros(rows, groups, dtype=torch.uint8) if not fmt.symmetric else None)
         self.register_buffer("act_scale", torch.ones((), dtype=torch.float32) if static_act else None)
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
-        self._kernel_group = cpu_int4.kernel_group(fmt.bits, fmt.group_size, in_features)
+        self._kernel_group = cpu_kernels.kernel_group(fmt.bits, fmt.group_size, in_features)
         self._kernel_layout = False  # qweight holds the CPU kernel's layout (and _kernel_sz its scales)
+        self._int8_kernel = cpu_kernels.int8_ready(fmt.bits, fmt.symmetric, fmt.group_size, act_bits)
 
     @property
     def float_numel(self) -> int:
@@ -88,7 +90,7 @@ class QuantLinear(torch.nn.Module):
 
     def canonical_qweight(self) -> torch.Tensor:
         if self._kernel_layout:
-            return cpu_int4.canonical(self.qweight, self.out_features, self.in_features)
+            return cpu_kernels.canonical(self.qweight, self.out_features, self.in_features)
         return self.qweight
 
     def codes(self) -> torch.Tensor:
@@ -98,13 +100,13 @@ class QuantLinear(torch.nn.Module):
 
     def _use_cpu_kernel(self, x: torch.Tensor) -> bool:
         """Switch to (or out of) the CPU kernel's layout for an input on ``x``'s device; True when it runs there."""
-        on_cpu = x.device.type == "cpu" and self._kernel_group is not None and cpu_int4.enabled()
+        on_cpu = x.device.type == "cpu" and self._kernel_group is not None and cpu_kernels.enabled()
         if on_cpu and not self._kernel_layout:
-            packed = cpu_int4.to_kernel(self.qweight, self.out_features, self.in_features)
+            packed = cpu_kernels.to_kernel(self.qweight, self.out_features, self.in_features)
             if packed is None:  # a torch whose kernel layout this module cannot invert: the exact path, always
                 self._kernel_group = None
                 return False
-            sz = cpu_int4.scales_and_zeros(self.scales, self.zeros, self.out_features, self.in_features, self._kernel_group)
+            sz = cpu_kernels.scales_and_zeros(self.scales, self.zeros, self.out_features, self.in_features, self._kernel_group)
             self.qweight = packed
             self.register_buffer("_kernel_sz", sz, persistent=False)
             self._kernel_layout = True
@@ -135,6 +137,10 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_cpu_kernel(x):
             return self._cpu_kernel_forward(x)
+        if self._int8_kernel and x.device.type == "cpu" and cpu_kernels.enabled():
+            out = cpu_kernels.int8_matmul(x.reshape(-1, x.shape[-1]), self.qweight, self.scales)
+            out = out + self.bias.float() if self.bias is not None else out
+            return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if self.act_bits == 8:
             return self._int8_forward(x)
         if self.fmt.bits == 4 and self.act_bits == 16 and self.fmt.group_size != 0 and kernels.use_kernel(x):
@@ -151,7 +157,7 @@ class QuantLinear(torch.nn.Module):
         scale = None
         if self.act_bits < 16:
             x2, scale = quantize_activation(x2.float(), self.act_bits, self.act_scale)
-        out = cpu_int4.matmul(x2, self.qweight, self._kernel_sz, self._kernel_group, self.out_features)
+        out = cpu_kernels.matmul(x2, self.qweight, self._kernel_sz, self._kernel_group, self.out_features)
         if scale is not None:
             out = out * scale
         if self.bias is not None:

@@ -1,11 +1,13 @@
-"""Packed int4 weights on the CPU through torch's own kernel (``aten._weight_int4pack_mm_for_cpu``).
+"""Packed weights on the CPU through torch's own kernels: int4 (``aten._weight_int4pack_mm_for_cpu``) and int8
+per-channel (``aten._weight_int8pack_mm``), both with bf16 activations.
 
 The kernel reads its own tiled nibble layout and computes ``x @ ((q - 8) * s + z)^T`` per group of 32, 64, 128 or
 256 input channels, with bf16 activations and scales and float32 accumulation. A QuantLinear's int4 codes map onto it
 exactly: symmetric codes ``c`` are stored as ``q = c + 8`` with ``z = 0``; asymmetric codes with zero point ``u`` give
 ``z = (8 - u) s``; per-channel and per-tensor scales repeat over the kernel's groups. The cost is bf16 rounding of the
 activations and scales (relative 2^-9), which the fast path trades for 4-5x less time than float32 GEMV; set
-``LLMX_CPU_INT4=0`` for the exact float32 path.
+``LLMX_CPU_KERNELS=0`` for the exact float32 path. The int8 kernel reads QuantLinear's int8 codes as they are, with
+the per-channel (or the per-tensor, repeated) scales in bf16.
 
 The kernel layout replaces the canonical one in memory (no second copy): :func:`canonical` inverts it, and
 :func:`to_kernel` checks the inversion on every layer it converts, so a torch with another layout falls back to the
@@ -21,7 +23,7 @@ import torch
 from llmx.core.quant.packing import pack, unpack
 
 GROUPS = (256, 128, 64, 32)
-ENV = "LLMX_CPU_INT4"
+ENV = "LLMX_CPU_KERNELS"
 
 
 def enabled() -> bool:
@@ -78,6 +80,17 @@ def scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor | None, n: int, k
         groups // zeros.shape[1], dim=1)) * s
     sz = torch.stack([s, z], dim=-1).transpose(0, 1)
     return torch.nn.functional.pad(sz, (0, 0, 0, padded_rows(n) - n)).to(torch.bfloat16).contiguous()
+
+
+def int8_ready(bits: int, symmetric: bool, group_size: int | None, act_bits: int) -> bool:
+    """W8A16 with one scale per row or tensor: what ``_weight_int8pack_mm`` computes."""
+    return bits == 8 and symmetric and group_size in (None, 0) and act_bits == 16
+
+
+def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x [M, K]`` times int8 ``qweight [N, K]`` scaled per row: float32 ``[M, N]``."""
+    s = scales.reshape(-1).to(torch.bfloat16).expand(qweight.shape[0]).contiguous()
+    return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight, s).float()
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, group: int, n: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmx.core.quant import cpu_int4
+from llmx.core.quant import cpu_kernels
 from llmx.core.quant.formats import IntFormat, quantize
 from llmx.core.quant.qlinear import QuantLinear
 
@@ -23,7 +23,7 @@ def _layer(n, k, group, sym=True, act=16, bias=True, seed=0):
 
 def _exact(q, x, monkeypatch):
     with monkeypatch.context() as m:
-        m.setenv(cpu_int4.ENV, "0")
+        m.setenv(cpu_kernels.ENV, "0")
         return q(x)
 
 
@@ -83,10 +83,10 @@ def test_switching_the_kernel_off_returns_to_the_canonical_layout(monkeypatch):
 
 
 def test_ragged_groups_and_other_widths_take_the_exact_path():
-    assert cpu_int4.kernel_group(4, 64, 200) is None  # ragged last group
-    assert cpu_int4.kernel_group(4, 16, 256) is None  # a group the kernel has no code for
-    assert cpu_int4.kernel_group(3, 128, 256) is None
-    assert cpu_int4.kernel_group(4, None, 96) == 32 and cpu_int4.kernel_group(4, 0, 4096) == 256
+    assert cpu_kernels.kernel_group(4, 64, 200) is None  # ragged last group
+    assert cpu_kernels.kernel_group(4, 16, 256) is None  # a group the kernel has no code for
+    assert cpu_kernels.kernel_group(3, 128, 256) is None
+    assert cpu_kernels.kernel_group(4, None, 96) == 32 and cpu_kernels.kernel_group(4, 0, 4096) == 256
     q, x = _layer(48, 200, 64)
     q(x)
     assert not q._kernel_layout
@@ -96,6 +96,21 @@ def test_a_kernel_layout_this_module_cannot_invert_falls_back_to_the_exact_path(
     q, x = _layer(64, 256, 64)
     with torch.no_grad():
         ref = _exact(q, x, monkeypatch)
-        monkeypatch.setattr(cpu_int4, "_from_kernel", lambda p, n, k: torch.zeros(n, k, dtype=torch.int16))
+        monkeypatch.setattr(cpu_kernels, "_from_kernel", lambda p, n, k: torch.zeros(n, k, dtype=torch.int16))
         out = q(x)
     assert not q._kernel_layout and q._kernel_group is None and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("group", [None, 0])
+def test_int8_per_channel_weights_run_through_the_int8_kernel(group, monkeypatch):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 40)
+    fmt = IntFormat(8, group, full_range=True)
+    q = QuantLinear.from_codes(lin, *quantize(lin.weight.data, fmt), fmt)
+    x = torch.randn(3, 96)
+    with torch.no_grad():
+        ref = _exact(q, x, monkeypatch)
+        monkeypatch.setattr(QuantLinear, "dequantized_weight", lambda *a, **k: (_ for _ in ()).throw(AssertionError("unpacked")))
+        out = q(x)
+    assert (out - ref).abs().max() <= 1e-2 * ref.abs().max() and not torch.equal(out, ref)
+    assert not cpu_kernels.int8_ready(8, True, 128, 16) and not cpu_kernels.int8_ready(8, True, None, 8)

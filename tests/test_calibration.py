@@ -1,0 +1,74 @@
+"""Sequential calibration: each block runs on cached block inputs (O(L) block calls, not a whole model per block),
+with the same statistics the whole-model passes give, one Hessian per distinct input, on Llama and Mamba2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmx.core import models
+from llmx.core.models.linear import linear_layers
+from llmx.core.quant.calibration import collect, decoder_blocks, sequential
+from llmx.core.quant.formats import IntFormat, fake_quantize
+
+
+def _setup(name):
+    model = models.load(name)[0]
+    torch.manual_seed(0)
+    return model, linear_layers(model, []), torch.randint(0, 200, (10, 24))
+
+
+def _fake_quantize_block(block, _stats):
+    for lin in block.values():
+        lin.weight.data = fake_quantize(lin.weight.data, IntFormat(2, 16, full_range=True))
+
+
+@pytest.mark.parametrize("name", ["tiny:llama", "tiny:mamba2"])
+def test_fp_statistics_equal_one_whole_model_pass(name):
+    model, layers, batches = _setup(name)
+    full = collect(model, layers, batches)
+    got = {}
+    sequential(model, layers, batches, lambda block, stats: got.update(stats), propagate="fp")
+    assert got.keys() == layers.keys()
+    for n in layers:
+        assert torch.allclose(got[n].hessian, full[n].hessian, rtol=1e-9, atol=1e-9 * float(full[n].hessian.abs().max()))
+        assert got[n].tokens == full[n].tokens and got[n].absmax == pytest.approx(full[n].absmax)
+
+
+@pytest.mark.parametrize("name", ["tiny:llama", "tiny:mamba2"])
+def test_quantized_statistics_equal_rerunning_the_whole_model_per_block(name):
+    """The old O(L^2) algorithm as the reference: before quantizing a block, run the whole (partly quantized) model."""
+    model, layers, batches = _setup(name)
+    reference = {}
+
+    def quantize(block, stats):
+        reference.update(collect(model, block, batches))
+        for n in block:
+            assert torch.allclose(stats[n].hessian, reference[n].hessian, rtol=1e-6,
+                                  atol=1e-6 * float(reference[n].hessian.abs().max())), n
+        _fake_quantize_block(block, stats)
+
+    sequential(model, layers, batches, quantize, propagate="quantized")
+    assert reference.keys() == layers.keys()
+
+
+def test_each_block_runs_once_per_chunk_plus_once_after_quantizing(monkeypatch):
+    model, layers, batches = _setup("tiny:llama")
+    calls = {}
+    blocks = decoder_blocks(model, layers)
+    for i, block in enumerate(blocks):
+        block.register_forward_pre_hook(lambda *_a, i=i: calls.__setitem__(i, calls.get(i, 0) + 1))
+    layers.pop("lm_head")
+    sequential(model, layers, batches, _fake_quantize_block, propagate="quantized")
+    chunks = -(-len(batches) // 8)
+    assert calls == {0: 3 * chunks, **{i: 2 * chunks for i in range(1, len(blocks))}}  # block 0: + the capture pass
+
+
+def test_layers_reading_one_input_share_one_hessian():
+    model, layers, batches = _setup("tiny:llama")
+    got = {}
+    sequential(model, layers, batches, lambda block, stats: got.update(stats), propagate="fp")
+    attn = [got[f"model.layers.0.self_attn.{p}_proj"] for p in "qkv"]
+    assert attn[0] is attn[1] is attn[2]
+    assert got["model.layers.0.mlp.gate_proj"] is got["model.layers.0.mlp.up_proj"]
+    assert got["model.layers.0.self_attn.o_proj"] is not attn[0] and got["model.layers.0.mlp.down_proj"] is not attn[0]
