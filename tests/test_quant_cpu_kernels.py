@@ -29,7 +29,8 @@ def _exact(q, x, monkeypatch):
 
 @pytest.mark.parametrize("n,k,group,sym,act", [(48, 256, 64, True, 16), (128, 256, None, True, 16),
                                                (100, 128, 32, False, 16), (64, 512, 0, True, 16),
-                                               (256, 512, 128, True, 8), (40, 96, 32, True, 16), (200, 256, 256, False, 16)])
+                                               (256, 512, 128, True, 8), (40, 96, 32, True, 16), (200, 256, 256, False, 16),
+                                               (64, 704, 128, False, 16), (32, 704, 128, True, 8)])
 def test_kernel_path_matches_the_exact_path_to_bf16_rounding(n, k, group, sym, act, monkeypatch):
     q, x = _layer(n, k, group, sym, act)
     with torch.no_grad():
@@ -40,8 +41,9 @@ def test_kernel_path_matches_the_exact_path_to_bf16_rounding(n, k, group, sym, a
     assert not torch.equal(out, ref)  # it really ran in bf16, not the float path
 
 
-def test_kernel_path_never_dequantizes_the_weight(monkeypatch):
-    q, x = _layer(64, 256, 64)
+@pytest.mark.parametrize("bias", [True, False])
+def test_kernel_path_never_dequantizes_the_weight(bias, monkeypatch):
+    q, x = _layer(64, 256, 64, bias=bias)
     monkeypatch.setattr(QuantLinear, "dequantized_weight", lambda *a, **k: (_ for _ in ()).throw(AssertionError("unpacked")))
     q(x)
 
@@ -87,6 +89,7 @@ def test_ragged_groups_and_other_widths_take_the_exact_path():
     assert cpu_kernels.kernel_group(4, 16, 256) is None  # a group the kernel has no code for
     assert cpu_kernels.kernel_group(3, 128, 256) is None
     assert cpu_kernels.kernel_group(4, None, 96) == 32 and cpu_kernels.kernel_group(4, 0, 4096) == 256
+    assert cpu_kernels.kernel_group(4, 128, 704) == 64  # 5 groups of 128 and a ragged one of 64: kernel groups of 64
     q, x = _layer(48, 200, 64)
     q(x)
     assert not q._kernel_layout

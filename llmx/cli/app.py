@@ -98,9 +98,9 @@ def _logging(verbose: int, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from llmx.cli import config_cmd, env_cmd, methods_cmd, report_cmd, run_cmd, tasks_cmd, zoo_cmd
+    from llmx.cli import config_cmd, env_cmd, export_cmd, methods_cmd, report_cmd, run_cmd, tasks_cmd, zoo_cmd
 
-    for module in (run_cmd, methods_cmd, tasks_cmd, config_cmd, report_cmd, zoo_cmd, env_cmd):
+    for module in (run_cmd, export_cmd, methods_cmd, tasks_cmd, config_cmd, report_cmd, zoo_cmd, env_cmd):
         module.register(app)
 
 

@@ -29,7 +29,7 @@ class RunResult:
         return {"run_dir": str(self.path), "stages": self.stages}
 
 
-EXTRAS = {"cupy": "gpu", "peft": "lora", "lm_eval": "lm-eval"}
+EXTRAS = {"cupy": "gpu", "peft": "lora", "lm_eval": "lm-eval", "compressed_tensors": "export"}
 
 
 def check_requirements(run: ResolvedRun) -> None:

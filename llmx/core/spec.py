@@ -21,6 +21,7 @@ class Stage(str, Enum):
     DECODE = "decode"
     EVAL = "eval"
     ANALYZE = "analyze"
+    EXPORT = "export"
 
     def __str__(self) -> str:
         return self.value

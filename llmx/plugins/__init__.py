@@ -14,4 +14,5 @@ BUILTIN = (
     "llmx.plugins.lexico.plugin",
     "llmx.plugins.quamba2.plugin",
     "llmx.plugins.evals.plugin",
+    "llmx.plugins.export.plugin",
 )

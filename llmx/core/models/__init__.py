@@ -121,6 +121,25 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise UsageError(f"{f}: not valid JSON ({exc.msg})") from exc
 
 
+LLMX_ONLY = ("llmx-only folder: its packed layers (llmx.json) run in llmx, not in plain transformers. Load it with "
+             "llmx (llmx.load(folder), --model folder), or convert it: llmx export folder out --format "
+             "compressed-tensors")
+
+
+def mark_llmx_only(config_file: Path) -> None:
+    """Make plain ``transformers.from_pretrained`` refuse a folder of llmx-owned layers, with a message saying so.
+
+    ``transformers_weights`` names the weight file transformers should load; a name that is not a safetensors file
+    is a ValueError quoting it (transformers 5.x), before any weight loads. Without it, transformers builds the base
+    architecture, skips the packed tensors with a warning and computes with random weights. llmx's own loader never
+    reads the field, and transformers drops it whenever it saves a config again."""
+    import json
+
+    cfg = json.loads(config_file.read_text())
+    cfg["transformers_weights"] = LLMX_ONLY
+    config_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] | None = None,
          files: dict[str, bytes] | None = None) -> Path:
     """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer, ``llmx.json`` (llmx version
@@ -141,6 +160,7 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
             from safetensors.torch import save_model
 
             model.config.save_pretrained(tmp)
+            mark_llmx_only(tmp / "config.json")
             save_model(model, str(tmp / "model.safetensors"))
         else:
             model.save_pretrained(tmp)

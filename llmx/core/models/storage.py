@@ -71,6 +71,8 @@ def load(path: Path, meta: dict[str, Any], dtype: torch.dtype, device: str) -> t
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if hasattr(config, "transformers_weights"):  # the marker that turns plain transformers away (models.mark_llmx_only)
+        delattr(config, "transformers_weights")
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # real init: non-persistent buffers (RoPE) need it
     state: dict[str, torch.Tensor] = {}
     for f in sorted(path.glob("*.safetensors")):

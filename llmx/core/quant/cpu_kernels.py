@@ -26,17 +26,21 @@ GROUPS = (256, 128, 64, 32)
 ENV = "LLMX_CPU_KERNELS"
 
 
+_HAS_KERNELS = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_weight_int8pack_mm")
+
+
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    return _HAS_KERNELS and os.environ.get(ENV, "1") != "0"
 
 
 def kernel_group(bits: int, group_size: int | None, in_features: int) -> int | None:
-    """The kernel group this format runs with, or None when the kernel cannot express it (a ragged last group)."""
+    """The largest kernel group that tiles both the format's groups and the row, or None when none does. A format
+    group of 128 runs as kernel groups of 128, or of 64 when a ragged last group of 64 ends the row; per-channel and
+    per-tensor scales repeat over kernel groups of up to 256."""
     if bits != 4:
         return None
-    if group_size in (None, 0):  # one scale per row or tensor, repeated over the kernel's groups
-        return next((g for g in GROUPS if in_features % g == 0), None)
-    return group_size if group_size in GROUPS and in_features % group_size == 0 else None
+    group = in_features if group_size in (None, 0) else group_size
+    return next((g for g in GROUPS if group % g == 0 and in_features % g == 0), None)
 
 
 def padded_rows(n: int) -> int:
@@ -72,12 +76,13 @@ def canonical(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return pack(_from_kernel(packed, padded_rows(n), k)[:n], 4)
 
 
-def scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor | None, n: int, k: int, group: int) -> torch.Tensor:
-    """``[k / group, n_pad, 2]`` bf16 (scale, offset) from the layer's ``[rows, groups]`` fp16 scales and zeros."""
-    groups = k // group
-    s = scales.float().expand(n, -1).repeat_interleave(groups // scales.shape[1], dim=1)
-    z = torch.zeros_like(s) if zeros is None else (8 - zeros.float().expand(n, -1).repeat_interleave(
-        groups // zeros.shape[1], dim=1)) * s
+def scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor | None, n: int, k: int, group: int,
+                     kernel: int) -> torch.Tensor:
+    """``[k / kernel, n_pad, 2]`` bf16 (scale, offset) for kernel groups of ``kernel`` columns, from the layer's
+    ``[rows, groups]`` fp16 scales and zeros over format groups of ``group`` columns (``k`` for one per row / tensor)."""
+    idx = torch.arange(0, k, kernel, device=scales.device) // group  # the format group of each kernel group
+    s = scales.float().expand(n, -1)[:, idx]
+    z = torch.zeros_like(s) if zeros is None else (8 - zeros.float().expand(n, -1)[:, idx]) * s
     sz = torch.stack([s, z], dim=-1).transpose(0, 1)
     return torch.nn.functional.pad(sz, (0, 0, 0, padded_rows(n) - n)).to(torch.bfloat16).contiguous()
 
@@ -94,6 +99,6 @@ def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) ->
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, group: int, n: int) -> torch.Tensor:
-    """``x [M, K]`` (any float dtype, or int8 codes) times the packed weight: float32 ``[M, n]``."""
+    """``x [M, K]`` (any float dtype, or int8 codes) times the packed weight: bf16 ``[M, n]``."""
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16).contiguous(), packed, group, sz)
-    return out[:, :n].float()
+    return out if out.shape[1] == n else out[:, :n]

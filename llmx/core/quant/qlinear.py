@@ -106,7 +106,9 @@ class QuantLinear(torch.nn.Module):
             if packed is None:  # a torch whose kernel layout this module cannot invert: the exact path, always
                 self._kernel_group = None
                 return False
-            sz = cpu_kernels.scales_and_zeros(self.scales, self.zeros, self.out_features, self.in_features, self._kernel_group)
+            group = self.fmt.group_size or self.in_features
+            sz = cpu_kernels.scales_and_zeros(self.scales, self.zeros, self.out_features, self.in_features, group,
+                                              self._kernel_group)
             self.qweight = packed
             self.register_buffer("_kernel_sz", sz, persistent=False)
             self._kernel_layout = True
@@ -153,15 +155,15 @@ class QuantLinear(torch.nn.Module):
     def _cpu_kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
         """W4A16: bf16 activations into the int4 kernel. W4A8: the int8 codes (exact in bf16) into it, times their
         scale, as the integer kernel would."""
+        buffers, bias = self._buffers, self._parameters.get("bias")  # direct reads: a decode step is microseconds
         x2 = x.reshape(-1, x.shape[-1])
         scale = None
         if self.act_bits < 16:
-            x2, scale = quantize_activation(x2.float(), self.act_bits, self.act_scale)
-        out = cpu_kernels.matmul(x2, self.qweight, self._kernel_sz, self._kernel_group, self.out_features)
-        if scale is not None:
-            out = out * scale
-        if self.bias is not None:
-            out = out + self.bias.float()
+            x2, scale = quantize_activation(x2.float(), self.act_bits, buffers["act_scale"])
+        out = cpu_kernels.matmul(x2, buffers["qweight"], buffers["_kernel_sz"], self._kernel_group, self.out_features)
+        out = out.float() if scale is None else out.float() * scale
+        if bias is not None:
+            out = out + bias
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def _int4_kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
