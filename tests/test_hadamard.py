@@ -35,3 +35,20 @@ def test_rotation_spreads_an_outlier_channel():
     x[0, 3] = 64.0
     y = hadamard_transform(x)
     assert torch.allclose(y.abs(), torch.full_like(y, 8.0)) and torch.isclose(y.norm(), x.norm())
+
+
+def test_the_factorisation_is_found_by_arithmetic_and_the_base_built_once(monkeypatch):
+    """An online rotation runs every forward: 11008 = 5504 x 2 (Paley I, 5503 prime) must not rebuild its base."""
+    from llmx.core.quant import hadamard
+
+    hadamard._split.cache_clear()
+    monkeypatch.setattr(hadamard, "_jacobsthal", lambda q: (_ for _ in ()).throw(AssertionError("built a matrix")))
+    assert hadamard._split(11008) == (5504, 2) and hadamard._split(1536) == (12, 128)
+    monkeypatch.undo()
+    hadamard._base.cache_clear()
+    hadamard._base_on.cache_clear()
+    x = torch.randn(2, 704)  # 704 = 44 x 16, Paley I (43 prime)
+    first = hadamard.hadamard_transform(x)
+    monkeypatch.setattr(hadamard, "_jacobsthal", lambda q: (_ for _ in ()).throw(AssertionError("rebuilt")))
+    assert torch.equal(hadamard.hadamard_transform(x), first)
+    assert torch.allclose(first.norm(dim=-1), x.norm(dim=-1), rtol=1e-5)

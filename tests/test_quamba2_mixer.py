@@ -90,3 +90,29 @@ def test_rearrangement_leaves_the_output_unchanged_and_a_wrong_one_does_not():
         reorder.apply(m, heads, within)
         m.in_proj.weight[: m.inner] = original_z
         assert (wrong(input_ids=ids).logits - base).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("name", ["tiny:mamba2", "tiny:mamba"])
+def test_scan_builds_its_terms_a_chunk_of_steps_at_a_time(name, monkeypatch):
+    """Memory: the decay and input terms exist for one chunk of steps, never batch x length x state; the result does
+    not depend on the chunk."""
+    model, _ = models.load(name)
+    mixer = mixers.convert(model)[0]
+    torch.manual_seed(0)
+    h = torch.randn(2, 37, model.config.hidden_size) * 0.5
+    with torch.no_grad():
+        whole = mixer(h)
+        widths = []
+        real = mixers.recurrence
+
+        def spy(parts, steps, h0, track_peak, chunk=mixers.CHUNK):
+            def recorded(s, e):
+                out = parts(s, e)
+                widths.append(out[1].shape[1])
+                return out
+            return real(recorded, steps, h0, track_peak, chunk=5)
+
+        monkeypatch.setattr(mixers, "recurrence", spy)
+        chunked = mixer(h)
+    assert widths == [5] * 7 + [2]
+    assert torch.allclose(chunked, whole, atol=1e-6)

@@ -25,32 +25,40 @@ def _jacobsthal(q: int) -> torch.Tensor:
     return chi[idx]
 
 
-def _paley(m: int) -> torch.Tensor | None:
-    """A Hadamard matrix of order ``m`` by Paley I or II, or None when neither applies."""
-    q = m - 1
-    if _is_prime(q) and q % 4 == 3:
-        Q = _jacobsthal(q)
-        S = torch.zeros(m, m, dtype=torch.float64)
-        S[0, 1:], S[1:, 0], S[1:, 1:] = 1, -1, Q
-        return S + torch.eye(m, dtype=torch.float64)
+def _paley_kind(m: int) -> str | None:
+    """Which Paley construction gives order ``m`` (I: ``m - 1`` a prime 3 mod 4; II: ``m / 2 - 1`` a prime 1 mod 4)."""
+    if _is_prime(m - 1) and (m - 1) % 4 == 3:
+        return "I"
     if m % 2 == 0 and _is_prime(m // 2 - 1) and (m // 2 - 1) % 4 == 1:
-        q = m // 2 - 1
-        C = torch.zeros(q + 1, q + 1, dtype=torch.float64)
-        C[0, 1:], C[1:, 0], C[1:, 1:] = 1, 1, _jacobsthal(q)
-        A = torch.tensor([[1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
-        B = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
-        return torch.kron(C, A) + torch.kron(torch.eye(q + 1, dtype=torch.float64), B)
+        return "II"
     return None
 
 
+def _paley(m: int) -> torch.Tensor:
+    """A Hadamard matrix of order ``m`` by Paley I or II (``_paley_kind(m)`` must name one)."""
+    if _paley_kind(m) == "I":
+        q = m - 1
+        S = torch.zeros(m, m, dtype=torch.float64)
+        S[0, 1:], S[1:, 0], S[1:, 1:] = 1, -1, _jacobsthal(q)
+        return S + torch.eye(m, dtype=torch.float64)
+    q = m // 2 - 1
+    C = torch.zeros(q + 1, q + 1, dtype=torch.float64)
+    C[0, 1:], C[1:, 0], C[1:, 1:] = 1, 1, _jacobsthal(q)
+    A = torch.tensor([[1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
+    B = torch.tensor([[1.0, 1.0], [1.0, -1.0]], dtype=torch.float64)
+    return torch.kron(C, A) + torch.kron(torch.eye(q + 1, dtype=torch.float64), B)
+
+
+@functools.lru_cache(maxsize=64)
 def _split(n: int) -> tuple[int, int]:
-    """``n = m * 2^k`` with the largest power of two such that a base of order ``m`` exists."""
+    """``n = m * 2^k`` with the largest power of two such that a base of order ``m`` exists (decided by arithmetic:
+    no matrix is built to find out)."""
     if n < 1:
         raise ValueError("size must be positive")
     p = n & -n
     while p >= 1:
         m = n // p
-        if m == 1 or _paley(m) is not None:
+        if m == 1 or _paley_kind(m) is not None:
             return m, p
         p //= 2
     raise ValueError(f"no Hadamard construction known here for size {n} (need m * 2^k with a Paley order m)")
@@ -59,6 +67,12 @@ def _split(n: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=32)
 def _base(m: int) -> torch.Tensor:
     return torch.ones(1, 1, dtype=torch.float64) if m == 1 else _paley(m)
+
+
+@functools.lru_cache(maxsize=32)
+def _base_on(m: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    """The base matrix converted once per dtype and device (an online rotation runs every forward)."""
+    return _base(m).to(device=device, dtype=dtype)
 
 
 def hadamard_matrix(n: int) -> torch.Tensor:
@@ -90,5 +104,5 @@ def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
     m, p = _split(n)
     y = fwht(x.reshape(*x.shape[:-1], m, p))
     if m > 1:
-        y = torch.einsum("ij,...jk->...ik", _base(m).to(x.dtype).to(x.device), y)
+        y = torch.einsum("ij,...jk->...ik", _base_on(m, x.dtype, str(x.device)), y)
     return y.reshape(x.shape) / math.sqrt(n)

@@ -12,6 +12,7 @@ The scans are the exact sequential recurrences in float32: what the quantized ke
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,15 +31,23 @@ def _mask(h: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     return (h * attention_mask[:, :, None]).to(h.dtype)
 
 
-def recurrence(decay: torch.Tensor, inject: torch.Tensor, C: torch.Tensor, h: torch.Tensor, track_peak: bool):
-    """The exact sequential scan ``h_t = decay_t * h_{t-1} + inject_t``, ``y_t = sum_n h_t C_t`` (time on dim 1, ``C``
-    shaped to broadcast against ``h``); returns the stacked y, the last h and (``track_peak``) max |h_t|."""
+CHUNK = 64  # time steps whose decay and input terms exist at once (each is batch x chunk x the state's size)
+
+
+def recurrence(parts: Callable[[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]], steps: int,
+               h: torch.Tensor, track_peak: bool, chunk: int = CHUNK):
+    """The exact sequential scan ``h_t = decay_t * h_{t-1} + inject_t``, ``y_t = sum_n h_t C_t``. ``parts(s, e)``
+    builds ``(decay, inject, C)`` for steps ``s..e-1`` (time on dim 1, ``C`` shaped to broadcast against ``h``), so
+    memory holds ``chunk`` steps of them, not the whole sequence. Returns the stacked y, the last h and
+    (``track_peak``) max |h_t|."""
     ys, peak = [], h.abs() if track_peak else None
-    for i in range(decay.shape[1]):
-        h = decay[:, i] * h + inject[:, i]
-        ys.append((h * C[:, i]).sum(-1))
-        if peak is not None:
-            peak = torch.maximum(peak, h.abs())
+    for start in range(0, steps, chunk):
+        decay, inject, C = parts(start, min(start + chunk, steps))
+        for i in range(decay.shape[1]):
+            h = decay[:, i] * h + inject[:, i]
+            ys.append((h * C[:, i]).sum(-1))
+            if peak is not None:
+                peak = torch.maximum(peak, h.abs())
     return torch.stack(ys, dim=1), h, peak
 
 
@@ -172,9 +181,13 @@ class Mamba2Mixer(QuantMixer):
         Bs = B.float().reshape(b, t, self.groups, self.state).repeat_interleave(per, dim=2)
         Cs = C.float().reshape(b, t, self.groups, self.state).repeat_interleave(per, dim=2)
         h = h0.float() if h0 is not None else x.new_zeros(b, self.heads, self.head_dim, self.state, dtype=torch.float32)
-        decay = torch.exp(dt * A)[..., None, None]
-        inject = (dt[..., None, None] * xs[..., None]) * Bs[:, :, :, None, :]
-        y, h, peak = recurrence(decay, inject, Cs[:, :, :, None, :], h, track_peak)
+
+        def parts(s, e):
+            d = dt[:, s:e]
+            return (torch.exp(d * A)[..., None, None], (d[..., None, None] * xs[:, s:e, ..., None]) * Bs[:, s:e, :, None, :],
+                    Cs[:, s:e, :, None, :])
+
+        y, h, peak = recurrence(parts, t, h, track_peak)
         return (y + self.D.float()[:, None] * xs).reshape(b, t, -1), h, peak
 
     def gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -214,10 +227,13 @@ class MambaMixer(QuantMixer):
         returns y, the last h and (``track_peak``) max |h_t| over the steps."""
         dt = F.softplus(dt.float())
         A = -torch.exp(self.A_log.float())
-        decay = torch.exp(dt[..., None] * A)
-        inject = (dt * x.float())[..., None] * B.float()[:, :, None, :]
+        dx, B, C = dt * x.float(), B.float(), C.float()
         h = h0.float() if h0 is not None else x.new_zeros(x.shape[0], self.inner, self.state, dtype=torch.float32)
-        y, h, peak = recurrence(decay, inject, C.float()[:, :, None, :], h, track_peak)
+
+        def parts(s, e):
+            return torch.exp(dt[:, s:e, :, None] * A), dx[:, s:e, :, None] * B[:, s:e, None, :], C[:, s:e, None, :]
+
+        y, h, peak = recurrence(parts, x.shape[1], h, track_peak)
         return y + self.D.float() * x.float(), h, peak
 
 
