@@ -20,17 +20,19 @@ _BLOCK = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
 class LinearStats:
     """What the hooks saw at one Linear's input."""
 
-    hessian: torch.Tensor | None = None  # sum over tokens of x x^T (float64)
+    hessian: torch.Tensor | None = None  # sum over tokens of x x^T (float32, accumulated in place, as the GPTQ code)
     tokens: int = 0
     absmax: float = 0.0
     channel_absmax: torch.Tensor | None = None
     extra: dict = field(default_factory=dict)
 
     def add(self, x: torch.Tensor, with_hessian: bool) -> None:
-        x = x.detach().reshape(-1, x.shape[-1]).double()
+        x = x.detach().reshape(-1, x.shape[-1]).float()
         if with_hessian:
-            h = x.T @ x
-            self.hessian = h if self.hessian is None else self.hessian + h
+            if self.hessian is None:
+                self.hessian = x.T @ x
+            else:
+                self.hessian.addmm_(x.T, x)
         self.tokens += x.shape[0]
         self.absmax = max(self.absmax, float(x.abs().max()))
         cmax = x.abs().amax(dim=0)
@@ -161,20 +163,22 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
         groups.setdefault(block_of(name), {})[name] = module
     outside = groups.pop(None, {})
     blocks = decoder_blocks(model, layers)
+    del layers  # from here each block's layers are held only until it is quantized
     if outside and propagate == "fp":
         quantize_block(outside, collect(model, outside, batches, with_hessian))
         outside = {}
     if groups:
-        calls = block_inputs(model, blocks[min(groups)], batches)
-        order = range(min(groups), max(groups) + 1)
+        first, last = min(groups), max(groups)
+        calls = block_inputs(model, blocks[first], batches)
+        order = range(first, last + 1)
         for idx in progress(order, description="quantizing") if progress else order:
-            block = blocks[idx]
-            outputs, stats = _run_block(block, calls, groups.get(idx), with_hessian)
-            if idx in groups:
-                quantize_block(groups[idx], stats)
+            block, targets = blocks[idx], groups.pop(idx, None)
+            outputs, stats = _run_block(block, calls, targets, with_hessian)
+            if targets:
+                quantize_block(targets, stats)
                 if propagate == "quantized":
                     outputs, _ = _run_block(block, calls)
-            del stats
+            del stats, targets
             calls = [_with_hidden(c, h) for c, h in zip(calls, outputs, strict=True)]
     if outside:
         quantize_block(outside, collect(model, outside, batches, with_hessian))

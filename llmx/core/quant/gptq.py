@@ -27,9 +27,10 @@ class GPTQResult:
 
 
 def layer_objective(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
-    """``tr((W - Q) H (W - Q)^T)``: the layer output error summed over calibration tokens."""
-    d = (w.double() - q.double())
-    return float(torch.einsum("ij,jk,ik->", d, h.double(), d))
+    """``tr((W - Q) H (W - Q)^T)``: the layer output error summed over calibration tokens (float32 products, summed
+    in float64; no copy of ``H``)."""
+    d = (w - q).to(h.dtype)
+    return float(((d @ h) * d).double().sum())
 
 
 def _group_range(cols: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,15 +43,19 @@ def _group_range(cols: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torc
 
 
 def _cholesky_inverse_upper(h: torch.Tensor, percdamp: float) -> torch.Tensor:
-    """Upper Cholesky factor of ``(H + damp I)^-1``; the damping grows tenfold until the factorisation succeeds."""
-    damp = percdamp * torch.mean(torch.diag(h))
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    """Upper Cholesky factor of ``(H + damp I)^-1``; the damping grows tenfold until the factorisation succeeds.
+    At most two ``H``-sized temporaries exist at once (an 8192-wide Hessian is 256 MiB in float32)."""
+    damp = float(percdamp * torch.mean(torch.diag(h)))
     for _ in range(8):
-        try:
-            lower = torch.linalg.cholesky(h + damp * eye)
-            return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
-        except torch.linalg.LinAlgError:
-            damp = damp * 10 if damp > 0 else torch.tensor(1e-6, dtype=h.dtype, device=h.device)
+        a = h.clone()
+        a.diagonal().add_(damp)
+        lower, info = torch.linalg.cholesky_ex(a)
+        del a
+        if int(info) == 0:
+            inverse = torch.cholesky_inverse(lower)
+            del lower
+            return torch.linalg.cholesky(inverse, upper=True)
+        damp = damp * 10 if damp > 0 else 1e-6
     raise torch.linalg.LinAlgError("Hessian is not positive definite even after damping")
 
 
@@ -66,7 +71,7 @@ def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128
     if actorder and g:
         static_groups = True
     W = w.detach().clone().float()
-    H = h.detach().clone().float()
+    H = h.detach().to(torch.float32, copy=True)
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
     W[:, dead] = 0
@@ -82,8 +87,11 @@ def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128
             scale[:, k], zero[:, k] = _group_range(W[:, k * g:(k + 1) * g], fmt)
 
     perm = torch.argsort(torch.diag(H), descending=True) if actorder else torch.arange(cols, device=W.device)
-    W, H = W[:, perm], H[perm][:, perm]
+    W = W[:, perm]
+    if actorder:
+        H = H[perm][:, perm]
     U = _cholesky_inverse_upper(H, percdamp)
+    del H
 
     order = perm.tolist()  # host copy: one read per column would synchronise a GPU every column
     Q = torch.zeros_like(W)

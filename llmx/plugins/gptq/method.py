@@ -16,7 +16,6 @@ from llmx.plugins.gptq.config import GPTQParams
 @torch.no_grad()
 def run(ctx: RunContext, p: GPTQParams) -> dict:
     model = ctx.model
-    layers = apply.target_linears(model, p.skip)
     batches = apply.calibration(ctx, p)
     trace: dict[str, dict[str, float]] = {}
 
@@ -29,7 +28,9 @@ def run(ctx: RunContext, p: GPTQParams) -> dict:
                            "rtn": layer_objective(linear.weight, fake_quantize(linear.weight, fmt), h)}
             apply.install(model, name, linear, res.codes, res.scale, res.zero, fmt, p, stats[name].absmax)
 
-    sequential(model, layers, batches, quantize_block, propagate=p.propagate, progress=ctx.progress)
+    # no reference to the float layers kept here: each is freed once its block is quantized
+    sequential(model, apply.target_linears(model, p.skip), batches, quantize_block, propagate=p.propagate,
+               progress=ctx.progress)
     ratios = [t["gptq"] / t["rtn"] for t in trace.values() if t["rtn"] > 0]
     ctx.log.info("GPTQ/RTN layer objective: %s", {n: round(t["gptq"] / max(t["rtn"], 1e-30), 4) for n, t in trace.items()})
     extra = {"objective_vs_rtn_mean": sum(ratios) / max(len(ratios), 1), "objective_vs_rtn_max": max(ratios, default=0.0),
