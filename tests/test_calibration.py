@@ -61,7 +61,42 @@ def test_each_block_runs_once_per_chunk_plus_once_after_quantizing(monkeypatch):
     layers.pop("lm_head")
     sequential(model, layers, batches, _fake_quantize_block, propagate="quantized")
     chunks = -(-len(batches) // 8)
-    assert calls == {0: 3 * chunks, **{i: 2 * chunks for i in range(1, len(blocks))}}  # block 0: + the capture pass
+    assert calls == {i: 3 * chunks for i in range(len(blocks))}  # the recording pass, the statistics, after quantizing
+
+
+def test_each_block_gets_its_own_arguments(monkeypatch):
+    """Qwen2 with a sliding window on every other layer passes those layers another mask: the recorded arguments
+    must be each block's, not block 0's for all."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=4, vocab_size=200, use_sliding_window=True, sliding_window=6,
+                         max_window_layers=0, layer_types=["sliding_attention", "full_attention"] * 2,
+                         attn_implementation="eager")
+    model = Qwen2ForCausalLM(config).eval()
+    layers = linear_layers(model, ["lm_head"])
+    batches = torch.randint(0, 200, (4, 24))
+    reference = {}
+
+    def quantize(block, stats):
+        reference.update(collect(model, block, batches))
+        for n in block:
+            assert torch.allclose(stats[n].hessian, reference[n].hessian, rtol=1e-5,
+                                  atol=1e-5 * float(reference[n].hessian.abs().max())), n
+        _fake_quantize_block(block, stats)
+
+    sequential(model, layers, batches, quantize, propagate="quantized")
+    assert reference.keys() == layers.keys()
+
+
+def test_a_layer_no_token_reaches_gets_empty_statistics():
+    model, layers, batches = _setup("tiny:mamba")  # transformers' Mamba1 reads dt_proj.weight directly
+    got = {}
+    sequential(model, layers, batches, lambda block, stats: got.update(stats), propagate="fp")
+    dt = [n for n in layers if n.endswith("dt_proj")]
+    assert dt and all(got[n].hessian is None and got[n].tokens == 0 for n in dt)
+    assert all(got[n].hessian is not None for n in layers if n not in dt and n != "lm_head")
 
 
 def test_layers_reading_one_input_share_one_hessian():

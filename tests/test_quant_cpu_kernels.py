@@ -99,9 +99,65 @@ def test_a_kernel_layout_this_module_cannot_invert_falls_back_to_the_exact_path(
     q, x = _layer(64, 256, 64)
     with torch.no_grad():
         ref = _exact(q, x, monkeypatch)
-        monkeypatch.setattr(cpu_kernels, "_from_kernel", lambda p, n, k: torch.zeros(n, k, dtype=torch.int16))
-        out = q(x)
+        monkeypatch.setattr(cpu_kernels, "_from_kernel", lambda p, n, k, b: torch.zeros(n, k, dtype=torch.int16))
+        cpu_kernels._block_rows.cache_clear()
+        try:
+            out = q(x)
+        finally:
+            cpu_kernels._block_rows.cache_clear()
     assert not q._kernel_layout and q._kernel_group is None and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("capability", ["avx2", "avx512"])
+def test_the_layout_is_learnt_for_each_cpu_capability(capability):
+    """torch tiles rows in blocks of 32 under AVX2 and 64 under AVX-512: both must run the kernel, exactly inverted."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from llmx.core.quant import cpu_kernels\n"
+        "from llmx.core.quant.packing import pack\n"
+        "for n in (16, 48, 96, 112, 256):\n"
+        "    stored = torch.randint(0, 16, (n, 128), generator=torch.Generator().manual_seed(n))\n"
+        "    packed = cpu_kernels.to_kernel(pack(stored, 4), n, 128)\n"
+        "    assert packed is not None, n\n"
+        "    assert torch.equal(cpu_kernels.canonical(packed, n, 128), pack(stored, 4)), n\n"
+        "print(torch.backends.cpu.get_cpu_capability())\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env={**__import__("os").environ, "ATEN_CPU_CAPABILITY": capability})
+    if r.returncode == 0 and capability.upper() not in r.stdout.upper():
+        pytest.skip(f"this CPU cannot run {capability} (ran {r.stdout.strip()})")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_casts_in_place_edits_copies_and_gradients_after_a_kernel_call(monkeypatch):
+    import copy
+    import io
+    import pickle
+
+    q, x = _layer(64, 256, 64)
+    with torch.no_grad():
+        before = q(x)
+        q.scales.mul_(2)  # an in-place scale edit (a scale search) reaches the kernel
+        after, exact = q(x), _exact(q, x, monkeypatch)
+        assert (after - exact).abs().max() < 1e-2 * exact.abs().max() and (after - before).abs().max() > 0.1
+        q.scales.div_(2)
+        fresh, _ = _layer(64, 256, 64, seed=3)
+        q(x)
+        q.qweight.copy_(fresh.qweight)  # canonical bytes written in place over the kernel layout
+        q.bias.copy_(fresh.bias)
+        q.scales.copy_(fresh.scales)
+        assert torch.allclose(q(x), fresh(x), atol=1e-6)
+        for clone in (copy.deepcopy(q), pickle.load(io.BytesIO(pickle.dumps(q)))):
+            assert not clone._kernel_layout and torch.equal(clone.qweight, fresh.canonical_qweight())
+        half = copy.deepcopy(q)
+        half(x)
+        half.half()
+        assert half(x.half()).dtype == torch.float16
+    xg = x.clone().requires_grad_(True)
+    q(xg).sum().backward()  # the kernel has no derivative: the exact path runs
+    assert xg.grad is not None and xg.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("group", [None, 0])

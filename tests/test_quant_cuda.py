@@ -18,12 +18,16 @@ cupy = pytest.mark.skipif(not kernels.available(), reason="needs CuPy and a CUDA
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 100, 36), (16, 64, 64), (3, 7, 5), (40, 24, 16)])
-def test_padded_int_mm_equals_the_plain_one(m, k, n):
+def test_padded_int_mm_equals_the_plain_one(m, k, n, monkeypatch):
     torch.manual_seed(0)
     a = torch.randint(-128, 128, (m, k), dtype=torch.int8)
     b = torch.randint(-128, 128, (k, n), dtype=torch.int8)
+    shapes, real = [], torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda x, y: (shapes.append((*x.shape, y.shape[1])), real(x, y))[1])
     out = ops.int_mm(a, b, pad=True)
     assert out.dtype == torch.int32 and torch.equal(out, a.int() @ b.int())
+    (mp, kp, np_), = shapes  # what CUDA's _int_mm accepts: M > 16, K and N multiples of 8
+    assert mp > 16 and kp % 8 == 0 and np_ % 8 == 0 and (mp, kp, np_) >= (m, k, n)
 
 
 def test_an_empty_grid_launches_nothing(monkeypatch):

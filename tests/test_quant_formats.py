@@ -18,8 +18,15 @@ def test_codes_in_range_and_grid_values_round_trip(bits, symmetric):
     w = torch.randn(8, 64)
     q, scale, zero = quantize(w, fmt)
     assert q.min() >= fmt.qmin and q.max() <= fmt.qmax
+    err = (dequantize(q, scale, zero, 16) - w).abs()  # within half a step, but the clipped top half step
+    step = scale.expand(-1, -1, 16).reshape(8, 64)
+    assert (err <= step / 2 + 1e-6).float().mean() > 0.9 and (err <= step + 1e-6).all()
+    # the restricted grid (and the asymmetric one) maps its own grid values onto themselves; the full symmetric
+    # grid does not once -2^(b-1) is used (the absmax, hence the scale, grows by a step)
+    fixed = IntFormat(bits, group_size=16, symmetric=symmetric, full_range=False)
+    q, scale, zero = quantize(w, fixed)
     grid = dequantize(q, scale, zero, 16)
-    q2, scale2, zero2 = quantize(grid, fmt)
+    q2, scale2, zero2 = quantize(grid, fixed)
     assert torch.allclose(dequantize(q2, scale2, zero2, 16), grid, atol=1e-6)
 
 
@@ -35,7 +42,7 @@ def test_error_decreases_with_bits_and_smaller_groups():
 
 def test_symmetric_scale_maps_absmax_to_qmax():
     w = torch.tensor([[0.6, -1.0, 0.25, 0.0]])
-    q, scale, _ = quantize(w, IntFormat(4, None))
+    q, scale, _ = quantize(w, IntFormat(4, None, full_range=False))
     assert q.tolist() == [[4, -7, 2, 0]] and torch.isclose(scale.flatten(), torch.tensor([1 / 7])).all()
 
 
@@ -77,7 +84,7 @@ def test_parse_bits():
 
 def test_per_tensor_has_one_scale():
     w = torch.randn(8, 32)
-    q, scale, _ = quantize(w, IntFormat(4, 0))
+    q, scale, _ = quantize(w, IntFormat(4, 0, full_range=False))
     assert scale.numel() == 1 and q.abs().max() == 7
 
 

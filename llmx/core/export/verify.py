@@ -56,13 +56,15 @@ def load_plain(folder: str | Path, dtype: Any = None) -> Any:
 
 
 def max_logit_difference(model: Any, folder: str | Path, *, batch: int = 2, seq_len: int = 32, seed: int = 0) -> float:
-    """Largest absolute difference between the logits of ``model`` and of ``folder`` loaded by plain transformers,
-    on fixed random token ids."""
+    """Largest absolute difference between the logits of ``model`` (on llmx's exact path, so the CPU kernels' bf16
+    rounding does not hide an export error) and of ``folder`` loaded by plain transformers, on fixed random ids."""
     import torch
+
+    from llmx.core.quant.cpu_kernels import exact
 
     device = next(model.parameters()).device
     plain = load_plain(folder, model.get_input_embeddings().weight.dtype).to(device)
     vocab = model.get_input_embeddings().num_embeddings
     ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(seed)).to(device)
-    with torch.no_grad(), quiet_library():
+    with torch.no_grad(), quiet_library(), exact():
         return (model(ids).logits.float() - plain(ids).logits.float()).abs().max().item()

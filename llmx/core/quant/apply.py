@@ -40,13 +40,14 @@ def calibration(ctx: RunContext, p: WeightQuantParams) -> torch.Tensor:
 
 
 def finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """Size figures of the quantized layers, and the saved model (stored bytes measured from its files)."""
+    """Size figures of the quantized layers as stored (whatever runtime layout a forward switched them to), and the
+    saved model (stored bytes measured from its files)."""
     from llmx.core import models
     from llmx.core.models.storage import weight_file_bytes
 
     qlayers = [m for m in ctx.model.modules() if isinstance(m, QuantLinear)]
     params = sum(m.in_features * m.out_features for m in qlayers)
-    packed = sum(b.numel() * b.element_size() for m in qlayers for b in m.buffers())
+    packed = sum(t.numel() * t.element_size() for m in qlayers for k, t in m.state_dict().items() if k != "bias")
     out = {"bits": p.bits, "layers": len(qlayers), "quantized_params": params, "quantized_bytes": packed,
            "quantized_bytes_vs_fp16": packed / max(2 * params, 1), **extra}
     if p.save:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llmx.core.quant.cpu_kernels import exact
+
 _BLOCK = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
 
 
@@ -83,17 +85,23 @@ def decoder_blocks(model: torch.nn.Module, names: Iterable[str]) -> torch.nn.Mod
 
 
 @torch.no_grad()
-def block_inputs(model: torch.nn.Module, block: torch.nn.Module, batches: torch.Tensor,
-                 batch_size: int = 8) -> list[tuple[tuple, dict]]:
-    """``(args, kwargs)`` of every call ``block`` receives, one per chunk of windows, the model stopped right there."""
+def block_inputs(model: torch.nn.Module, blocks: torch.nn.ModuleList, first: int, last: int, batches: torch.Tensor,
+                 batch_size: int = 8) -> dict[int, list[tuple[tuple, dict]]]:
+    """``(args, kwargs)`` of every call blocks ``first..last`` receive, one per chunk of windows, from one pass that
+    stops before block ``last`` runs. Each block keeps its own arguments (a sliding-window layer gets another mask than
+    a global one), the hidden states only for ``first``: later blocks get theirs from the block before."""
     device = next(model.parameters()).device
-    calls: list[tuple[tuple, dict]] = []
+    calls: dict[int, list[tuple[tuple, dict]]] = {i: [] for i in range(first, last + 1)}
 
-    def catch(_module, args, kwargs):
-        calls.append((args, kwargs))
-        raise _Stop
+    def catch(_module, args, kwargs, idx):
+        if idx != first:
+            args, kwargs = _with_hidden((args, kwargs), None)
+        calls[idx].append((args, kwargs))
+        if idx == last:
+            raise _Stop
 
-    handle = block.register_forward_pre_hook(catch, with_kwargs=True)
+    handles = [blocks[i].register_forward_pre_hook(lambda m, a, k, i=i: catch(m, a, k, i), with_kwargs=True)
+               for i in calls]
     try:
         for i in range(0, len(batches), batch_size):
             try:
@@ -101,7 +109,8 @@ def block_inputs(model: torch.nn.Module, block: torch.nn.Module, batches: torch.
             except _Stop:
                 pass
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
     return calls
 
 
@@ -121,7 +130,7 @@ def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: 
                with_hessian: bool = True) -> tuple[list[torch.Tensor], dict[str, LinearStats]]:
     """Run ``block`` on its cached calls; with ``layers``, record their inputs. Layers reading the same tensor (q, k,
     v; gate, up) share one ``LinearStats``: one Hessian, not three."""
-    stats: dict[str, LinearStats] = {}
+    stats = {name: LinearStats() for name in layers or {}}  # a layer never called keeps empty statistics
     same_as: dict[str, str] = {}
     seen: dict[tuple, tuple[str, torch.Tensor]] = {}  # this call's inputs (held, so no address is reused mid-call)
 
@@ -130,10 +139,10 @@ def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: 
             return
         key = (x.data_ptr(), tuple(x.shape), x.stride())
         first, _ = seen.setdefault(key, (name, x))
-        if first != name and name not in stats:
+        if first != name and not stats[name].tokens:
             same_as[name] = first
             return
-        stats.setdefault(name, LinearStats()).add(x, with_hessian)
+        stats[name].add(x, with_hessian)
 
     hooks = [m.register_forward_pre_hook(lambda _m, args, n=name: record(n, args[0])) for name, m in (layers or {}).items()]
     outputs = []
@@ -153,10 +162,12 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
                propagate: str = "quantized", with_hessian: bool = True, progress=None) -> None:
     """Group ``layers`` by decoder block and call ``quantize_block(block_layers, stats)`` block by block.
 
-    Each block runs once on its cached inputs (the model up to block 0 runs once): the statistics come from that run,
-    and the next block's inputs are this block's outputs, computed again after quantizing it (``quantized``) or taken
-    from the same full-precision run (``fp``). Only one block's statistics are held at a time. Layers outside every
-    block (``lm_head``) see one whole-model pass at the end (``quantized``) or at the start (``fp``).
+    One pass of the model records every block's arguments (:func:`block_inputs`); then each block runs once on its
+    inputs: the statistics come from that run, and the next block's inputs are this block's outputs, computed again
+    after quantizing it (``quantized``) or taken from the same full-precision run (``fp``). Only one block's
+    statistics are held at a time, and a layer no token reached (an idle expert, a weight read directly) gets empty
+    ones (``hessian`` None). Layers outside every block (``lm_head``) see one whole-model pass at the end
+    (``quantized``) or at the start (``fp``). Quantized layers compute on the exact path meanwhile.
     """
     groups: dict[int | None, dict[str, torch.nn.Module]] = {}
     for name, module in layers.items():
@@ -164,21 +175,24 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
     outside = groups.pop(None, {})
     blocks = decoder_blocks(model, layers)
     del layers  # from here each block's layers are held only until it is quantized
-    if outside and propagate == "fp":
-        quantize_block(outside, collect(model, outside, batches, with_hessian))
-        outside = {}
-    if groups:
-        first, last = min(groups), max(groups)
-        calls = block_inputs(model, blocks[first], batches)
-        order = range(first, last + 1)
-        for idx in progress(order, description="quantizing") if progress else order:
-            block, targets = blocks[idx], groups.pop(idx, None)
-            outputs, stats = _run_block(block, calls, targets, with_hessian)
-            if targets:
-                quantize_block(targets, stats)
-                if propagate == "quantized":
-                    outputs, _ = _run_block(block, calls)
-            del stats, targets
-            calls = [_with_hidden(c, h) for c, h in zip(calls, outputs, strict=True)]
-    if outside:
-        quantize_block(outside, collect(model, outside, batches, with_hessian))
+    with exact():  # quantized blocks compute as the exact path does, on any CPU
+        if outside and propagate == "fp":
+            quantize_block(outside, collect(model, outside, batches, with_hessian))
+            outside = {}
+        if groups:
+            first, last = min(groups), max(groups)
+            calls = block_inputs(model, blocks, first, last, batches)
+            hidden = None
+            for idx in progress(range(first, last + 1), description="quantizing") if progress else range(first, last + 1):
+                block, targets = blocks[idx], groups.pop(idx, None)
+                mine = calls.pop(idx)
+                if hidden is not None:
+                    mine = [_with_hidden(c, h) for c, h in zip(mine, hidden, strict=True)]
+                hidden, stats = _run_block(block, mine, targets, with_hessian)
+                if targets:
+                    quantize_block(targets, stats)
+                    if propagate == "quantized":
+                        hidden, _ = _run_block(block, mine)
+                del stats, targets, mine
+        if outside:
+            quantize_block(outside, collect(model, outside, batches, with_hessian))

@@ -9,14 +9,20 @@ activations and scales (relative 2^-9), which the fast path trades for 4-5x less
 ``LLMX_CPU_KERNELS=0`` for the exact float32 path. The int8 kernel reads QuantLinear's int8 codes as they are, with
 the per-channel (or the per-tensor, repeated) scales in bf16.
 
-The kernel layout replaces the canonical one in memory (no second copy): :func:`canonical` inverts it, and
-:func:`to_kernel` checks the inversion on every layer it converts, so a torch with another layout falls back to the
-exact path instead of computing garbage.
+The kernel layout replaces the canonical one in memory (no second copy): :func:`canonical` inverts it. That layout
+depends on the CPU (torch tiles rows in blocks of 64 on AVX-512, 32 on AVX2): the block is learnt once per row count
+from a probe, and :func:`to_kernel` checks the inversion on every layer it converts, so a CPU or torch with a layout
+this module cannot invert runs the exact path (with one warning) instead of computing garbage. :func:`exact` switches
+the kernels off for a block of code (calibration, export checks), whatever the environment says.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -29,8 +35,23 @@ ENV = "LLMX_CPU_KERNELS"
 _HAS_KERNELS = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_weight_int8pack_mm")
 
 
+_exact_depth = 0
+log = logging.getLogger("llmx.quant")
+
+
 def enabled() -> bool:
-    return _HAS_KERNELS and os.environ.get(ENV, "1") != "0"
+    return _HAS_KERNELS and not _exact_depth and os.environ.get(ENV, "1") != "0"
+
+
+@contextlib.contextmanager
+def exact() -> Iterator[None]:
+    """Inside this block every QuantLinear computes on the exact float path (results independent of the CPU)."""
+    global _exact_depth
+    _exact_depth += 1
+    try:
+        yield
+    finally:
+        _exact_depth -= 1
 
 
 def kernel_group(bits: int, group_size: int | None, in_features: int) -> int | None:
@@ -47,13 +68,13 @@ def padded_rows(n: int) -> int:
     return -(-n // 16) * 16  # the kernel needs N % 16 == 0
 
 
-def _from_kernel(packed: torch.Tensor, n_pad: int, k: int) -> torch.Tensor:
-    """Stored values ``[n_pad, k]`` (0..15) from the kernel layout: whole blocks of 64 rows first, each ``[k, 32]``
-    bytes holding rows ``j`` (low nibble) and ``32 + j`` (high), then the remaining rows as ``[k, rest / 2]`` bytes
-    of adjacent row pairs."""
+def _from_kernel(packed: torch.Tensor, n_pad: int, k: int, block: int) -> torch.Tensor:
+    """Stored values ``[n_pad, k]`` (0..15) from the kernel layout: whole blocks of ``block`` rows first, each
+    ``[k, block / 2]`` bytes holding rows ``j`` (low nibble) and ``block / 2 + j`` (high), then the remaining rows as
+    ``[k, rest / 2]`` bytes of adjacent row pairs."""
     p = packed.to(torch.int16).reshape(-1)
-    full = n_pad // 64 * 64
-    b = p[:full * k // 2].reshape(full // 64, k, 32)
+    full = n_pad // block * block
+    b = p[:full * k // 2].reshape(full // block, k, block // 2)
     blocks = torch.cat([b & 15, b >> 4], dim=2).permute(0, 2, 1).reshape(full, k)
     rest = n_pad - full
     b = p[full * k // 2:].reshape(k, rest // 2)
@@ -61,19 +82,38 @@ def _from_kernel(packed: torch.Tensor, n_pad: int, k: int) -> torch.Tensor:
     return torch.cat([blocks, tail])
 
 
+@functools.lru_cache(maxsize=256)
+def _block_rows(n_pad: int) -> int | None:
+    """The row block this CPU's kernel tiles ``n_pad`` rows in, learnt from a random probe (None: a layout other than
+    the blocked one :func:`_from_kernel` inverts)."""
+    probe = torch.randint(0, 16, (n_pad, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(probe, 1)
+    return next((b for b in (64, 32, 16) if torch.equal(_from_kernel(packed, n_pad, 64, b), probe.to(torch.int16))), None)
+
+
 def to_kernel(qweight: torch.Tensor, n: int, k: int) -> torch.Tensor | None:
-    """The kernel's packed weight for canonical ``qweight`` (stored values, two per byte), or None when this torch's
-    layout is not the one :func:`canonical` inverts."""
-    stored = unpack(qweight, 4, k)
+    """The kernel's packed weight for canonical ``qweight`` (stored values, two per byte), or None (with one warning)
+    when this CPU's layout is not one :func:`canonical` inverts."""
     n_pad = padded_rows(n)
-    stored = torch.nn.functional.pad(stored, (0, 0, 0, n_pad - n))
+    block = _block_rows(n_pad)
+    stored = torch.nn.functional.pad(unpack(qweight, 4, k), (0, 0, 0, n_pad - n))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(stored.to(torch.int32), 1)
-    return packed if torch.equal(_from_kernel(packed, n_pad, k), stored) else None
+    if block is None or not torch.equal(_from_kernel(packed, n_pad, k, block), stored):
+        _warn_layout()
+        return None
+    return packed
+
+
+@functools.cache
+def _warn_layout() -> None:
+    log.warning("torch's int4 CPU kernel uses a weight layout llmx cannot invert on this CPU: int4 layers run the "
+                "exact (slower) float path")
 
 
 def canonical(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Inverse of :func:`to_kernel`: the canonical packed bytes ``[n, ceil(k / 8) * 4]``."""
-    return pack(_from_kernel(packed, padded_rows(n), k)[:n], 4)
+    n_pad = padded_rows(n)
+    return pack(_from_kernel(packed, n_pad, k, _block_rows(n_pad))[:n], 4)
 
 
 def scales_and_zeros(scales: torch.Tensor, zeros: torch.Tensor | None, n: int, k: int, group: int,

@@ -21,7 +21,7 @@ class IntFormat:
     bits: int
     group_size: int | None = 128
     symmetric: bool = True
-    full_range: bool = False
+    full_range: bool = True
 
     def __post_init__(self) -> None:
         if not 2 <= self.bits <= 8:

@@ -36,6 +36,11 @@ def quantize_activation(x: torch.Tensor, bits: int, static_scale: torch.Tensor |
     return torch.clamp(torch.round(x / scale), -qmax - 1, qmax), scale
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """In-place writes counted on ``t`` (None for an inference-mode tensor, which counts none)."""
+    return None if t.is_inference() else t._version
+
+
 class QuantLinear(torch.nn.Module):
     LAYER = "quant_linear"  # the stored layer type (a subclass registers its own)
 
@@ -58,6 +63,7 @@ class QuantLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
         self._kernel_group = cpu_kernels.kernel_group(fmt.bits, fmt.group_size, in_features)
         self._kernel_layout = False  # qweight holds the CPU kernel's layout (and _kernel_sz its scales)
+        self._kernel_version = self._kernel_key = None
         self._int8_kernel = cpu_kernels.int8_ready(fmt.bits, fmt.symmetric, fmt.group_size, act_bits)
 
     @property
@@ -89,6 +95,7 @@ class QuantLinear(torch.nn.Module):
         return q.to(linear.weight.device)
 
     def canonical_qweight(self) -> torch.Tensor:
+        self._check_layout()
         if self._kernel_layout:
             return cpu_kernels.canonical(self.qweight, self.out_features, self.in_features)
         return self.qweight
@@ -98,20 +105,38 @@ class QuantLinear(torch.nn.Module):
             return self.qweight.to(torch.int16)
         return unpack(self.canonical_qweight(), self.fmt.bits, self.in_features, self.offset)
 
+    def _check_layout(self) -> None:
+        """A ``qweight`` written in place since the conversion holds what was written: the canonical layout."""
+        if self._kernel_layout and _version(self._buffers["qweight"]) != self._kernel_version:
+            self._kernel_layout = False
+            del self._kernel_sz
+
+    def _scale_key(self) -> tuple:
+        """What the kernel's scales were built from: rebuilt when the scales or zeros change (in place or by a cast)."""
+        s, z = self._buffers["scales"], self._buffers["zeros"]
+        return s.data_ptr(), _version(s), s.dtype, None if z is None else (z.data_ptr(), _version(z))
+
     def _use_cpu_kernel(self, x: torch.Tensor) -> bool:
-        """Switch to (or out of) the CPU kernel's layout for an input on ``x``'s device; True when it runs there."""
-        on_cpu = x.device.type == "cpu" and self._kernel_group is not None and cpu_kernels.enabled()
+        """Switch to (or out of) the CPU kernel's layout for an input on ``x``'s device; True when it runs there.
+        Inputs that need a gradient take the exact path (the kernel has no derivative)."""
+        self._check_layout()
+        on_cpu = (x.device.type == "cpu" and self._kernel_group is not None and cpu_kernels.enabled()
+                  and not (x.requires_grad and torch.is_grad_enabled()))
         if on_cpu and not self._kernel_layout:
             packed = cpu_kernels.to_kernel(self.qweight, self.out_features, self.in_features)
-            if packed is None:  # a torch whose kernel layout this module cannot invert: the exact path, always
+            if packed is None:  # a CPU whose kernel layout this module cannot invert: the exact path, always
                 self._kernel_group = None
                 return False
+            self.qweight = packed
+            self._kernel_version = _version(packed)
+            self._kernel_layout = True
+        if on_cpu and (self._kernel_key != self._scale_key() or self._buffers.get("_kernel_sz") is None
+                       or self._kernel_sz.dtype != torch.bfloat16):
             group = self.fmt.group_size or self.in_features
             sz = cpu_kernels.scales_and_zeros(self.scales, self.zeros, self.out_features, self.in_features, group,
                                               self._kernel_group)
-            self.qweight = packed
             self.register_buffer("_kernel_sz", sz, persistent=False)
-            self._kernel_layout = True
+            self._kernel_key = self._scale_key()
         elif not on_cpu and self._kernel_layout:
             self._leave_kernel_layout()
         return on_cpu
@@ -130,6 +155,16 @@ class QuantLinear(torch.nn.Module):
         if self._kernel_layout:
             self._leave_kernel_layout()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles and deep copies hold the canonical layout: the kernel's depends on the CPU that built it."""
+        state = self.__dict__.copy()
+        if self._kernel_layout:
+            buffers = dict(self._buffers)
+            buffers["qweight"] = self.canonical_qweight()
+            buffers.pop("_kernel_sz", None)
+            state.update(_buffers=buffers, _kernel_layout=False, _kernel_key=None)
+        return state
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         zero = self.zeros.float()[..., None] if self.zeros is not None else torch.zeros(1, device=self.scales.device)

@@ -8,7 +8,7 @@ import torch
 from llmx.core.context import RunContext
 from llmx.core.quant import apply
 from llmx.core.quant.calibration import sequential
-from llmx.core.quant.formats import fake_quantize
+from llmx.core.quant.formats import fake_quantize, quantize
 from llmx.core.quant.gptq import gptq, layer_objective
 from llmx.plugins.gptq.config import GPTQParams
 
@@ -22,6 +22,10 @@ def run(ctx: RunContext, p: GPTQParams) -> dict:
     def quantize_block(block, stats):
         for name, linear in block.items():
             fmt = p.format(linear.in_features)
+            if stats[name].hessian is None:  # no calibration token reached it: nothing to compensate against
+                ctx.log.warning("GPTQ: %s saw no calibration tokens; round to nearest instead", name)
+                apply.install(model, name, linear, *quantize(linear.weight, fmt), fmt, p, None)
+                continue
             h = stats[name].hessian.float()
             res = gptq(linear.weight, h, fmt, p.block_size, p.percdamp, p.actorder, p.static_groups)
             trace[name] = {"gptq": res.objective(linear.weight, h),

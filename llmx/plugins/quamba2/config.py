@@ -12,6 +12,9 @@ from llmx.core.refs import TextSource
 
 
 class Quamba2Params(BitsParams, GridParams):
+    """``grid`` applies to the W4 weights (the official GPTQ path is full-range, 2 max|w| / 15); W8 weights are
+    per-tensor ``max|w| / 127`` as in the official code."""
+
     BITS: ClassVar[tuple[str, ...]] = ("w8a8", "w4a8", "w4a16")
 
     bits: str = Field("w4a8", description="w8a8: int8 per-tensor weights; w4a8: GPTQ int4 group-128 weights; both with "

@@ -145,10 +145,9 @@ def point_scales(m: QuantMixer, obs: dict[str, Observer], recipe: str, c: cluste
 
 
 def weight_format(name: str, linear: torch.nn.Linear, bits: int, p: Quamba2Params) -> IntFormat:
-    full = p.grid == "full"
     if bits == 8 or name.endswith("dt_proj"):
-        return IntFormat(8, 0, True, full)  # per-tensor absmax
-    return IntFormat(4, p.group_size if p.group_size < linear.in_features else None, True, full)
+        return IntFormat(8, 0, True, full_range=False)  # per-tensor absmax / 127, as the official W8 code
+    return IntFormat(4, p.group_size if p.group_size < linear.in_features else None, True, p.grid == "full")
 
 
 def quantize_weights(ctx, model, linears: dict, batches, recipe: str, act_scales: dict[str, float], p: Quamba2Params):
