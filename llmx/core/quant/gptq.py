@@ -3,7 +3,10 @@
 Minimises ``||W X - Q X||^2 = tr((W - Q) H (W - Q)^T)`` with ``H = X X^T`` from calibration inputs. The Hessian is an
 argument, so other methods (GuidedQuant) can pass their own. Steps as in the paper / reference code: dead inputs
 zeroed, optional activation order, dampening ``percdamp * mean(diag H)``, the upper Cholesky factor of ``H^-1``, and
-lazy block updates (``block_size`` columns at a time).
+lazy block updates (``block_size`` columns at a time). A group's range (non-static groups) is taken from its
+columns as updated so far, the current block's updates included; the reference code reads them before the current
+block's updates. The two agree whenever every group starts a block (group size a multiple of ``block_size``, as
+with the defaults 128 and 128); smaller groups inside a block see slightly different ranges.
 """
 
 from __future__ import annotations
