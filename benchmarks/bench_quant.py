@@ -1,4 +1,5 @@
-"""Weight quantization baselines side by side: FP, RTN, GPTQ and bitsandbytes at 8/4/3 bits, group 128 and per channel.
+"""Weight quantization baselines side by side: FP, RTN, GPTQ and bitsandbytes at 8/4/3 bits, group 128 and per channel
+(full-range symmetric grid; the restricted grid as extra rows).
 
     python benchmarks/bench_quant.py [--models ref:llama-bench ref:mamba2-bench] [--max-tokens 16384] [--quick]
 
@@ -27,6 +28,10 @@ def configs(quick: bool) -> list[tuple[str, str, dict]]:
         for b in bits:
             for gran, g in GRANULARITY.items():
                 rows.append((method, f"{b} {gran}", {"bits": b, "group_size": g}))
+    if not quick:  # the older symmetric grid, which leaves -2^(b-1) unused, on the same model
+        for method in ("rtn", "gptq"):
+            for b in ("w4a16", "w3a16"):
+                rows.append((method, f"{b} g128 restricted grid", {"bits": b, "group_size": 128, "grid": "restricted"}))
     rows.append(("bnb", "nf4 (block 64)", {"bits": "w4a16", "quant_type": "nf4", "blocksize": 64}))
     if not quick:
         rows.append(("bnb", "nf4 (block 128)", {"bits": "w4a16", "quant_type": "nf4", "blocksize": 128}))
