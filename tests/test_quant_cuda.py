@@ -114,3 +114,22 @@ def test_kernels_run_on_torchs_current_stream(monkeypatch):
     assert seen == [side.cuda_stream]
     q_ref, s_ref = ops.quantize_rows_int8_reference(y)
     assert torch.allclose(s, s_ref) and (q.int() - q_ref.int()).abs().max() <= 1
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("method,bits", [("gptq", "w4a16"), ("rtn", "w8a8")])
+def test_quantize_and_export_end_to_end_on_cuda(method, bits, tmp_path):
+    """The whole path on a GPU: calibration, the solver, install, a forward, then the export check on that model."""
+    import llmx
+    from llmx.core import export
+
+    model, tok = llmx.load("tiny:llama", device="cuda")
+    q, metrics = llmx.quantize(model, tokenizer=tok, method=method, bits=bits, device="cuda", calib_samples=4,
+                               calib_seq_len=32, save=False)
+    ids = torch.randint(3, 200, (2, 16), device="cuda")
+    with torch.no_grad():
+        logits = q(input_ids=ids).logits
+    assert logits.is_cuda and torch.isfinite(logits).all() and metrics["layers"] > 0
+    out = export.write(export.prepare(q), q, tok, tmp_path / "ct", verify=True)
+    assert out["max_abs_logit_diff"] < 1e-2
