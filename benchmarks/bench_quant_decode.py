@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, write  # noqa: E402
+from common import publish  # noqa: E402
 
 CONFIGS = [("fp", None, {}), ("rtn", "w4a16 g128", {"bits": "w4a16"}), ("gptq", "w4a16 g128", {"bits": "w4a16"}),
            ("rtn", "w4a16 per-channel", {"bits": "w4a16", "group_size": -1}),
@@ -69,11 +69,7 @@ def main() -> None:
              "vs_fp": statistics.median(r) / fp} for name, r in rates.items()]
     for row in rows:
         print(row, flush=True)
-    write("quant_decode", {"benchmark": "quant_decode", "model": args.model, "rounds": args.rounds,
-                           "new_tokens": args.new_tokens, "machine": machine(), "rows": rows, "rates": rates})
-    table = markdown(list(rows[0]), rows)
-    (Path(__file__).resolve().parent / "results" / "quant_decode.md").write_text(table + "\n")
-    print(table)
+    publish("quant_decode", rows, model=args.model, rounds=args.rounds, new_tokens=args.new_tokens, rates=rates)
 
 
 if __name__ == "__main__":

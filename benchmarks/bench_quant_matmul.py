@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, timed, write  # noqa: E402
+from common import publish, timed  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (1, 4096, 11008), (1, 11008, 4096), (16, 4096, 4096), (128, 4096, 11008)]
 
@@ -70,10 +70,7 @@ def main() -> None:
             row["w4a16_exact_rel_err"] = float((exact(w4, x) - ref).norm() / ref.norm())
             rows.append(row)
             print(row, flush=True)
-    write("quant_matmul", {"benchmark": "quant_matmul", "machine": machine(), "rows": rows})
-    table = markdown(list(rows[0]), rows)
-    (Path(__file__).resolve().parent / "results" / "quant_matmul.md").write_text(table + "\n")
-    print(table)
+    publish("quant_matmul", rows)
 
 
 if __name__ == "__main__":

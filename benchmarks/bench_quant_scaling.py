@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, write  # noqa: E402
+from common import publish  # noqa: E402
 
 MIB = 2**20
 
@@ -69,10 +69,7 @@ def main() -> None:
                              capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
-    write("quant_scaling", {"benchmark": "quant_scaling", "machine": machine(), "rows": rows})
-    table = markdown(list(rows[0]), rows)
-    (Path(__file__).resolve().parent / "results" / "quant_scaling.md").write_text(table + "\n")
-    print(table)
+    publish("quant_scaling", rows)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,14 @@ def write(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def publish(name: str, rows: list[dict[str, Any]], **payload: Any) -> None:
+    """``results/<name>.json`` (the rows, the machine and ``payload``) and ``results/<name>.md`` (the rows' table)."""
+    write(name, {"benchmark": name, **payload, "machine": machine(), "rows": rows})
+    table = markdown(list(rows[0]), rows)
+    (RESULTS / f"{name}.md").write_text(table + "\n")
+    print(table)
+
+
 def markdown(columns: list[str], rows: list[dict[str, Any]]) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, float):

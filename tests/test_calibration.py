@@ -23,6 +23,22 @@ def _fake_quantize_block(block, _stats):
         lin.weight.data = fake_quantize(lin.weight.data, IntFormat(2, 16, full_range=True))
 
 
+def _check_against_whole_model_passes(model, layers, batches, rtol):
+    """Quantized propagation against the old O(L^2) algorithm: before quantizing a block, run the whole (partly
+    quantized) model and compare that block's Hessians."""
+    reference = {}
+
+    def quantize(block, stats):
+        reference.update(collect(model, block, batches))
+        for n in block:
+            assert torch.allclose(stats[n].hessian, reference[n].hessian, rtol=rtol,
+                                  atol=rtol * float(reference[n].hessian.abs().max())), n
+        _fake_quantize_block(block, stats)
+
+    sequential(model, layers, batches, quantize, propagate="quantized")
+    assert reference.keys() == layers.keys()
+
+
 @pytest.mark.parametrize("name", ["tiny:llama", "tiny:mamba2"])
 def test_fp_statistics_equal_one_whole_model_pass(name):
     model, layers, batches = _setup(name)
@@ -37,19 +53,7 @@ def test_fp_statistics_equal_one_whole_model_pass(name):
 
 @pytest.mark.parametrize("name", ["tiny:llama", "tiny:mamba2"])
 def test_quantized_statistics_equal_rerunning_the_whole_model_per_block(name):
-    """The old O(L^2) algorithm as the reference: before quantizing a block, run the whole (partly quantized) model."""
-    model, layers, batches = _setup(name)
-    reference = {}
-
-    def quantize(block, stats):
-        reference.update(collect(model, block, batches))
-        for n in block:
-            assert torch.allclose(stats[n].hessian, reference[n].hessian, rtol=1e-6,
-                                  atol=1e-6 * float(reference[n].hessian.abs().max())), n
-        _fake_quantize_block(block, stats)
-
-    sequential(model, layers, batches, quantize, propagate="quantized")
-    assert reference.keys() == layers.keys()
+    _check_against_whole_model_passes(*_setup(name), rtol=1e-6)
 
 
 def test_each_block_runs_once_per_chunk_plus_once_after_quantizing(monkeypatch):
@@ -75,19 +79,7 @@ def test_each_block_gets_its_own_arguments(monkeypatch):
                          max_window_layers=0, layer_types=["sliding_attention", "full_attention"] * 2,
                          attn_implementation="eager")
     model = Qwen2ForCausalLM(config).eval()
-    layers = linear_layers(model, ["lm_head"])
-    batches = torch.randint(0, 200, (4, 24))
-    reference = {}
-
-    def quantize(block, stats):
-        reference.update(collect(model, block, batches))
-        for n in block:
-            assert torch.allclose(stats[n].hessian, reference[n].hessian, rtol=1e-5,
-                                  atol=1e-5 * float(reference[n].hessian.abs().max())), n
-        _fake_quantize_block(block, stats)
-
-    sequential(model, layers, batches, quantize, propagate="quantized")
-    assert reference.keys() == layers.keys()
+    _check_against_whole_model_passes(model, linear_layers(model, ["lm_head"]), torch.randint(0, 200, (4, 24)), rtol=1e-5)
 
 
 def test_a_layer_no_token_reaches_gets_empty_statistics():
