@@ -1,74 +1,189 @@
-"""Lexico's cache: exact with a complete dictionary, real memory accounting, KIVI baseline, dictionary file errors."""
+"""Lexico's cache: exact with a complete dictionary (greedy and beam search, both attention paths), codes that follow
+the batch, storage that is what is counted, attention over codes equal to the dense rebuild, packed KIVI, and
+dictionary file errors."""
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 from transformers import DynamicCache
 
 from llmx.core import models
-from llmx.plugins.lexico.cache import CompressedCache, KIVICodec, LexicoCodec
+from llmx.plugins.lexico.attention import over_codes
+from llmx.plugins.lexico.cache import CompressedCache, WindowCache
+from llmx.plugins.lexico.codecs import KIVICodec, LexicoCodec
+
+PROMPT = "def main(argv):\n    parser = argparse.ArgumentParser(description="
 
 
+@pytest.fixture(scope="module")
 def setup():
     model, tok = models.load("ref:llama-test")
     head_dim = model.config.hidden_size // model.config.num_attention_heads
-    ids = tok("def main(argv):\n    parser = argparse.ArgumentParser(description=", return_tensors="pt")["input_ids"]
-    return model, tok, head_dim, ids
+    return model, tok, head_dim, tok(PROMPT, return_tensors="pt")["input_ids"]
 
 
-def test_complete_dictionary_reproduces_greedy_generation_exactly():
-    model, _, hd, ids = setup()
+def scope(model, attention):
+    return over_codes(model) if attention == "codes" else contextlib.nullcontext()
+
+
+def complete(model, hd, attention, buffer_length=4, chunk=2):
     q = torch.linalg.qr(torch.randn(hd, hd, generator=torch.Generator().manual_seed(0)))[0]
-    ref = model.generate(ids, max_new_tokens=24, do_sample=False, past_key_values=DynamicCache(), pad_token_id=0)
-    cache = CompressedCache(lambda i: LexicoCodec(q, q, hd, fp8=False), model.config.num_hidden_layers,
-                            buffer_length=4, chunk=2, buffer_dtype=None)
-    out = model.generate(ids, max_new_tokens=24, do_sample=False, past_key_values=cache, pad_token_id=0)
-    assert torch.equal(ref, out)
-    assert cache.get_seq_length() == out.shape[1] - 1
-    assert all(layer.keys.shape[-2] < 4 + 2 for layer in cache.layers)  # only the buffer stays exact
+    return CompressedCache(lambda i: LexicoCodec(q, q, hd, fp8=False), model.config.num_hidden_layers,
+                           buffer_length=buffer_length, chunk=chunk, buffer_dtype=None, attention=attention)
 
 
-def test_stored_bytes_count_ids_coefficients_and_buffer():
-    model, _, hd, ids = setup()
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors``: what they really keep alive."""
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("attention", ["dense", "codes"])
+def test_complete_dictionary_reproduces_greedy_and_beam_search_exactly(setup, attention):
+    model, _, hd, ids = setup
+    for beams in (1, 3):
+        ref = model.generate(ids, max_new_tokens=16, num_beams=beams, do_sample=False, pad_token_id=0)
+        cache = complete(model, hd, attention)
+        with scope(model, attention):
+            out = model.generate(ids, max_new_tokens=16, num_beams=beams, do_sample=False, past_key_values=cache,
+                                 pad_token_id=0)
+        assert torch.equal(ref, out), (attention, beams)
+        assert all(layer.compressed > 0 and layer.keys.shape[-2] < 4 + 2 for layer in cache.layers)
+    assert model.config._attn_implementation == "sdpa"  # restored after the block
+
+
+def test_batch_selection_and_reordering_keep_codes_with_their_sequence(setup):
+    model, tok, hd, _ = setup
+    d = torch.nn.functional.normalize(torch.randn(hd, 48, generator=torch.Generator().manual_seed(1)), dim=0)
+    texts = ["import os\nimport sys\n\ndef run(path):\n    return os.path.join(path, 'x')\n",
+             "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n"]
+    batch = torch.stack([tok(t, return_tensors="pt")["input_ids"][0, :24] for t in texts])
+    make = lambda: CompressedCache(lambda i: LexicoCodec(d, d, 3), model.config.num_hidden_layers, buffer_length=5)  # noqa: E731
+    both, alone = make(), make()
+    model(input_ids=batch, past_key_values=both, use_cache=True)
+    model(input_ids=batch[1:], past_key_values=alone, use_cache=True)
+    both.reorder_cache(torch.tensor([1, 0]))
+    for a, b in zip(both.layers, alone.layers, strict=True):
+        assert all(torch.equal(x[:1].float(), y.float()) for x, y in zip(a.codes, b.codes, strict=True))
+        assert torch.equal(a.keys[:1], b.keys)
+    both.batch_select_indices(torch.tensor([0]))
+    repeated = make()
+    model(input_ids=batch[1:], past_key_values=repeated, use_cache=True)
+    repeated.batch_repeat_interleave(2)
+    for a, b, r in zip(both.layers, alone.layers, repeated.layers, strict=True):
+        assert all(torch.equal(x.float(), y.float()) for x, y in zip(a.codes, b.codes, strict=True))
+        assert r.codes[0].shape[0] == 2 and torch.equal(r.codes[0][1], b.codes[0][0])
+
+
+@pytest.mark.parametrize("codec", ["lexico", "kivi"])
+def test_after_prefill_storage_is_exactly_the_accounted_bytes(setup, codec):
+    model, _, hd, ids = setup
     d = torch.nn.functional.normalize(torch.randn(hd, 64), dim=0)
-    cache = CompressedCache(lambda i: LexicoCodec(d, d, 4), model.config.num_hidden_layers, buffer_length=8, chunk=1)
+    make = (lambda i: LexicoCodec(d, d, 4)) if codec == "lexico" else (lambda i: KIVICodec(2, 8))
+    cache = CompressedCache(make, model.config.num_hidden_layers, buffer_length=8)
     model(input_ids=ids, past_key_values=cache, use_cache=True)
+    for layer in cache.layers:
+        assert storage_bytes([layer.keys, layer.values, *layer.codes]) == layer.stored_bytes()
     cfg, t = model.config, ids.shape[1]
-    vectors = cfg.num_hidden_layers * cfg.num_key_value_heads * 2
-    expected = vectors * ((t - 8) * 3 * 4 + 8 * hd * 2)  # 3s bytes per compressed vector, fp16 buffer
-    assert cache.stored_bytes() == expected
+    vectors = cfg.num_hidden_layers * cfg.num_key_value_heads
+    if codec == "lexico":  # 3s bytes per compressed vector (int16 id + fp8 coefficient), fp16 buffer
+        assert cache.stored_bytes() == 2 * vectors * ((t - 8) * 3 * 4 + 8 * hd * 2)
+    else:  # keys: whole 8-token groups only, the partial group stays exact; 2-bit codes packed 4 to a byte
+        kept = t - 8 - (t - 8) % 8
+        assert all(layer.compressed == kept for layer in cache.layers)
+        groups, vgroups = kept // 8, hd // 8
+        codes = 2 * kept * hd // 4 + 2 * 2 * (groups * hd + kept * vgroups)
+        assert cache.stored_bytes() == vectors * (codes + (t - kept) * hd * 2 * 2)
+
+
+def test_attention_over_codes_equals_the_dense_rebuild():
+    gen = torch.Generator().manual_seed(0)
+    B, Hkv, g, Tq, Tc, Tb, d, N = 2, 2, 3, 3, 40, 5, 16, 64
+    D = torch.nn.functional.normalize(torch.randn(d, N, generator=gen), dim=0)
+    codec = LexicoCodec(D, torch.nn.functional.normalize(torch.randn(d, N, generator=gen), dim=0), 4, 6)
+    codes = codec.encode(torch.randn(B, Hkv, Tc, d, generator=gen), torch.randn(B, Hkv, Tc, d, generator=gen))
+    keys, values = codec.decode(codes, torch.float32)
+    bk, bv = torch.randn(B, Hkv, Tb, d, generator=gen), torch.randn(B, Hkv, Tb, d, generator=gen)
+    q = torch.randn(B, Hkv * g, Tq, d, generator=gen)
+    mask = torch.ones(B, 1, Tq, Tc + Tb, dtype=torch.bool)
+    mask[0, :, :, :7] = False  # left padding in the first sequence
+    mask[:, :, 0, -2:] = False  # causal tail inside the buffer
+    k_all = torch.cat([keys, bk], 2).repeat_interleave(g, 1)
+    v_all = torch.cat([values, bv], 2).repeat_interleave(g, 1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=0.3)
+    for gather in (1 << 22, 50):  # one pass, and query rows in chunks
+        import llmx.plugins.lexico.codecs as codecs
+
+        old, codecs.GATHER_ELEMENTS = codecs.GATHER_ELEMENTS, gather
+        try:
+            out = codec.attend(q, bk, bv, codes, mask, 0.3)
+        finally:
+            codecs.GATHER_ELEMENTS = old
+        assert torch.allclose(out, ref.transpose(1, 2), atol=1e-5)
+
+
+def test_model_logits_agree_between_codes_and_dense_attention(setup):
+    model, _, hd, ids = setup
+    d = torch.nn.functional.normalize(torch.randn(hd, 64, generator=torch.Generator().manual_seed(2)), dim=0)
+    logits = {}
+    for attention in ("dense", "codes"):
+        cache = CompressedCache(lambda i: LexicoCodec(d, d, 4), model.config.num_hidden_layers, buffer_length=4,
+                                chunk=2, attention=attention)
+        with torch.no_grad(), scope(model, attention):
+            model(input_ids=ids[:, :-6], past_key_values=cache, use_cache=True)
+            logits[attention] = torch.cat([model(input_ids=ids[:, t:t + 1], past_key_values=cache).logits
+                                           for t in range(ids.shape[1] - 6, ids.shape[1])], 1)
+    assert torch.allclose(logits["dense"], logits["codes"], atol=1e-4)
+
+
+def test_sparsity_at_or_above_head_dim_stops_early_without_nan(setup):
+    model, _, hd, ids = setup
+    d = torch.nn.functional.normalize(torch.randn(hd, 64), dim=0)
+    cache = CompressedCache(lambda i: LexicoCodec(d, d, hd + 4, fp8=False), model.config.num_hidden_layers,
+                            buffer_length=4)
+    with torch.no_grad():
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        keys, _ = cache.layers[0].codec.decode(cache.layers[0].codes, torch.float32)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(keys).all()
 
 
 def test_kivi_codec_round_trip_error_shrinks_with_bits():
-    x = torch.randn(1, 2, 64, 16)
-    errs = [float((KIVICodec(b).decode(KIVICodec(b).encode(x, w), w, torch.float32) - x).norm() / x.norm())
-            for b in (2, 4, 8) for w in (0, 1)]
-    assert errs[0] > errs[2] > errs[4] and errs[1] > errs[3] > errs[5] and errs[4] < 0.01
+    x = torch.randn(1, 2, 64, 32)
+    errs = []
+    for b in (2, 4, 8):
+        k, v = KIVICodec(b).decode(KIVICodec(b).encode(x, x), torch.float32)
+        errs.append((float((k - x).norm() / x.norm()), float((v - x).norm() / x.norm())))
+    assert errs[0][0] > errs[1][0] > errs[2][0] and errs[0][1] > errs[1][1] > errs[2][1] and errs[2][0] < 0.01
 
 
 def test_dictionary_for_another_model_or_damaged_file_is_exit_2(cli, tmp_path):
     r = cli("--json", "train", "--method", "lexico", "--model", "ref:llama-test", "--set", "atoms=32", "--set", "steps=3",
-            "--set", "windows=4", "-o", tmp_path / "t")
+            "--set", "windows=4", "--set", "held_out_windows=2", "-o", tmp_path / "t")
     assert r.code == 0, r.err
     path = r.json()["stages"][0]["metrics"]["dictionary"]
     ok = cli("--json", "decode", "--method", "lexico", "--model", "ref:llama-test", "--set", f"dictionary={path}",
              "--set", "windows=1", "--set", "context_len=48", "--set", "continuation_len=8", "--set", "generate_tokens=4",
-             "-o", tmp_path / "d")
+             "--set", "buffer_length=8", "--set", "recall_cue=8", "--set", "recall_tokens=4", "-o", tmp_path / "d")
     assert ok.code == 0, ok.err
-    assert 0 < ok.json()["stages"][0]["metrics"]["kv_memory_fraction"] < 1.5
+    metrics = ok.json()["stages"][0]["metrics"]
+    assert 0 < metrics["kv_memory_fraction"] < metrics["kv_memory_fraction_with_dictionaries"]
+    assert metrics["peak_bytes"] >= metrics["stored_bytes"]
     other = cli("decode", "--method", "lexico", "--model", "ref:opt-test", "--set", f"dictionary={path}", "-o", tmp_path / "x")
     assert other.code == 2 and "learned for another model" in other.err
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file")
     broken = cli("decode", "--method", "lexico", "--model", "ref:llama-test", "--set", f"dictionary={bad}", "-o", tmp_path / "x")
     assert broken.code == 2 and "not a readable Lexico dictionary" in broken.err
+    unfit = cli("decode", "--method", "kivi", "--model", "ref:llama-test", "--set", "context_len=40", "-o", tmp_path / "x")
+    assert unfit.code == 2 and "recall_cue" in unfit.err
     assert not (tmp_path / "x").exists() or list((tmp_path / "x").iterdir()) == []
 
 
-def test_window_eviction_keeps_sinks_and_recent_tokens_with_absolute_positions():
-    from llmx.plugins.lexico.cache import WindowCache
-
-    model, _, hd, ids = setup()
+def test_window_eviction_keeps_sinks_and_recent_tokens_with_absolute_positions(setup):
+    model, _, hd, ids = setup
     cache = WindowCache(model.config.num_hidden_layers, window=6, sinks=2)
     out = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=cache, pad_token_id=0)
     assert cache.get_seq_length() == out.shape[1] - 1

@@ -25,6 +25,7 @@ def test_batched_omp_agrees_with_scikit_learn(s):
                        .fit(D.numpy(), x.numpy().T).coef_)
     assert torch.allclose(reconstruct(D, idx, coef).double(), ref @ D.T, atol=1e-5)
     assert all(set(idx[i].tolist()) == set(torch.nonzero(ref[i]).flatten().tolist()) for i in range(len(x)))
+    assert all(len(set(r.tolist())) == s for r in idx)  # no atom chosen twice
 
 
 def test_residual_never_increases_with_sparsity_and_omp_beats_mp():
@@ -36,10 +37,26 @@ def test_residual_never_increases_with_sparsity_and_omp_beats_mp():
     assert (reconstruct(D, *omp(D, x, 6)) - x).norm() < mp
 
 
-def test_complete_dictionary_is_exact():
+def test_complete_dictionary_is_exact_and_more_atoms_than_dimensions_stop_early():
     D = torch.linalg.qr(torch.randn(16, 16, dtype=torch.float64))[0]
     x = torch.randn(50, 16, dtype=torch.float64)
     assert torch.allclose(reconstruct(D, *omp(D, x, 16)).double(), x, atol=1e-5)
+    over = torch.nn.functional.normalize(torch.randn(16, 64, dtype=torch.float64), dim=0)
+    idx, coef = omp(over, x, 24)  # s > head_dim: exact after 16 atoms, then nothing more to take
+    assert torch.isfinite(coef).all() and (coef[:, 16:] == 0).all()
+    assert torch.allclose(reconstruct(over, idx, coef).double(), x, atol=1e-4)
+
+
+def test_tolerance_stops_each_signal_at_its_own_error_and_chunks_do_not_matter():
+    D, x = problem(d=24, n=96, seed=5)
+    idx, coef = omp(D, x, 12, tol=0.5)
+    err = (reconstruct(D, idx, coef) - x).norm(dim=1) / x.norm(dim=1)
+    used = (coef != 0).sum(1)
+    assert (err <= 0.5 + 1e-6).all() and used.float().mean() < 12
+    fewer = (reconstruct(D, *omp(D, x, 12)) - x).norm(dim=1)
+    assert (fewer <= err * x.norm(dim=1) + 1e-6).all()
+    a, b = omp(D, x, 6, chunk=7), omp(D, x, 6)
+    assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
 
 
 def test_learned_dictionary_beats_random_on_real_kv_vectors():

@@ -1,14 +1,16 @@
 """KV caches that keep the most recent tokens exact and older tokens compressed, as transformers ``Cache`` objects
-(``model.generate(..., past_key_values=cache)`` works).
+(``model.generate(..., past_key_values=cache)`` works, beam search included).
 
-``CompressedLayer`` holds the exact buffer in ``keys`` / ``values`` (the last ``buffer_length`` tokens, stored in fp16
-by default, as the paper's fp16 models hold them) and the older
-tokens in a codec's compact form; tokens leave the buffer ``chunk`` at a time (the prompt's excess at once).
-Attention needs dense keys and values, so each ``update`` rebuilds the compressed part for that layer: a transient
-``[B, H, T, head_dim]`` tensor per layer while it runs (peak memory is that plus the stored bytes; the stored bytes
-are what ``stored_bytes`` counts). Codecs: Lexico (sparse codes over a per-layer dictionary: int16 atom ids + fp8
-coefficients, 3s bytes per vector) and KIVI (keys per channel over token groups, values per token over channel
-groups, asymmetric b-bit codes with fp16 scale and zero per group).
+``CompressedLayer`` holds the exact buffer in ``keys`` / ``values`` (stored in fp16 by default, as the paper's fp16
+models hold them) and the older tokens as a codec's tensors (``codes``, see ``codecs.py``). Each ``update`` appends
+the new tokens to the buffer, then moves its oldest tokens out to the codec ``chunk`` at a time (the prompt's excess
+at once, in whole codec granules: a partial KIVI key group stays exact) so that ``buffer_length`` tokens stay exact.
+No storage outlives what it holds: the buffer left after a compression is a fresh tensor, not a view of the prompt.
+
+Attention over the compressed part, per layer: with ``attention="codes"`` (Lexico) the layer returns only the exact
+buffer and tags it with the codes, and ``attention.py``'s function scores the codes directly; with
+``attention="dense"`` it rebuilds every compressed token (a transient ``[B, H, T, head_dim]`` per layer): the
+reference the codes path is tested against, and the only path for KIVI here.
 """
 
 from __future__ import annotations
@@ -16,109 +18,93 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from llmx.plugins.lexico.omp import omp, to_fp8
+CODES_ATTR = "llmx_codes"  # attribute on the returned key tensor: (codec, codes) for the attention function
 
 
-class LexicoCodec:
-    def __init__(self, keys_dict: torch.Tensor, values_dict: torch.Tensor, sparsity: int, fp8: bool = True):
-        if keys_dict.shape[1] > 32767:
-            raise ValueError("Lexico stores atom ids as int16: at most 32767 atoms")
-        self.dicts, self.s, self.fp8 = (keys_dict, values_dict), sparsity, fp8
-
-    def encode(self, x: torch.Tensor, which: int):
-        lead = x.shape[:-1]
-        idx, coef = omp(self.dicts[which], x.reshape(-1, x.shape[-1]), self.s)
-        coef = to_fp8(coef) if self.fp8 else coef.half()
-        return idx.to(torch.int16).reshape(*lead, -1), coef.reshape(*lead, -1)
-
-    def decode(self, code, which: int, dtype: torch.dtype) -> torch.Tensor:
-        idx, coef = code
-        atoms = self.dicts[which].T.to(dtype)[idx.long()]  # [..., s, d]
-        return torch.einsum("...s,...sd->...d", coef.to(dtype), atoms)
-
-    def nbytes(self, code) -> int:
-        return sum(t.numel() * t.element_size() for t in code)
-
-
-class KIVICodec:
-    """KIVI (Liu et al., 2024): keys quantized per channel across groups of ``group`` tokens, values per token across
-    groups of ``group`` channels; asymmetric ``bits``-bit integers with fp16 scale and zero per group."""
-
-    def __init__(self, bits: int, group: int = 32):
-        self.bits, self.group = bits, group
-
-    def _quant(self, x: torch.Tensor, dim: int):
-        g = self.group
-        xt = x.transpose(dim, -1)
-        shape = xt.shape
-        n = shape[-1]
-        pad = -n % g
-        xg = torch.nn.functional.pad(xt.float(), (0, pad)).reshape(*shape[:-1], -1, g)
-        lo, hi = xg.amin(-1, keepdim=True), xg.amax(-1, keepdim=True)
-        scale = ((hi - lo) / (2**self.bits - 1)).clamp(min=1e-8)
-        q = torch.round((xg - lo) / scale).clamp(0, 2**self.bits - 1).to(torch.uint8)
-        return q, scale.half(), lo.half(), n, dim
-
-    def encode(self, x: torch.Tensor, which: int):
-        return self._quant(x, -2 if which == 0 else -1)  # keys along time (per channel), values along channels
-
-    def decode(self, code, which: int, dtype: torch.dtype) -> torch.Tensor:
-        q, scale, lo, n, dim = code
-        x = (q.float() * scale.float() + lo.float()).reshape(*q.shape[:-2], -1)[..., :n]
-        return x.transpose(dim, -1).to(dtype)
-
-    def nbytes(self, code) -> int:
-        q, scale, lo, _, _ = code
-        return q.numel() * self.bits // 8 + scale.numel() * 2 + lo.numel() * 2
-
-
-def append_stored(layer: DynamicLayer, key_states, value_states, store_dtype: torch.dtype | None) -> None:
-    """Append new tokens to ``layer.keys`` / ``layer.values`` kept in ``store_dtype`` (None: the model's dtype)."""
-    if not layer.is_initialized:
-        layer.lazy_initialization(key_states, value_states)
-        store = store_dtype or key_states.dtype
-        layer.keys, layer.values = layer.keys.to(store), layer.values.to(store)
-    layer.keys = torch.cat([layer.keys, key_states.to(layer.keys.dtype)], dim=-2)
-    layer.values = torch.cat([layer.values, value_states.to(layer.values.dtype)], dim=-2)
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class CompressedLayer(DynamicLayer):
-    def __init__(self, codec, buffer_length: int, chunk: int, buffer_dtype: torch.dtype | None = torch.float16):
+    def __init__(self, codec, buffer_length: int, chunk: int = 1, buffer_dtype: torch.dtype | None = torch.float16,
+                 attention: str = "dense"):
         super().__init__()
-        self.codec, self.buffer_length, self.chunk = codec, buffer_length, chunk
-        self.buffer_dtype = buffer_dtype  # the exact tokens' storage (fp16, as the paper's models); None: model dtype
-        self.codes: list[tuple] = []  # (keys code, values code, tokens)
+        if attention not in ("dense", "codes") or (attention == "codes" and not hasattr(codec, "attend")):
+            raise ValueError(f"attention must be 'dense' or 'codes' (codes needs a codec that attends), got {attention}")
+        self.codec, self.buffer_length, self.chunk, self.attention = codec, buffer_length, chunk, attention
+        self.buffer_dtype = buffer_dtype  # the exact tokens' storage; None: the model's dtype
+        self.codes: tuple[torch.Tensor, ...] | None = None
+        self.compressed = 0
 
-    def _compressed_len(self) -> int:
-        return sum(n for _, _, n in self.codes)
+    def lazy_initialization(self, key_states, value_states) -> None:
+        super().lazy_initialization(key_states, value_states)
+        store = self.buffer_dtype or key_states.dtype
+        self.keys, self.values = self.keys.to(store), self.values.to(store)
+
+    def _to_compress(self, exact: int) -> int:
+        excess = exact - self.buffer_length
+        if excess <= 0:
+            return 0
+        n = excess if self.codes is None else excess - excess % self.chunk  # the prompt's excess at once
+        return n - n % self.codec.granule
 
     def update(self, key_states, value_states, *args, **kwargs):
-        append_stored(self, key_states, value_states, self.buffer_dtype)
-        out_k = torch.cat([self.codec.decode(c, 0, self.dtype) for c, _, _ in self.codes] + [self.keys.to(self.dtype)], -2)
-        out_v = torch.cat([self.codec.decode(c, 1, self.dtype) for _, c, _ in self.codes] + [self.values.to(self.dtype)], -2)
-        excess = self.keys.shape[-2] - self.buffer_length
-        if excess >= self.chunk or (excess > 0 and not self.codes):
-            n = excess if not self.codes else excess - excess % self.chunk
-            self.codes.append((self.codec.encode(self.keys[..., :n, :].float(), 0),
-                               self.codec.encode(self.values[..., :n, :].float(), 1), n))
-            self.keys, self.values = self.keys[..., n:, :], self.values[..., n:, :]
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
+        values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
+        before = self.codes
+        if before is not None and self.attention == "codes":
+            out_k, out_v = keys.to(self.dtype), values.to(self.dtype)
+            out_k = out_k.view(out_k.shape)  # a fresh tensor object to carry the tag
+            setattr(out_k, CODES_ATTR, (self.codec, before))
+        elif before is not None:
+            old_k, old_v = self.codec.decode(before, self.dtype)
+            out_k, out_v = torch.cat([old_k, keys.to(self.dtype)], -2), torch.cat([old_v, values.to(self.dtype)], -2)
+        else:
+            out_k, out_v = keys.to(self.dtype), values.to(self.dtype)
+        n = self._to_compress(keys.shape[-2])
+        if n:
+            new = self.codec.encode(keys[..., :n, :], values[..., :n, :])
+            self.codes = new if before is None else tuple(torch.cat(pair, dim=2) for pair in zip(before, new, strict=True))
+            self.compressed += n
+            keys, values = keys[..., n:, :].clone(), values[..., n:, :].clone()
+        self.keys, self.values = keys, values
         return out_k, out_v
 
     def get_seq_length(self) -> int:
-        return 0 if not self.is_initialized else self._compressed_len() + self.keys.shape[-2]
+        return 0 if not self.is_initialized else self.compressed + self.keys.shape[-2]
 
     def reset(self) -> None:
-        self.codes = []
+        self.codes, self.compressed = None, 0
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove and -tokens_to_remove > self.keys.shape[-2]:
+        if tokens_to_remove and self.is_initialized and -tokens_to_remove > self.keys.shape[-2]:
             raise ValueError("cannot crop into the compressed part of the cache")
         super().crop(tokens_to_remove)
 
+    def _batch(self, op) -> None:
+        self.keys, self.values = op(self.keys), op(self.values)
+        if self.codes is not None:
+            self.codes = tuple(op(t) for t in self.codes)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.is_initialized:
+            self._batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self._batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._batch(lambda t: t[indices.to(t.device) if isinstance(indices, torch.Tensor) else indices, ...])
+
     def stored_bytes(self) -> int:
-        exact = (self.keys.numel() + self.values.numel()) * self.keys.element_size() if self.is_initialized else 0
-        return exact + sum(self.codec.nbytes(k) + self.codec.nbytes(v) for k, v, _ in self.codes)
+        if not self.is_initialized:
+            return 0
+        return _nbytes((self.keys, self.values)) + (_nbytes(self.codes) if self.codes is not None else 0)
 
 
 class WindowLayer(DynamicLayer):
@@ -131,7 +117,12 @@ class WindowLayer(DynamicLayer):
         self.window, self.sinks, self.seen, self.store_dtype = window, sinks, 0, store_dtype
 
     def update(self, key_states, value_states, *args, **kwargs):
-        append_stored(self, key_states, value_states, self.store_dtype)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            store = self.store_dtype or key_states.dtype
+            self.keys, self.values = self.keys.to(store), self.values.to(store)
+        self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
+        self.values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
         out_k, out_v = self.keys.to(self.dtype), self.values.to(self.dtype)
         self.seen += key_states.shape[-2]
         keep = self.sinks + self.window
@@ -152,24 +143,31 @@ class WindowLayer(DynamicLayer):
         super().reset()
 
     def stored_bytes(self) -> int:
-        return (self.keys.numel() + self.values.numel()) * self.keys.element_size() if self.is_initialized else 0
+        return _nbytes((self.keys, self.values)) if self.is_initialized else 0
 
 
-class CompressedCache(Cache):
+class _Measured(Cache):
+    def stored_bytes(self) -> int:
+        return sum(layer.stored_bytes() for layer in self.layers)
+
+    def dictionary_bytes(self) -> int:
+        """Bytes of the dictionaries the layers' codecs hold (each distinct tensor once)."""
+        seen = {}
+        for layer in self.layers:
+            for d in getattr(getattr(layer, "codec", None), "dicts", ()):
+                seen[id(d)] = d.numel() * d.element_size()
+        return sum(seen.values())
+
+
+class CompressedCache(_Measured):
     """One CompressedLayer per decoder layer; ``codec_for(layer_idx)`` gives each layer its codec."""
 
     def __init__(self, codec_for, layers: int, buffer_length: int = 128, chunk: int = 1,
-                 buffer_dtype: torch.dtype | None = torch.float16):
-        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk, buffer_dtype)
+                 buffer_dtype: torch.dtype | None = torch.float16, attention: str = "dense"):
+        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk, buffer_dtype, attention)
                                  for i in range(layers)])
 
-    def stored_bytes(self) -> int:
-        return sum(layer.stored_bytes() for layer in self.layers)
 
-
-class WindowCache(Cache):
+class WindowCache(_Measured):
     def __init__(self, layers: int, window: int, sinks: int = 4, store_dtype: torch.dtype | None = torch.float16):
         super().__init__(layers=[WindowLayer(window, sinks, store_dtype) for _ in range(layers)])
-
-    def stored_bytes(self) -> int:
-        return sum(layer.stored_bytes() for layer in self.layers)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from llmx.core.refs import DataFile
 from llmx.core.spec import Params
@@ -11,19 +13,37 @@ class KVEvalParams(Params):
     context_len: int = Field(192, gt=1, description="Tokens prefilled into the cache.")
     continuation_len: int = Field(64, gt=0, description="Tokens then decoded one at a time through the cache.")
     generate_tokens: int = Field(32, ge=0, description="Greedy tokens compared with the full cache's.")
-    buffer_length: int = Field(32, ge=0, description="Most recent tokens kept exact (official Lexico: 128).")
-    chunk: int = Field(1, gt=0, description="Tokens compressed at a time when the buffer overflows (official: 1 or 32).")
+    recall_tokens: int = Field(16, ge=0, description="Recall task: tokens to continue after the cue (0: skip it).")
+    recall_cue: int = Field(32, gt=0, description="Recall task: the context's first tokens, repeated at its end.")
+    buffer_length: int = Field(128, ge=0, description="Most recent tokens kept exact (official Lexico: 128).")
+    chunk: int = Field(1, gt=0, description="Tokens compressed at a time when the buffer overflows (official "
+                       "approximation_length: 1 or 32).")
+    amortize_batch: int = Field(8, gt=0, description="Sequences the dictionaries are shared by, for the amortised "
+                                "memory figure.")
+
+    @model_validator(mode="after")
+    def _recall_fits(self):
+        if self.recall_tokens and self.recall_cue + self.recall_tokens >= self.context_len - self.recall_cue:
+            raise ValueError(f"recall_cue + recall_tokens ({self.recall_cue} + {self.recall_tokens}) must fit well "
+                             f"inside context_len ({self.context_len}); lower them or set recall_tokens=0")
+        return self
 
 
 class LexicoDecodeParams(KVEvalParams):
     dictionary: DataFile | None = Field(None, description="Dictionaries file from `llmx train --method lexico`; default: "
                                    "the one an earlier lexico train stage of this run wrote.")
-    sparsity: int | None = Field(None, gt=0, description="Atoms per vector (default: the sparsity it was trained for).")
+    sparsity: int | None = Field(None, gt=0, description="Atoms per key vector (default: the sparsity it was "
+                                 "trained for).")
+    value_sparsity: int | None = Field(None, gt=0, description="Atoms per value vector (default: as keys).")
     fp8: bool = Field(True, description="Store coefficients as float8 e4m3 (the method's format).")
+    tol: float | None = Field(None, gt=0, lt=1, description="Stop a vector's OMP once its relative residual is at most "
+                              "this (official error_threshold); the slots stay stored (fixed-width layout).")
+    attention: Literal["codes", "dense"] = Field("codes", description="codes: attend over the sparse codes (no "
+                                                 "rebuild); dense: rebuild the compressed tokens per layer (reference).")
 
 
 class KIVIParams(KVEvalParams):
-    bits: int = Field(2, ge=1, le=8)
+    bits: Literal[1, 2, 4, 8] = Field(2, description="Bits per code, packed 8 / bits to a byte.")
     group: int = Field(32, gt=0, description="Tokens per key group (per channel) and channels per value group.")
 
 
@@ -35,6 +55,10 @@ class LexicoTrainParams(Params):
     batch: int = Field(256, gt=0, description="Vectors per step.")
     windows: int = Field(64, gt=0, description="Training windows from the data's train split.")
     seq_len: int = Field(128, gt=1)
+    held_out_windows: int = Field(8, gt=0, description="Validation windows the reported dictionary error is "
+                                  "measured on (vectors the dictionary never saw).")
+    transfer_data: str | None = Field(None, description="Another corpus (e.g. pydoc) to measure the dictionary's "
+                                      "error on as well: the paper's universality claim.")
 
 
 class WindowParams(KVEvalParams):

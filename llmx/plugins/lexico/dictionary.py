@@ -17,6 +17,7 @@ from llmx.plugins.lexico.omp import omp, reconstruct
 def collect_kv(model, windows: torch.Tensor, batch_size: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, (keys, values) as ``[tokens * kv_heads, head_dim]`` from the cache a forward pass fills."""
     per_layer: list[tuple[list, list]] = []
+    windows = windows.to(next(model.parameters()).device)
     for i in range(0, len(windows), batch_size):
         cache = model(input_ids=windows[i:i + batch_size], use_cache=True).past_key_values
         for layer_idx, layer in enumerate(cache.layers):
@@ -41,12 +42,12 @@ def random_dictionary(dim: int, atoms: int, seed: int = 0) -> torch.Tensor:
 def learn(vectors: torch.Tensor, atoms: int, sparsity: int, steps: int, lr: float = 1e-3, batch: int = 256,
           seed: int = 0, progress=lambda x, **_: x) -> tuple[torch.Tensor, list[float]]:
     """A dictionary ``[head_dim, atoms]`` with unit-norm atoms, and the training loss per step."""
-    D = torch.nn.Parameter(random_dictionary(vectors.shape[1], atoms, seed))
+    D = torch.nn.Parameter(random_dictionary(vectors.shape[1], atoms, seed).to(vectors.device))
     opt = torch.optim.Adam([D], lr=lr)
     gen = torch.Generator().manual_seed(seed)
     losses = []
     for _ in progress(range(steps), description="dictionary"):
-        x = vectors[torch.randint(0, len(vectors), (batch,), generator=gen)]
+        x = vectors[torch.randint(0, len(vectors), (batch,), generator=gen).to(vectors.device)]
         idx, coef = omp(D.detach(), x, sparsity)
         loss = torch.nn.functional.mse_loss(reconstruct(D, idx, coef), x)
         opt.zero_grad()
@@ -64,7 +65,7 @@ def relative_error(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, fp8
     """``||x - x^|| / ||x||`` over all vectors, with coefficients rounded to fp8 as stored."""
     from llmx.plugins.lexico.omp import to_fp8
 
-    idx, coef = omp(dictionary, x, sparsity)
+    idx, coef = omp(dictionary.to(x.device), x, sparsity)
     if fp8:
         coef = to_fp8(coef).float()
-    return float((reconstruct(dictionary, idx, coef) - x).norm() / x.norm())
+    return float((reconstruct(dictionary.to(x.device), idx, coef) - x).norm() / x.norm())

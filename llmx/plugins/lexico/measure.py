@@ -1,60 +1,114 @@
-"""Quality and memory of a compressed KV cache against the full cache, on held-out text.
+"""Quality, memory and speed of a compressed KV cache against the full cache, on held-out text.
 
-For each window: prefill ``context_len`` tokens, then decode ``continuation_len`` tokens one at a time (teacher
-forcing) through the cache under test and through a full ``DynamicCache``; compare the next-token distributions
-(KL(full || compressed)), the continuation's NLL, and greedy generations of ``generate_tokens`` tokens.
-Memory: bytes the cache stores after the prefill and decode, over the fp16 bytes of a full cache of that length.
+Per window (the full cache and the cache under test interleaved, so both see the same machine state):
+- teacher forcing: prefill ``context_len`` tokens, decode ``continuation_len`` tokens one at a time; KL(full ||
+  compressed) of the next-token distributions, top-1 agreement, perplexity, and wall milliseconds per decode step;
+- recall: the context's tail replaced by a copy of its first ``recall_cue`` tokens, so the right continuation is the
+  text that followed them at the start (now in the compressed part): greedy accuracy of ``recall_tokens`` tokens;
+- greedy agreement of ``generate_tokens`` tokens with the full cache's generation.
+Memory: the bytes the cache stores after the last step, the codec's dictionaries (per sequence, and amortised over
+``amortize_batch`` sequences), and the measured peak during decoding (stored bytes after the prefill plus the most
+allocated above them over the decode steps, transient rebuilds and gathers included), each over the bytes of a full
+fp16 cache of the same length.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from transformers import DynamicCache
 
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
+from llmx.core.memory import PeakMemory
+
+
+def _teacher_forced(model, ids, context_len: int, cache) -> tuple[torch.Tensor, float]:
+    out = model(input_ids=ids[:, :context_len], past_key_values=cache, use_cache=True)
+    steps = [out.logits[:, -1]]
+    t0 = time.perf_counter()
+    for t in range(context_len, ids.shape[1] - 1):
+        steps.append(model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize(ids.device)
+    ms = (time.perf_counter() - t0) * 1e3 / max(ids.shape[1] - 1 - context_len, 1)
+    return torch.log_softmax(torch.cat(steps).float(), -1), ms
+
+
+def _decode_peak(model, ids, context_len: int, cache) -> int:
+    model(input_ids=ids[:, :context_len], past_key_values=cache, use_cache=True)
+    stored = cache.stored_bytes() if hasattr(cache, "stored_bytes") else _dense_bytes(cache)
+    with PeakMemory(ids.device) as pm:
+        for t in range(context_len, ids.shape[1] - 1):
+            model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+    return stored + pm.peak_bytes
+
+
+def _dense_bytes(cache) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def _greedy(model, prompt, tokens: int, cache, pad: int) -> torch.Tensor:
+    return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                          past_key_values=cache, pad_token_id=pad)[0, prompt.shape[1]:]
 
 
 @torch.no_grad()
 def measure(ctx: RunContext, p, make_cache) -> dict:
     model, tok = ctx.model, ctx.tokenizer
+    device = next(model.parameters()).device
     n = p.context_len + p.continuation_len
     stream = token_stream(tok, ctx.config.data.source, "validation", p.windows * n)
-    windows = stream[: (len(stream) // n) * n].reshape(-1, n)[: p.windows]
-    kl = nll = nll_full = 0.0
-    agree = gen_agree = gen_total = 0
-    stored = full_fp16 = 0
+    windows = stream[: (len(stream) // n) * n].reshape(-1, n)[: p.windows].to(device)
     cfg = model.config
-    kv_heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    fp16_per_token = 2 * 2 * cfg.num_hidden_layers * kv_heads * head_dim
+    sums = dict.fromkeys(("kl", "nll", "nll_full", "agree", "gen", "recall", "recall_full", "ms", "ms_full"), 0.0)
+    stored = dictionary = 0
     for w in ctx.progress(list(windows), description="kv cache"):
         ids = w[None]
-        caches = {"full": DynamicCache(), "test": make_cache()}
-        logps = {}
-        for name, cache in caches.items():
-            out = model(input_ids=ids[:, : p.context_len], past_key_values=cache, use_cache=True)
-            steps = [out.logits[:, -1]]
-            for t in range(p.context_len, n - 1):
-                steps.append(model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits[:, -1])
-            logps[name] = torch.log_softmax(torch.cat(steps).float(), -1)
+        logp_full, ms_full = _teacher_forced(model, ids, p.context_len, DynamicCache())
+        cache = make_cache()
+        logp, ms = _teacher_forced(model, ids, p.context_len, cache)
         target = ids[0, p.context_len:]
-        kl += float((logps["full"].exp() * (logps["full"] - logps["test"])).sum(-1).sum())
-        nll += float(-logps["test"].gather(1, target[:, None]).sum())
-        nll_full += float(-logps["full"].gather(1, target[:, None]).sum())
-        agree += int((logps["full"].argmax(-1) == logps["test"].argmax(-1)).sum())
-        stored += caches["test"].stored_bytes()
-        full_fp16 += 2 * 2 * cfg.num_hidden_layers * kv_heads * head_dim * (n - 1)
+        sums["kl"] += float((logp_full.exp() * (logp_full - logp)).sum(-1).sum())
+        sums["nll"] += float(-logp.gather(1, target[:, None]).sum())
+        sums["nll_full"] += float(-logp_full.gather(1, target[:, None]).sum())
+        sums["agree"] += int((logp_full.argmax(-1) == logp.argmax(-1)).sum())
+        sums["ms"] += ms
+        sums["ms_full"] += ms_full
+        stored += cache.stored_bytes()
+        dictionary = cache.dictionary_bytes()
         if p.generate_tokens:
             prompt = ids[:, : p.context_len]
-            gens = [model.generate(prompt, max_new_tokens=p.generate_tokens, min_new_tokens=p.generate_tokens,
-                                   do_sample=False, past_key_values=c, pad_token_id=tok.pad_token_id)[0, p.context_len:]
-                    for c in (DynamicCache(), make_cache())]
-            gen_agree += int((gens[0] == gens[1]).sum())
-            gen_total += p.generate_tokens
-    tokens = len(windows) * p.continuation_len
-    return {"kv_memory_fraction": stored / max(full_fp16, 1), "kl_to_full": kl / tokens,
-            "perplexity": math.exp(nll / tokens), "perplexity_full_cache": math.exp(nll_full / tokens),
-            "top1_agreement": agree / tokens, "greedy_agreement": gen_agree / max(gen_total, 1),
-            "stored_bytes": stored, "windows": len(windows)}
+            full, test = (_greedy(model, prompt, p.generate_tokens, c, tok.pad_token_id)
+                          for c in (DynamicCache(), make_cache()))
+            sums["gen"] += int((full == test).sum())
+        if p.recall_tokens:
+            cue = p.recall_cue
+            prompt = torch.cat([ids[:, : p.context_len - cue], ids[:, :cue]], 1)
+            expected = ids[0, cue:cue + p.recall_tokens]
+            for key, c in (("recall_full", DynamicCache()), ("recall", make_cache())):
+                sums[key] += int((_greedy(model, prompt, p.recall_tokens, c, tok.pad_token_id) == expected).sum())
+    first = windows[:1]
+    peak, peak_full = (_decode_peak(model, first, p.context_len, c) for c in (make_cache(), DynamicCache()))
+    count, tokens = len(windows), len(windows) * p.continuation_len
+    full_fp16 = fp16_per_token * (n - 1)
+    per_seq = stored / count
+    return {"kv_memory_fraction": per_seq / full_fp16,
+            "kv_memory_fraction_with_dictionaries": (per_seq + dictionary) / full_fp16,
+            "kv_memory_fraction_amortised": (per_seq + dictionary / p.amortize_batch) / full_fp16,
+            "kv_peak_fraction": (peak + dictionary) / full_fp16,
+            "kv_peak_fraction_full_cache": peak_full / full_fp16,
+            "stored_bytes": per_seq, "dictionary_bytes": dictionary, "peak_bytes": peak,
+            "peak_bytes_full_cache": peak_full, "full_fp16_bytes": full_fp16,
+            "kl_to_full": sums["kl"] / tokens, "perplexity": math.exp(sums["nll"] / tokens),
+            "perplexity_full_cache": math.exp(sums["nll_full"] / tokens), "top1_agreement": sums["agree"] / tokens,
+            "greedy_agreement": sums["gen"] / max(count * p.generate_tokens, 1),
+            "recall_accuracy": sums["recall"] / max(count * p.recall_tokens, 1),
+            "recall_accuracy_full_cache": sums["recall_full"] / max(count * p.recall_tokens, 1),
+            "ms_per_step": sums["ms"] / count, "ms_per_step_full_cache": sums["ms_full"] / count,
+            "windows": count, "context_len": p.context_len}

@@ -1,7 +1,9 @@
-"""Lexico stages: ``train`` learns the universal dictionaries; ``decode`` measures the compressed cache. KIVI is the
-quantization baseline measured the same way."""
+"""Lexico stages: ``train`` learns the universal dictionaries; ``decode`` measures the compressed cache. KIVI and token
+eviction are the baselines measured the same way."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -9,7 +11,8 @@ from llmx.core.context import RunContext
 from llmx.errors import UsageError
 from llmx.plugins.lexico import dictionary as dictionary_lib
 from llmx.plugins.lexico import store
-from llmx.plugins.lexico.cache import CompressedCache, KIVICodec, LexicoCodec, WindowCache
+from llmx.plugins.lexico.cache import CompressedCache, WindowCache
+from llmx.plugins.lexico.codecs import KIVICodec, LexicoCodec
 from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams, LexicoTrainParams, WindowParams
 from llmx.plugins.lexico.measure import measure
 
@@ -20,6 +23,18 @@ def _layers(model) -> int:
     return model.config.num_hidden_layers
 
 
+def _held_out_errors(ctx: RunContext, p: LexicoTrainParams, dicts, source: str, prefix: str) -> dict:
+    from llmx.core.data import random_windows
+
+    windows = random_windows(ctx.tokenizer, source, p.held_out_windows, p.seq_len, ctx.config.seed + 1,
+                             split="validation")
+    out = {}
+    for i, (keys, values) in enumerate(dictionary_lib.collect_kv(ctx.model, windows)):
+        for name, d, vectors in (("keys", dicts[i][0], keys), ("values", dicts[i][1], values)):
+            out[f"{prefix}layer{i}_{name}_rel_error"] = dictionary_lib.relative_error(d, vectors, p.sparsity)
+    return out
+
+
 def train(ctx: RunContext, p: LexicoTrainParams) -> dict:
     from llmx.core.data import random_windows
 
@@ -27,16 +42,16 @@ def train(ctx: RunContext, p: LexicoTrainParams) -> dict:
     _layers(model)
     windows = random_windows(ctx.tokenizer, ctx.config.data.source, p.windows, p.seq_len, ctx.config.seed)
     kv = dictionary_lib.collect_kv(model, windows)
-    dicts, out = [], {}
+    dicts = []
     with torch.inference_mode(False), torch.enable_grad():
-        for i, (keys, values) in enumerate(ctx.progress(kv, description="layers")):
-            pair = []
-            for name, vectors in (("keys", keys), ("values", values)):
-                d, losses = dictionary_lib.learn(vectors, p.atoms, p.sparsity, p.steps, p.lr, p.batch, ctx.config.seed)
-                pair.append(d)
-                out[f"layer{i}_{name}_rel_error"] = dictionary_lib.relative_error(d, vectors[:4096], p.sparsity)
-            dicts.append(tuple(pair))
-    path = store.save(ctx.artifact("dictionaries.safetensors"), dicts, model, p.sparsity)
+        for keys, values in ctx.progress(kv, description="layers"):
+            dicts.append(tuple(dictionary_lib.learn(v, p.atoms, p.sparsity, p.steps, p.lr, p.batch, ctx.config.seed)[0]
+                               for v in (keys, values)))
+    out = _held_out_errors(ctx, p, dicts, ctx.config.data.source, "")
+    if p.transfer_data:
+        out.update(_held_out_errors(ctx, p, dicts, p.transfer_data, "transfer_"))
+    path = store.save(ctx.artifact("dictionaries.safetensors"), [tuple(d.cpu() for d in pair) for pair in dicts],
+                      model, p.sparsity)
     ctx.state["lexico_dictionary"] = str(path)
     return {"dictionary": str(path), "atoms": p.atoms, "sparsity": p.sparsity, "vectors_per_layer": len(kv[0][0]), **out}
 
@@ -45,13 +60,25 @@ def decode(ctx: RunContext, p: LexicoDecodeParams) -> dict:
     path = p.dictionary or ctx.state.get("lexico_dictionary")
     if path is None:
         raise UsageError("lexico decode needs --set dictionary=FILE (or a lexico train stage earlier in the run)")
-    dicts, trained_s = store.load(path, ctx.model)
-    s = p.sparsity or trained_s
+    loaded, trained_s = store.load(path, ctx.model)
+    device = next(ctx.model.parameters()).device
+    dicts = [tuple(d.to(device=device, dtype=torch.float16) for d in pair) for pair in loaded]  # held as fp16
+    sk, sv = p.sparsity or trained_s, p.value_sparsity or p.sparsity or trained_s
 
     def make():
-        return CompressedCache(lambda i: LexicoCodec(*dicts[i], s, p.fp8), len(dicts), p.buffer_length, p.chunk)
+        return CompressedCache(lambda i: LexicoCodec(*dicts[i], sk, sv, p.fp8, p.tol), len(dicts), p.buffer_length,
+                               p.chunk, attention=p.attention)
 
-    return {"method": f"lexico s={s}", "sparsity": s, **measure(ctx, p, make)}
+    if p.attention == "codes":
+        from llmx.plugins.lexico.attention import over_codes
+
+        scope = over_codes(ctx.model)
+    else:
+        scope = contextlib.nullcontext()
+    with scope:
+        metrics = measure(ctx, p, make)
+    name = f"lexico s={sk}" if sk == sv else f"lexico s={sk}/{sv}"
+    return {"method": name, "sparsity": sk, "value_sparsity": sv, "attention": p.attention, **metrics}
 
 
 def kivi(ctx: RunContext, p: KIVIParams) -> dict:

@@ -2,6 +2,8 @@
 // (both from cuBLAS GEMMs on the host side). Each iteration: block-wide argmax of |c| over atoms not yet chosen,
 // incremental Cholesky row for the new atom (thread 0; k <= MAX_S), least-squares refit on the support by two
 // triangular solves (thread 0), then every thread refreshes its atoms' correlations c_j = b_j - sum_i G[j, S_i] g_i.
+// An atom already in the chosen span (s >= head_dim on an exactly represented signal) ends the signal: the remaining
+// slots repeat the first atom with coefficient 0, as the PyTorch reference's early stop.
 // Output: idx [M, s] (int64) and coef [M, s] (float32), the same contract as the PyTorch reference.
 #define MAX_S 32
 #define THREADS 256
@@ -18,10 +20,12 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
     __shared__ float L[MAX_S * MAX_S];
     __shared__ float gamma[MAX_S];
     __shared__ float rhs[MAX_S];
+    __shared__ int used;                    // atoms taken before the stop
     const float* bm = b + (long long)m * N;
     for (int j = threadIdx.x; j < N; j += blockDim.x) c[j] = bm[j];
+    if (threadIdx.x == 0) used = s;
     __syncthreads();
-    for (int k = 0; k < s; ++k) {
+    for (int k = 0; k < s && used == s; ++k) {
         float v = -1.f;
         int arg = 0;
         for (int j = threadIdx.x; j < N; j += blockDim.x) {
@@ -56,14 +60,16 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
                 L[k * MAX_S + r] = w;
                 norm += w * w;
             }
-            L[k * MAX_S + k] = sqrtf(fmaxf(G[(long long)j * N + j] - norm, 1e-10f));
+            float pivot = G[(long long)j * N + j] - norm;
+            if (pivot < 1e-6f) used = k;
+            L[k * MAX_S + k] = sqrtf(fmaxf(pivot, 1e-6f));
             // refit: L z = b_S, L^T g = z
-            for (int r = 0; r <= k; ++r) {
+            for (int r = 0; r <= k && used == s; ++r) {
                 float acc = bm[support[r]];
                 for (int q = 0; q < r; ++q) acc -= L[r * MAX_S + q] * rhs[q];
                 rhs[r] = acc / L[r * MAX_S + r];
             }
-            for (int r = k; r >= 0; --r) {
+            for (int r = k; r >= 0 && used == s; --r) {
                 float acc = rhs[r];
                 for (int q = r + 1; q <= k; ++q) acc -= L[q * MAX_S + r] * gamma[q];
                 gamma[r] = acc / L[r * MAX_S + r];
@@ -78,7 +84,8 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
         __syncthreads();
     }
     if (threadIdx.x < s) {
-        idx_out[(long long)m * s + threadIdx.x] = support[threadIdx.x];
-        coef_out[(long long)m * s + threadIdx.x] = gamma[threadIdx.x];
+        bool kept = threadIdx.x < used;
+        idx_out[(long long)m * s + threadIdx.x] = kept ? support[threadIdx.x] : support[0];
+        coef_out[(long long)m * s + threadIdx.x] = kept ? gamma[threadIdx.x] : 0.f;
     }
 }

@@ -1,0 +1,148 @@
+"""What a compressed KV cache stores per token, and how it is read back.
+
+A codec turns ``n`` tokens of keys and values (``[B, H, n, head_dim]``, ``n`` a multiple of its ``granule``) into a
+tuple of tensors, every one with the batch on dim 0 and time (tokens or token groups) on dim 2, so that a cache can
+concatenate, reorder and select them without knowing the codec.
+
+- ``LexicoCodec`` (arXiv 2412.08890, Sec. 3): per vector, ``s`` atom ids (int16) and ``s`` coefficients (float8
+  e4m3) over the layer's key or value dictionary; separate key and value sparsity as in the official cache. It also
+  attends over its codes without rebuilding them (``attend``).
+- ``KIVICodec`` (Liu et al., 2024): keys per channel over groups of ``group`` tokens, values per token over groups of
+  ``group`` channels, asymmetric ``bits``-bit integers packed ``8 / bits`` to a byte, fp16 scale and zero per group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmx.plugins.lexico.omp import omp, to_fp8
+
+GATHER_ELEMENTS = 1 << 22  # bound on the (query rows x code slots) gathered at once by ``LexicoCodec.attend``
+
+
+class LexicoCodec:
+    granule = 1
+
+    def __init__(self, keys_dict: torch.Tensor, values_dict: torch.Tensor, key_sparsity: int,
+                 value_sparsity: int | None = None, fp8: bool = True, tol: float | None = None):
+        if keys_dict.shape[1] > 32767:
+            raise ValueError("Lexico stores atom ids as int16: at most 32767 atoms")
+        self.dicts = (keys_dict, values_dict)
+        self.sparsity = (key_sparsity, value_sparsity or key_sparsity)
+        self.fp8, self.tol = fp8, tol
+
+    def _dict(self, which: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        d, dtype = self.dicts[which], dtype or self.dicts[which].dtype
+        if d.device != like.device or d.dtype != dtype:  # moved once, then kept where the model runs
+            d = d.to(device=like.device, dtype=dtype)
+            self.dicts = (d, self.dicts[1]) if which == 0 else (self.dicts[0], d)
+        return d
+
+    def _encode(self, x: torch.Tensor, which: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lead = x.shape[:-1]
+        idx, coef = omp(self._dict(which, x), x.reshape(-1, x.shape[-1]).float(), self.sparsity[which], self.tol)
+        coef = to_fp8(coef) if self.fp8 else coef.half()
+        return idx.to(torch.int16).reshape(*lead, -1), coef.reshape(*lead, -1)
+
+    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (*self._encode(keys, 0), *self._encode(values, 1))
+
+    def _decode(self, idx, coef, which: int, dtype: torch.dtype) -> torch.Tensor:
+        atoms = self._dict(which, coef).T[idx.long()].to(dtype)  # [..., s, d]
+        return torch.einsum("...s,...sd->...d", coef.to(dtype), atoms)
+
+    def decode(self, codes, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._decode(codes[0], codes[1], 0, dtype), self._decode(codes[2], codes[3], 1, dtype)
+
+    def dictionary_bytes(self) -> int:
+        return sum(d.numel() * d.element_size() for d in self.dicts)
+
+    def attend(self, query, buffer_keys, buffer_values, codes, mask, scaling: float) -> torch.Tensor:
+        """Attention over compressed tokens followed by the exact buffer, without rebuilding the compressed ones:
+        a key's score is ``sum_j c_j (q D_k)[id_j]`` (the query projected once onto the atoms, then gathered at the
+        stored ids), and the values' contribution is ``D_v w`` with ``w`` the attention weights scattered onto the
+        atoms (an N-vector per query). ``query`` [B, Hq, Tq, d]; returns [B, Tq, Hq, d] like transformers' attention
+        functions."""
+        kid, kc, vid, vc = codes
+        B, Hq, Tq, d = query.shape
+        Hkv, Tc, Tb = buffer_keys.shape[1], kid.shape[2], buffer_keys.shape[2]
+        g = Hq // Hkv
+        dtype = query.dtype
+        q = query.reshape(B, Hkv, g * Tq, d).float() * scaling
+        Dk, Dv = self._dict(0, q).float(), self._dict(1, q).float()
+        sk, sv = kid.shape[-1], vid.shape[-1]
+        scores_c = torch.empty(B, Hkv, g * Tq, Tc, device=q.device)
+        kidx = kid.long().reshape(B, Hkv, 1, Tc * sk)
+        kcoef = kc.float().reshape(B, Hkv, 1, Tc, sk)
+        rows = max(1, GATHER_ELEMENTS // max(Tc * sk, 1))
+        for r0 in range(0, g * Tq, rows):
+            qd = q[:, :, r0:r0 + rows] @ Dk  # [B, Hkv, rows, N]
+            picked = qd.gather(-1, kidx.expand(-1, -1, qd.shape[2], -1)).view(B, Hkv, -1, Tc, sk)
+            scores_c[:, :, r0:r0 + rows] = (picked * kcoef).sum(-1)
+        scores = torch.cat([scores_c, q @ buffer_keys.float().transpose(-1, -2)], -1)  # [B, Hkv, g*Tq, Tc+Tb]
+        if mask is not None:  # [B, 1, Tq, Tc + Tb], boolean (True: attend) or additive
+            m = mask.reshape(mask.shape[0], 1, 1, Tq, -1)[..., -(Tc + Tb):]
+            s5 = scores.view(B, Hkv, g, Tq, Tc + Tb)
+            s5 = s5.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s5 + m.float()
+            scores = s5.reshape(B, Hkv, g * Tq, Tc + Tb)
+        weights = scores.softmax(-1)
+        out = weights[..., Tc:] @ buffer_values.float()
+        w_atoms = torch.zeros(B, Hkv, g * Tq, Dv.shape[1], device=q.device)
+        vidx = vid.long().reshape(B, Hkv, 1, Tc * sv)
+        vcoef = vc.float().reshape(B, Hkv, 1, Tc, sv)
+        for r0 in range(0, g * Tq, rows):
+            part = (weights[:, :, r0:r0 + rows, :Tc, None] * vcoef).reshape(B, Hkv, -1, Tc * sv)
+            w_atoms[:, :, r0:r0 + rows].scatter_add_(-1, vidx.expand(-1, -1, part.shape[2], -1), part)
+        out = out + w_atoms @ Dv.T
+        return out.view(B, Hkv, g, Tq, d).reshape(B, Hq, Tq, d).transpose(1, 2).to(dtype).contiguous()
+
+
+def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes in [0, 2^bits) along the last dim -> ``8 / bits`` codes per byte."""
+    per = 8 // bits
+    q = q.reshape(*q.shape[:-1], -1, per)
+    shifts = torch.arange(0, 8, bits, device=q.device, dtype=torch.uint8)
+    return (q << shifts).sum(-1, dtype=torch.uint8)
+
+
+def _unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
+    return ((packed[..., None] >> shifts) & (2**bits - 1)).reshape(*packed.shape[:-1], -1)
+
+
+class KIVICodec:
+    """KIVI: keys per channel over ``group``-token groups (the exact buffer keeps a partial group in fp16 until it
+    fills, as KIVI's residual does), values per token over ``group``-channel groups; codes packed to bytes."""
+
+    def __init__(self, bits: int, group: int = 32):
+        if 8 % bits:
+            raise ValueError(f"KIVI packs codes into bytes: bits must be 1, 2, 4 or 8, got {bits}")
+        self.bits, self.group, self.granule = bits, group, group
+
+    def _quant(self, x: torch.Tensor, dim: int):
+        lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+        scale = ((hi - lo) / (2**self.bits - 1)).clamp(min=1e-8)
+        q = torch.round((x - lo) / scale).clamp(0, 2**self.bits - 1).to(torch.uint8)
+        return q, scale.half().squeeze(dim), lo.half().squeeze(dim)
+
+    def encode(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        B, H, n, d = keys.shape
+        vg = min(self.group, d)
+        if d % vg:
+            raise ValueError(f"KIVI value groups of {vg} channels do not divide head_dim {d}")
+        kq, ks, kz = self._quant(keys.float().reshape(B, H, n // self.group, self.group, d), 3)
+        vq, vs, vz = self._quant(values.float().reshape(B, H, n, d // vg, vg), 4)
+        return (_pack(kq.reshape(B, H, n // self.group, -1), self.bits), ks, kz,
+                _pack(vq.reshape(B, H, n, -1), self.bits), vs, vz)
+
+    def decode(self, codes, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        kp, ks, kz, vp, vs, vz = codes
+        B, H, groups, d = ks.shape
+        k = _unpack(kp, self.bits).reshape(B, H, groups, self.group, d).float() * ks[:, :, :, None].float() \
+            + kz[:, :, :, None].float()
+        n, vgroups = vs.shape[2], vs.shape[3]
+        v = _unpack(vp, self.bits).reshape(B, H, n, vgroups, -1).float() * vs[..., None].float() + vz[..., None].float()
+        return k.reshape(B, H, groups * self.group, d).to(dtype), v.reshape(B, H, n, -1).to(dtype)
+
+    def dictionary_bytes(self) -> int:
+        return 0
