@@ -1,10 +1,11 @@
 """KV caches that keep the most recent tokens exact and older tokens compressed, as transformers ``Cache`` objects
 (``model.generate(..., past_key_values=cache)`` works, beam search included).
 
-``CompressedLayer`` holds the exact buffer in ``keys`` / ``values`` (stored in fp16 by default, as the paper's fp16
-models hold them) and the older tokens as a codec's tensors (``codes``, see ``codecs.py``). Each ``update`` appends
-the new tokens to the buffer, then moves its oldest tokens out to the codec ``chunk`` at a time (the prompt's excess
-at once, in whole codec granules: a partial KIVI key group stays exact) so that ``buffer_length`` tokens stay exact.
+``CompressedLayer`` holds the exact buffer in ``keys`` / ``values`` (in the model's dtype, or fp16 under a 32-bit
+model, as the paper's fp16 models hold them) and the older tokens as a codec's tensors (``codes``, see
+``codecs.py``). Each ``update`` appends the new tokens to the buffer, then moves its oldest tokens out to the codec
+``chunk`` at a time (the prompt's excess at once, in whole codec granules: a partial KIVI key group stays exact) so
+that ``buffer_length`` tokens stay exact.
 No storage outlives what it holds: the buffer left after a compression is a fresh tensor, not a view of the prompt.
 
 Attention over the compressed part, per layer: with ``attention="codes"`` (Lexico) the layer returns only the exact
@@ -32,13 +33,13 @@ class CompressedLayer(DynamicLayer):
         if attention not in ("dense", "codes") or (attention == "codes" and not hasattr(codec, "attend")):
             raise ValueError(f"attention must be 'dense' or 'codes' (codes needs a codec that attends), got {attention}")
         self.codec, self.buffer_length, self.chunk, self.attention = codec, buffer_length, chunk, attention
-        self.buffer_dtype = buffer_dtype  # the exact tokens' storage; None: the model's dtype
+        self.buffer_dtype = buffer_dtype  # the exact tokens' storage under a 32-bit model; None: the model's dtype
         self.codes: tuple[torch.Tensor, ...] | None = None
         self.compressed = 0
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
-        store = self.buffer_dtype or key_states.dtype
+        store = self.buffer_dtype if self.buffer_dtype and key_states.element_size() > 2 else key_states.dtype
         self.keys, self.values = self.keys.to(store), self.values.to(store)
 
     def _to_compress(self, exact: int) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from llmx.plugins.lexico.omp import omp, to_fp8
+from llmx.plugins.lexico.omp import omp, to_float, to_fp8
 
 GATHER_ELEMENTS = 1 << 22  # bound on the (query rows x code slots) gathered at once by ``LexicoCodec.attend``
 
@@ -49,7 +49,7 @@ class LexicoCodec:
 
     def _decode(self, idx, coef, which: int, dtype: torch.dtype) -> torch.Tensor:
         atoms = self._dict(which, coef).T[idx.long()].to(dtype)  # [..., s, d]
-        return torch.einsum("...s,...sd->...d", coef.to(dtype), atoms)
+        return torch.einsum("...s,...sd->...d", to_float(coef).to(dtype), atoms)
 
     def decode(self, codes, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self._decode(codes[0], codes[1], 0, dtype), self._decode(codes[2], codes[3], 1, dtype)
@@ -69,15 +69,15 @@ class LexicoCodec:
         g = Hq // Hkv
         dtype = query.dtype
         q = query.reshape(B, Hkv, g * Tq, d).float() * scaling
-        Dk, Dv = self._dict(0, q).float(), self._dict(1, q).float()
+        Dk, Dv = self._dict(0, q), self._dict(1, q)  # in their own dtype: no per-step conversion
         sk, sv = kid.shape[-1], vid.shape[-1]
         scores_c = torch.empty(B, Hkv, g * Tq, Tc, device=q.device)
         kidx = kid.long().reshape(B, Hkv, 1, Tc * sk)
-        kcoef = kc.float().reshape(B, Hkv, 1, Tc, sk)
+        kcoef = to_float(kc).reshape(B, Hkv, 1, Tc, sk)
         rows = max(1, GATHER_ELEMENTS // max(Tc * sk, 1))
         for r0 in range(0, g * Tq, rows):
-            qd = q[:, :, r0:r0 + rows] @ Dk  # [B, Hkv, rows, N]
-            picked = qd.gather(-1, kidx.expand(-1, -1, qd.shape[2], -1)).view(B, Hkv, -1, Tc, sk)
+            qd = q[:, :, r0:r0 + rows].to(Dk.dtype) @ Dk  # [B, Hkv, rows, N]
+            picked = qd.gather(-1, kidx.expand(-1, -1, qd.shape[2], -1)).float().view(B, Hkv, -1, Tc, sk)
             scores_c[:, :, r0:r0 + rows] = (picked * kcoef).sum(-1)
         scores = torch.cat([scores_c, q @ buffer_keys.float().transpose(-1, -2)], -1)  # [B, Hkv, g*Tq, Tc+Tb]
         if mask is not None:  # [B, 1, Tq, Tc + Tb], boolean (True: attend) or additive
@@ -89,11 +89,11 @@ class LexicoCodec:
         out = weights[..., Tc:] @ buffer_values.float()
         w_atoms = torch.zeros(B, Hkv, g * Tq, Dv.shape[1], device=q.device)
         vidx = vid.long().reshape(B, Hkv, 1, Tc * sv)
-        vcoef = vc.float().reshape(B, Hkv, 1, Tc, sv)
+        vcoef = to_float(vc).reshape(B, Hkv, 1, Tc, sv)
         for r0 in range(0, g * Tq, rows):
             part = (weights[:, :, r0:r0 + rows, :Tc, None] * vcoef).reshape(B, Hkv, -1, Tc * sv)
             w_atoms[:, :, r0:r0 + rows].scatter_add_(-1, vidx.expand(-1, -1, part.shape[2], -1), part)
-        out = out + w_atoms @ Dv.T
+        out = out + (w_atoms.to(Dv.dtype) @ Dv.T).float()
         return out.view(B, Hkv, g, Tq, d).reshape(B, Hq, Tq, d).transpose(1, 2).to(dtype).contiguous()
 
 

@@ -61,8 +61,8 @@ def decode(ctx: RunContext, p: LexicoDecodeParams) -> dict:
     if path is None:
         raise UsageError("lexico decode needs --set dictionary=FILE (or a lexico train stage earlier in the run)")
     loaded, trained_s = store.load(path, ctx.model)
-    device = next(ctx.model.parameters()).device
-    dicts = [tuple(d.to(device=device, dtype=torch.float16) for d in pair) for pair in loaded]  # held as fp16
+    weight = next(ctx.model.parameters())
+    dicts = [tuple(d.to(device=weight.device, dtype=weight.dtype) for d in pair) for pair in loaded]  # as computed
     sk, sv = p.sparsity or trained_s, p.value_sparsity or p.sparsity or trained_s
 
     def make():

@@ -140,3 +140,18 @@ def reconstruct(dictionary: torch.Tensor, idx: torch.Tensor, coef: torch.Tensor)
 def to_fp8(coef: torch.Tensor) -> torch.Tensor:
     """Coefficients as stored: float8 e4m3 (the method's storage format, part of its error)."""
     return coef.to(torch.float8_e4m3fn)
+
+
+_FP8_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def to_float(coef: torch.Tensor) -> torch.Tensor:
+    """Stored coefficients as float32. float8 goes through a 256-entry table: the same values as ``.float()``, several
+    times faster on the CPU, where the cast is scalar."""
+    if coef.dtype != torch.float8_e4m3fn:
+        return coef.float()
+    table = _FP8_TABLES.get(coef.device)
+    if table is None:
+        table = torch.arange(256, dtype=torch.uint8, device=coef.device).view(torch.float8_e4m3fn).float()
+        _FP8_TABLES[coef.device] = table
+    return table.index_select(0, coef.reshape(-1).view(torch.uint8).int()).view(coef.shape)
