@@ -101,7 +101,7 @@ def test_after_prefill_storage_is_exactly_the_accounted_bytes(setup, codec):
 
 def test_attention_over_codes_equals_the_dense_rebuild():
     gen = torch.Generator().manual_seed(0)
-    B, Hkv, g, Tq, Tc, Tb, d, N = 2, 2, 3, 3, 40, 5, 16, 64
+    B, Hkv, g, Tq, Tc, Tb, d, N = 2, 2, 3, 3, 41, 5, 16, 64
     D = torch.nn.functional.normalize(torch.randn(d, N, generator=gen), dim=0)
     codec = LexicoCodec(D, torch.nn.functional.normalize(torch.randn(d, N, generator=gen), dim=0), 4, 6)
     codes = codec.encode(torch.randn(B, Hkv, Tc, d, generator=gen), torch.randn(B, Hkv, Tc, d, generator=gen))
@@ -114,7 +114,7 @@ def test_attention_over_codes_equals_the_dense_rebuild():
     k_all = torch.cat([keys, bk], 2).repeat_interleave(g, 1)
     v_all = torch.cat([values, bv], 2).repeat_interleave(g, 1)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=0.3)
-    for gather in (1 << 22, 50):  # one pass, and query rows in chunks
+    for gather in (1 << 22, 500, 50):  # one tile, query rows in tiles, compressed tokens in tiles too
         import llmx.plugins.lexico.codecs as codecs
 
         old, codecs.GATHER_ELEMENTS = codecs.GATHER_ELEMENTS, gather

@@ -1,13 +1,23 @@
-"""Measured peak memory of a block of tensor work: ``with PeakMemory(device) as pm: ...`` then ``pm.peak_bytes``, the
-most bytes held at once above what was held when the block began (transient tensors included).
+"""Measured peak memory of a block of tensor work, transient tensors included:
+
+    with PeakMemory(device) as pm:
+        setup()              # allocations here are tracked too, so their frees inside the section count
+        with pm.section():
+            work()
+    pm.peak_bytes            # the most bytes held at once during the section, above what was held when it began
 
 CUDA: the caching allocator's statistics. CPU: PyTorch's profiler with memory profiling (every tensor allocation
-and free in the block, summed in order); slower, so time work outside such a block.
+and free, summed in order; a tensor allocated before the profiler started has no recorded free, hence the setup
+inside the block); slower, so time work outside such a block.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+
+MARK = "llmx::peak_section"
 
 
 class PeakMemory:
@@ -16,27 +26,44 @@ class PeakMemory:
         self.peak_bytes = 0
 
     def __enter__(self) -> PeakMemory:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self._start = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
+        if self.device.type != "cuda":
             from torch.profiler import ProfilerActivity, profile
 
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             self._prof.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    @contextlib.contextmanager
+    def section(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._start
+            start = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            yield
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - start
+            return
+        with torch.profiler.record_function(MARK):
+            yield
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
             return
         self._prof.__exit__(*exc)
-        events = sorted((e.start_ns(), e.nbytes()) for e in self._prof.profiler.kineto_results.events()
+        events = self._prof.profiler.kineto_results.events()
+        marks = [e for e in events if e.name() == MARK]
+        if not marks:
+            return
+        start, end = marks[0].start_ns(), marks[0].end_ns()
+        memory = sorted((e.start_ns(), e.nbytes()) for e in events
                         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
-        held = peak = 0
-        for _, nbytes in events:
+        held = base = peak = 0
+        for t, nbytes in memory:
+            if t > end:
+                break
             held += nbytes
-            peak = max(peak, held)
-        self.peak_bytes = peak
+            if t < start:
+                base = peak = held
+            else:
+                peak = max(peak, held)
+        self.peak_bytes = max(peak - base, 0)

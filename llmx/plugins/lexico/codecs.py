@@ -17,7 +17,7 @@ import torch
 
 from llmx.plugins.lexico.omp import omp, to_float, to_fp8
 
-GATHER_ELEMENTS = 1 << 22  # bound on the (query rows x code slots) gathered at once by ``LexicoCodec.attend``
+GATHER_ELEMENTS = 1 << 16  # bound on the (heads x query rows x code slots) ``LexicoCodec.attend`` gathers at once
 
 
 class LexicoCodec:
@@ -67,18 +67,18 @@ class LexicoCodec:
         B, Hq, Tq, d = query.shape
         Hkv, Tc, Tb = buffer_keys.shape[1], kid.shape[2], buffer_keys.shape[2]
         g = Hq // Hkv
-        dtype = query.dtype
         q = query.reshape(B, Hkv, g * Tq, d).float() * scaling
         Dk, Dv = self._dict(0, q), self._dict(1, q)  # in their own dtype: no per-step conversion
-        sk, sv = kid.shape[-1], vid.shape[-1]
+        rows, span = _tiles(B * Hkv, g * Tq, Tc, max(kid.shape[-1], vid.shape[-1]))
         scores_c = torch.empty(B, Hkv, g * Tq, Tc, device=q.device)
-        kidx = kid.long().reshape(B, Hkv, 1, Tc * sk)
-        kcoef = to_float(kc).reshape(B, Hkv, 1, Tc, sk)
-        rows = max(1, GATHER_ELEMENTS // max(Tc * sk, 1))
         for r0 in range(0, g * Tq, rows):
-            qd = q[:, :, r0:r0 + rows].to(Dk.dtype) @ Dk  # [B, Hkv, rows, N]
-            picked = qd.gather(-1, kidx.expand(-1, -1, qd.shape[2], -1)).float().view(B, Hkv, -1, Tc, sk)
-            scores_c[:, :, r0:r0 + rows] = (picked * kcoef).sum(-1)
+            qd = q[:, :, r0:r0 + rows].to(Dk.dtype) @ Dk  # [B, Hkv, r, N]: the query on every atom, once
+            for t0 in range(0, Tc, span):
+                t1 = min(t0 + span, Tc)
+                ids, coef = kid[:, :, t0:t1], to_float(kc[:, :, t0:t1])  # [B, Hkv, t, s]
+                picked = qd.gather(-1, ids.long().flatten(2)[:, :, None].expand(-1, -1, qd.shape[2], -1))
+                scores_c[:, :, r0:r0 + rows, t0:t1] = (picked.float().unflatten(-1, ids.shape[2:])
+                                                       * coef[:, :, None]).sum(-1)
         scores = torch.cat([scores_c, q @ buffer_keys.float().transpose(-1, -2)], -1)  # [B, Hkv, g*Tq, Tc+Tb]
         if mask is not None:  # [B, 1, Tq, Tc + Tb], boolean (True: attend) or additive
             m = mask.reshape(mask.shape[0], 1, 1, Tq, -1)[..., -(Tc + Tb):]
@@ -87,14 +87,24 @@ class LexicoCodec:
             scores = s5.reshape(B, Hkv, g * Tq, Tc + Tb)
         weights = scores.softmax(-1)
         out = weights[..., Tc:] @ buffer_values.float()
-        w_atoms = torch.zeros(B, Hkv, g * Tq, Dv.shape[1], device=q.device)
-        vidx = vid.long().reshape(B, Hkv, 1, Tc * sv)
-        vcoef = to_float(vc).reshape(B, Hkv, 1, Tc, sv)
+        mass = torch.zeros(B, Hkv, g * Tq, Dv.shape[1], device=q.device)  # attention mass on each value atom
         for r0 in range(0, g * Tq, rows):
-            part = (weights[:, :, r0:r0 + rows, :Tc, None] * vcoef).reshape(B, Hkv, -1, Tc * sv)
-            w_atoms[:, :, r0:r0 + rows].scatter_add_(-1, vidx.expand(-1, -1, part.shape[2], -1), part)
-        out = out + (w_atoms.to(Dv.dtype) @ Dv.T).float()
-        return out.view(B, Hkv, g, Tq, d).reshape(B, Hq, Tq, d).transpose(1, 2).to(dtype).contiguous()
+            for t0 in range(0, Tc, span):
+                t1 = min(t0 + span, Tc)
+                ids, coef = vid[:, :, t0:t1], to_float(vc[:, :, t0:t1])
+                part = (weights[:, :, r0:r0 + rows, t0:t1, None] * coef[:, :, None]).flatten(3)
+                mass[:, :, r0:r0 + rows].scatter_add_(-1, ids.long().flatten(2)[:, :, None].expand_as(part), part)
+        out = out + (mass.to(Dv.dtype) @ Dv.T).float()
+        return out.view(B, Hkv, g, Tq, d).reshape(B, Hq, Tq, d).transpose(1, 2).to(query.dtype).contiguous()
+
+
+def _tiles(heads: int, rows: int, tokens: int, slots: int) -> tuple[int, int]:
+    """Query rows and compressed tokens per tile so that a tile gathers at most ``GATHER_ELEMENTS`` code slots (over
+    heads and rows): the transient memory of ``attend`` stays bounded whatever the context length."""
+    per_row = heads * max(tokens, 1) * slots
+    if per_row <= GATHER_ELEMENTS:
+        return max(1, GATHER_ELEMENTS // per_row), max(tokens, 1)
+    return 1, max(1, GATHER_ELEMENTS // (heads * slots))
 
 
 def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 Per window (the full cache and the cache under test interleaved, so both see the same machine state):
 - teacher forcing: prefill ``context_len`` tokens, decode ``continuation_len`` tokens one at a time; KL(full ||
-  compressed) of the next-token distributions, top-1 agreement, perplexity, and wall milliseconds per decode step;
+  compressed) of the next-token distributions, top-1 agreement with the full cache, next-token accuracy against the
+  text itself, perplexity, and wall milliseconds per decode step;
 - recall: the context's tail replaced by a copy of its first ``recall_cue`` tokens, so the right continuation is the
   text that followed them at the start (now in the compressed part): greedy accuracy of ``recall_tokens`` tokens;
 - greedy agreement of ``generate_tokens`` tokens with the full cache's generation.
@@ -38,11 +39,12 @@ def _teacher_forced(model, ids, context_len: int, cache) -> tuple[torch.Tensor, 
 
 
 def _decode_peak(model, ids, context_len: int, cache) -> int:
-    model(input_ids=ids[:, :context_len], past_key_values=cache, use_cache=True)
-    stored = cache.stored_bytes() if hasattr(cache, "stored_bytes") else _dense_bytes(cache)
     with PeakMemory(ids.device) as pm:
-        for t in range(context_len, ids.shape[1] - 1):
-            model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, :context_len], past_key_values=cache, use_cache=True)
+        stored = cache.stored_bytes() if hasattr(cache, "stored_bytes") else _dense_bytes(cache)
+        with pm.section():
+            for t in range(context_len, ids.shape[1] - 1):
+                model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
     return stored + pm.peak_bytes
 
 
@@ -66,7 +68,8 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     fp16_per_token = 2 * 2 * cfg.num_hidden_layers * kv_heads * head_dim
-    sums = dict.fromkeys(("kl", "nll", "nll_full", "agree", "gen", "recall", "recall_full", "ms", "ms_full"), 0.0)
+    sums = dict.fromkeys(("kl", "nll", "nll_full", "agree", "hit", "hit_full", "gen", "recall", "recall_full", "ms",
+                          "ms_full"), 0.0)
     stored = dictionary = 0
     for w in ctx.progress(list(windows), description="kv cache"):
         ids = w[None]
@@ -78,6 +81,8 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
         sums["nll"] += float(-logp.gather(1, target[:, None]).sum())
         sums["nll_full"] += float(-logp_full.gather(1, target[:, None]).sum())
         sums["agree"] += int((logp_full.argmax(-1) == logp.argmax(-1)).sum())
+        sums["hit"] += int((logp.argmax(-1) == target).sum())
+        sums["hit_full"] += int((logp_full.argmax(-1) == target).sum())
         sums["ms"] += ms
         sums["ms_full"] += ms_full
         stored += cache.stored_bytes()
@@ -107,6 +112,7 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
             "peak_bytes_full_cache": peak_full, "full_fp16_bytes": full_fp16,
             "kl_to_full": sums["kl"] / tokens, "perplexity": math.exp(sums["nll"] / tokens),
             "perplexity_full_cache": math.exp(sums["nll_full"] / tokens), "top1_agreement": sums["agree"] / tokens,
+            "next_token_accuracy": sums["hit"] / tokens, "next_token_accuracy_full_cache": sums["hit_full"] / tokens,
             "greedy_agreement": sums["gen"] / max(count * p.generate_tokens, 1),
             "recall_accuracy": sums["recall"] / max(count * p.recall_tokens, 1),
             "recall_accuracy_full_cache": sums["recall_full"] / max(count * p.recall_tokens, 1),

@@ -44,7 +44,6 @@ def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | N
 
 def _omp_qr(D: torch.Tensor, x: torch.Tensor, s: int, tol: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     m, d = x.shape
-    atoms = D.T.contiguous()  # [N, d]
     idx = torch.zeros(m, s, dtype=torch.long, device=x.device)
     R = torch.zeros(m, s, s, device=x.device)
     z = torch.zeros(m, s, device=x.device)
@@ -55,7 +54,7 @@ def _omp_qr(D: torch.Tensor, x: torch.Tensor, s: int, tol: float | None) -> tupl
     c = torch.empty(m, D.shape[1], device=x.device)
     for k in range(s):
         j = _argmax_abs(torch.mm(r, D, out=c))
-        a = atoms.index_select(0, j)  # [M, d]
+        a = D.index_select(1, j).T  # [M, d]: the chosen atoms
         q, proj = a, None
         if k:
             Qk = Q[:, :k]
