@@ -18,6 +18,7 @@ import torch
 from llmx.plugins.lexico.omp import omp, to_float, to_fp8
 
 GATHER_ELEMENTS = 1 << 16  # bound on the (heads x query rows x code slots) ``LexicoCodec.attend`` gathers at once
+ENCODE_CHUNK = 64  # vectors per OMP call when the cache compresses: its [chunk, atoms] correlations stay small
 
 
 class LexicoCodec:
@@ -40,7 +41,8 @@ class LexicoCodec:
 
     def _encode(self, x: torch.Tensor, which: int) -> tuple[torch.Tensor, torch.Tensor]:
         lead = x.shape[:-1]
-        idx, coef = omp(self._dict(which, x), x.reshape(-1, x.shape[-1]).float(), self.sparsity[which], self.tol)
+        idx, coef = omp(self._dict(which, x), x.reshape(-1, x.shape[-1]).float(), self.sparsity[which], self.tol,
+                        chunk=ENCODE_CHUNK)
         coef = to_fp8(coef) if self.fp8 else coef.half()
         return idx.to(torch.int16).reshape(*lead, -1), coef.reshape(*lead, -1)
 

@@ -50,8 +50,8 @@ class KIVIParams(KVEvalParams):
 class LexicoTrainParams(Params):
     atoms: int = Field(1024, gt=1, le=32767, description="Dictionary size (official default 4096).")
     sparsity: int = Field(8, gt=0, description="Atoms per vector during training (official 8).")
-    steps: int = Field(300, gt=0)
-    lr: float = Field(1e-3, gt=0, description="Adam (official 1e-4 over 20 epochs of WikiText-103; fewer steps here).")
+    steps: int = Field(1000, gt=0, description="Adam steps, the learning rate annealed to 0 by a cosine (official).")
+    lr: float = Field(3e-3, gt=0, description="Adam (official 1e-4 over 20 epochs of WikiText-103; fewer steps here).")
     batch: int = Field(256, gt=0, description="Vectors per step.")
     windows: int = Field(64, gt=0, description="Training windows from the data's train split.")
     seq_len: int = Field(128, gt=1)

@@ -2,8 +2,9 @@
 learned from KV vectors the frozen model produces on a corpus.
 
 Keys are taken after RoPE, as the cache holds them; every (token, KV head) pair is one vector of size head_dim.
-Training step (official defaults: 4096 atoms, sparsity 8, Adam lr 1e-4): encode a batch with OMP (no gradient),
-decode ``x^ = D y``, MSE, remove from each atom's gradient its component along the atom, Adam, renormalise atoms.
+Training step (official defaults: 4096 atoms, sparsity 8, Adam lr 1e-4 annealed to 0 by a cosine): encode a batch
+with OMP (no gradient), decode ``x^ = D y``, MSE, remove from each atom's gradient its component along the atom,
+Adam, renormalise atoms.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def learn(vectors: torch.Tensor, atoms: int, sparsity: int, steps: int, lr: floa
     """A dictionary ``[head_dim, atoms]`` with unit-norm atoms, and the training loss per step."""
     D = torch.nn.Parameter(random_dictionary(vectors.shape[1], atoms, seed).to(vectors.device))
     opt = torch.optim.Adam([D], lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)  # to 0 over training, as the official code
     gen = torch.Generator().manual_seed(seed)
     losses = []
     for _ in progress(range(steps), description="dictionary"):
@@ -55,6 +57,7 @@ def learn(vectors: torch.Tensor, atoms: int, sparsity: int, steps: int, lr: floa
         with torch.no_grad():
             D.grad -= D * (D.grad * D).sum(0, keepdim=True)  # keep the update tangent to the unit sphere
         opt.step()
+        schedule.step()
         with torch.no_grad():
             D.copy_(normalize_atoms(D))
         losses.append(float(loss.detach()))

@@ -23,7 +23,7 @@ DEGENERATE = 1e-6  # squared norm of an atom's part outside the chosen span belo
 
 
 @torch.no_grad()
-def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | None = None, chunk: int = 256,
+def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | None = None, chunk: int = 512,
         gram: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``dictionary`` [d, N] (unit-norm columns), ``x`` [M, d] -> (atom indices [M, s] int64, coefficients [M, s]).
     ``tol``: stop a signal once its relative residual is at most ``tol``. ``gram``: ``D^T D`` if the caller keeps one
@@ -34,16 +34,17 @@ def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | N
         raise ValueError(f"sparsity must be at least 1, got {sparsity}")
     if kernels.use_kernel(dictionary, x) and sparsity <= 32 and tol is None:
         return omp_cuda(dictionary, x, sparsity, gram)
-    D = dictionary.float()
-    parts = [_omp_qr(D, x[i:i + chunk].float(), sparsity, tol) for i in range(0, x.shape[0], chunk)]
+    atoms = dictionary.T.float().contiguous()  # [N, d]: the one copy OMP makes (rows gather fast; D = atoms.T)
+    parts = [_omp_qr(atoms, x[i:i + chunk].float(), sparsity, tol) for i in range(0, x.shape[0], chunk)]
     if not parts:
         return (torch.zeros(0, sparsity, dtype=torch.long, device=x.device),
                 torch.zeros(0, sparsity, device=x.device))
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
-def _omp_qr(D: torch.Tensor, x: torch.Tensor, s: int, tol: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _omp_qr(atoms: torch.Tensor, x: torch.Tensor, s: int, tol: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     m, d = x.shape
+    D = atoms.T
     idx = torch.zeros(m, s, dtype=torch.long, device=x.device)
     R = torch.zeros(m, s, s, device=x.device)
     z = torch.zeros(m, s, device=x.device)
@@ -54,7 +55,7 @@ def _omp_qr(D: torch.Tensor, x: torch.Tensor, s: int, tol: float | None) -> tupl
     c = torch.empty(m, D.shape[1], device=x.device)
     for k in range(s):
         j = _argmax_abs(torch.mm(r, D, out=c))
-        a = D.index_select(1, j).T  # [M, d]: the chosen atoms
+        a = atoms.index_select(0, j)  # [M, d]: the chosen atoms
         q, proj = a, None
         if k:
             Qk = Q[:, :k]
