@@ -46,13 +46,47 @@ def test_complete_dictionary_reproduces_greedy_and_beam_search_exactly(setup, at
     model, _, hd, ids = setup
     for beams in (1, 3):
         ref = model.generate(ids, max_new_tokens=16, num_beams=beams, do_sample=False, pad_token_id=0)
-        cache = complete(model, hd, attention)
+        cache = complete(model, hd, attention, buffer_length=1, chunk=1)  # generated tokens get compressed too
         with scope(model, attention):
             out = model.generate(ids, max_new_tokens=16, num_beams=beams, do_sample=False, past_key_values=cache,
                                  pad_token_id=0)
         assert torch.equal(ref, out), (attention, beams)
-        assert all(layer.compressed > 0 and layer.keys.shape[-2] < 4 + 2 for layer in cache.layers)
+        assert all(layer.compressed == out.shape[1] - 2 and layer.keys.shape[-2] == 1 for layer in cache.layers)
     assert model.config._attn_implementation == "sdpa"  # restored after the block
+
+
+def beam_scores(model, ids, cache=None) -> torch.Tensor:
+    out = model.generate(ids, max_new_tokens=16, num_beams=4, do_sample=False, pad_token_id=0, output_scores=True,
+                         return_dict_in_generate=True, **({"past_key_values": cache} if cache is not None else {}))
+    return torch.stack(out.scores)
+
+
+@pytest.mark.parametrize("reorder_codes", [True, False])
+def test_beam_scores_follow_the_full_cache_only_when_codes_are_reordered(setup, monkeypatch, reorder_codes):
+    """Every beam's step scores equal the full cache's; with the codes left in place at each reorder (the bug this
+    guards against) the beams read each other's past and the scores part."""
+    from llmx.plugins.lexico.cache import CompressedLayer
+
+    model, _, hd, ids = setup
+    ref = beam_scores(model, ids)
+    if not reorder_codes:
+        monkeypatch.setattr(CompressedLayer, "_batch", lambda self, op: setattr(self, "keys", op(self.keys))
+                            or setattr(self, "values", op(self.values)))
+    ours = beam_scores(model, ids, complete(model, hd, "dense", buffer_length=1, chunk=1))
+    finite = torch.isfinite(ref) & torch.isfinite(ours)
+    assert torch.equal(torch.isfinite(ref), torch.isfinite(ours)) or not reorder_codes
+    assert torch.allclose(ref[finite], ours[finite], atol=1e-4) == reorder_codes
+
+
+def test_codes_lost_before_attention_is_an_error(setup, monkeypatch):
+    from llmx.plugins.lexico import cache as cache_mod
+
+    model, _, hd, ids = setup
+    cache = complete(model, hd, "codes")
+    monkeypatch.setattr(cache_mod, "CODES_ATTR", "elsewhere")  # the tag no longer reaches the attention function
+    with torch.no_grad(), over_codes(model), pytest.raises(RuntimeError, match="did not reach"):
+        model(input_ids=ids, past_key_values=cache)
+        model(input_ids=ids[:, -1:], past_key_values=cache)
 
 
 def test_batch_selection_and_reordering_keep_codes_with_their_sequence(setup):
@@ -142,12 +176,14 @@ def test_model_logits_agree_between_codes_and_dense_attention(setup):
 def test_sparsity_at_or_above_head_dim_stops_early_without_nan(setup):
     model, _, hd, ids = setup
     d = torch.nn.functional.normalize(torch.randn(hd, 64), dim=0)
-    cache = CompressedCache(lambda i: LexicoCodec(d, d, hd + 4, fp8=False), model.config.num_hidden_layers,
-                            buffer_length=4)
-    with torch.no_grad():
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-        keys, _ = cache.layers[0].codec.decode(cache.layers[0].codes, torch.float32)
-    assert torch.isfinite(out.logits).all() and torch.isfinite(keys).all()
+    for fp8 in (False, True):
+        cache = CompressedCache(lambda i, fp8=fp8: LexicoCodec(d, d, hd + 4, fp8=fp8), model.config.num_hidden_layers,
+                                buffer_length=4)
+        with torch.no_grad():
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            keys, _ = cache.layers[0].codec.decode(cache.layers[0].codes, torch.float32)
+        assert torch.isfinite(out.logits).all() and torch.isfinite(keys).all()
+        assert cache.layers[0].codes[0].shape[-1] == hd  # no slot stored past head_dim
 
 
 def test_kivi_codec_round_trip_error_shrinks_with_bits():

@@ -55,13 +55,13 @@ class PeakMemory:
         if not marks:
             return
         start, end = marks[0].start_ns(), marks[0].end_ns()
-        memory = sorted((e.start_ns(), e.nbytes()) for e in events
+        memory = sorted((e.start_ns(), -e.nbytes()) for e in events
                         if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
         held = base = peak = 0
-        for t, nbytes in memory:
+        for t, freed in memory:  # allocations before frees at one timestamp: never an understated peak
             if t > end:
                 break
-            held += nbytes
+            held -= freed
             if t < start:
                 base = peak = held
             else:

@@ -14,7 +14,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from llmx.plugins.lexico.cache import CODES_ATTR
+from llmx.plugins.lexico.cache import CODES_ATTR, PENDING
 
 NAME = "llmx_codes"
 
@@ -22,9 +22,17 @@ NAME = "llmx_codes"
 def codes_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                     **kwargs):
     tagged = getattr(key, CODES_ATTR, None)
+    expected = PENDING.pop(getattr(module, "layer_idx", None), None)
     if tagged is None:
+        if expected is not None:
+            raise RuntimeError("the compressed KV codes did not reach the attention function (the key tensor was "
+                               "transformed after the cache update); refusing to attend over the buffer alone")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
+    unsupported = [k for k in ("softcap", "sliding_window", "s_aux") if kwargs.get(k) is not None] + \
+        (["dropout"] if dropout else [])
+    if unsupported:
+        raise NotImplementedError(f"attention over Lexico codes does not support {', '.join(unsupported)}")
     codec, codes = tagged
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return codec.attend(query, key, value, codes, attention_mask, scale), None
@@ -38,6 +46,7 @@ AttentionMaskInterface.register(NAME, sdpa_mask)
 def over_codes(model):
     """Run ``model`` with the codes-reading attention inside the block, then restore its attention."""
     previous = model.config._attn_implementation
+    PENDING.clear()
     model.set_attn_implementation(NAME)
     try:
         yield model

@@ -20,6 +20,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 CODES_ATTR = "llmx_codes"  # attribute on the returned key tensor: (codec, codes) for the attention function
+PENDING: dict[int, bool] = {}  # layer index -> codes handed out and not yet read (a lost tag is an error, not silence)
 
 
 def _nbytes(tensors) -> int:
@@ -28,14 +29,16 @@ def _nbytes(tensors) -> int:
 
 class CompressedLayer(DynamicLayer):
     def __init__(self, codec, buffer_length: int, chunk: int = 1, buffer_dtype: torch.dtype | None = torch.float16,
-                 attention: str = "dense"):
+                 attention: str = "dense", layer_idx: int | None = None):
         super().__init__()
+        if buffer_length < 1:
+            raise ValueError("buffer_length must be at least 1 (generate crops the newest token)")
         if attention not in ("dense", "codes") or (attention == "codes" and not hasattr(codec, "attend")):
             raise ValueError(f"attention must be 'dense' or 'codes' (codes needs a codec that attends), got {attention}")
         self.codec, self.buffer_length, self.chunk, self.attention = codec, buffer_length, chunk, attention
         self.buffer_dtype = buffer_dtype  # the exact tokens' storage under a 32-bit model; None: the model's dtype
         self.codes: tuple[torch.Tensor, ...] | None = None
-        self.compressed = 0
+        self.compressed, self.layer_idx = 0, layer_idx
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -59,6 +62,8 @@ class CompressedLayer(DynamicLayer):
             out_k, out_v = keys.to(self.dtype), values.to(self.dtype)
             out_k = out_k.view(out_k.shape)  # a fresh tensor object to carry the tag
             setattr(out_k, CODES_ATTR, (self.codec, before))
+            if self.layer_idx is not None:
+                PENDING[self.layer_idx] = True
         elif before is not None:
             old_k, old_v = self.codec.decode(before, self.dtype)
             out_k, out_v = torch.cat([old_k, keys.to(self.dtype)], -2), torch.cat([old_v, values.to(self.dtype)], -2)
@@ -74,14 +79,14 @@ class CompressedLayer(DynamicLayer):
         return out_k, out_v
 
     def get_seq_length(self) -> int:
-        return 0 if not self.is_initialized else self.compressed + self.keys.shape[-2]
+        return 0 if not self.is_initialized or self.keys.dim() < 4 else self.compressed + self.keys.shape[-2]
 
     def reset(self) -> None:
         self.codes, self.compressed = None, 0
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove and self.is_initialized and -tokens_to_remove > self.keys.shape[-2]:
+        if tokens_to_remove and self.get_seq_length() and -tokens_to_remove > self.keys.shape[-2]:
             raise ValueError("cannot crop into the compressed part of the cache")
         super().crop(tokens_to_remove)
 
@@ -91,15 +96,15 @@ class CompressedLayer(DynamicLayer):
             self.codes = tuple(op(t) for t in self.codes)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.is_initialized:
+        if self.get_seq_length():
             self._batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.is_initialized:
+        if self.get_seq_length():
             self._batch(lambda t: t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
+        if self.get_seq_length():
             self._batch(lambda t: t[indices.to(t.device) if isinstance(indices, torch.Tensor) else indices, ...])
 
     def stored_bytes(self) -> int:
@@ -143,6 +148,13 @@ class WindowLayer(DynamicLayer):
         self.seen = 0
         super().reset()
 
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove and self.is_initialized:
+            if -tokens_to_remove > self.keys.shape[-2] - self.sinks:
+                raise ValueError("cannot crop past the evicted part of the cache")
+            super().crop(tokens_to_remove)
+            self.seen += tokens_to_remove
+
     def stored_bytes(self) -> int:
         return _nbytes((self.keys, self.values)) if self.is_initialized else 0
 
@@ -155,7 +167,8 @@ class _Measured(Cache):
         """Bytes of the dictionaries the layers' codecs hold (each distinct tensor once)."""
         seen = {}
         for layer in self.layers:
-            for d in getattr(getattr(layer, "codec", None), "dicts", ()):
+            codec = getattr(layer, "codec", None)
+            for d in (*getattr(codec, "dicts", ()), *getattr(codec, "_grams", {}).values()):
                 seen[id(d)] = d.numel() * d.element_size()
         return sum(seen.values())
 
@@ -165,7 +178,7 @@ class CompressedCache(_Measured):
 
     def __init__(self, codec_for, layers: int, buffer_length: int = 128, chunk: int = 1,
                  buffer_dtype: torch.dtype | None = torch.float16, attention: str = "dense"):
-        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk, buffer_dtype, attention)
+        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk, buffer_dtype, attention, i)
                                  for i in range(layers)])
 
 

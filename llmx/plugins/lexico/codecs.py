@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from llmx.plugins.lexico.omp import omp, to_float, to_fp8
+from llmx.plugins.lexico.omp import gram_of, omp, to_float, to_fp8
 
 GATHER_ELEMENTS = 1 << 16  # bound on the (heads x query rows x code slots) ``LexicoCodec.attend`` gathers at once
 ENCODE_CHUNK = 64  # vectors per OMP call when the cache compresses: its [chunk, atoms] correlations stay small
@@ -26,11 +26,12 @@ class LexicoCodec:
 
     def __init__(self, keys_dict: torch.Tensor, values_dict: torch.Tensor, key_sparsity: int,
                  value_sparsity: int | None = None, fp8: bool = True, tol: float | None = None):
-        if keys_dict.shape[1] > 32767:
+        if max(keys_dict.shape[1], values_dict.shape[1]) > 32767:
             raise ValueError("Lexico stores atom ids as int16: at most 32767 atoms")
         self.dicts = (keys_dict, values_dict)
         self.sparsity = (key_sparsity, value_sparsity or key_sparsity)
         self.fp8, self.tol = fp8, tol
+        self._grams: dict[int, torch.Tensor] = {}  # CUDA only: D^T D per dictionary, counted with the dictionaries
 
     def _dict(self, which: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         d, dtype = self.dicts[which], dtype or self.dicts[which].dtype
@@ -39,10 +40,22 @@ class LexicoCodec:
             self.dicts = (d, self.dicts[1]) if which == 0 else (self.dicts[0], d)
         return d
 
+    def _gram(self, which: int, x: torch.Tensor) -> torch.Tensor | None:
+        """The dictionary's Gram matrix for the CUDA kernel, computed once per codec (None on the CPU, which needs
+        none)."""
+        from llmx.core import kernels
+
+        if not kernels.use_kernel(x):
+            return None
+        if which not in self._grams:
+            self._grams[which] = gram_of(self._dict(which, x))
+        return self._grams[which]
+
     def _encode(self, x: torch.Tensor, which: int) -> tuple[torch.Tensor, torch.Tensor]:
         lead = x.shape[:-1]
-        idx, coef = omp(self._dict(which, x), x.reshape(-1, x.shape[-1]).float(), self.sparsity[which], self.tol,
-                        chunk=ENCODE_CHUNK)
+        s = min(self.sparsity[which], x.shape[-1])  # past head_dim OMP has nothing left to take: store no empty slots
+        idx, coef = omp(self._dict(which, x), x.reshape(-1, x.shape[-1]).float(), s, self.tol, chunk=ENCODE_CHUNK,
+                        gram=self._gram(which, x))
         coef = to_fp8(coef) if self.fp8 else coef.half()
         return idx.to(torch.int16).reshape(*lead, -1), coef.reshape(*lead, -1)
 
@@ -57,7 +70,7 @@ class LexicoCodec:
         return self._decode(codes[0], codes[1], 0, dtype), self._decode(codes[2], codes[3], 1, dtype)
 
     def dictionary_bytes(self) -> int:
-        return sum(d.numel() * d.element_size() for d in self.dicts)
+        return sum(d.numel() * d.element_size() for d in (*self.dicts, *self._grams.values()))
 
     def attend(self, query, buffer_keys, buffer_values, codes, mask, scaling: float) -> torch.Tensor:
         """Attention over compressed tokens followed by the exact buffer, without rebuilding the compressed ones:
@@ -83,7 +96,9 @@ class LexicoCodec:
                                                        * coef[:, :, None]).sum(-1)
         scores = torch.cat([scores_c, q @ buffer_keys.float().transpose(-1, -2)], -1)  # [B, Hkv, g*Tq, Tc+Tb]
         if mask is not None:  # [B, 1, Tq, Tc + Tb], boolean (True: attend) or additive
-            m = mask.reshape(mask.shape[0], 1, 1, Tq, -1)[..., -(Tc + Tb):]
+            if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-1] != Tc + Tb:
+                raise ValueError(f"mask of shape {tuple(mask.shape)} does not cover {Tc} compressed + {Tb} exact keys")
+            m = mask.reshape(mask.shape[0], 1, 1, Tq, -1)
             s5 = scores.view(B, Hkv, g, Tq, Tc + Tb)
             s5 = s5.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s5 + m.float()
             scores = s5.reshape(B, Hkv, g * Tq, Tc + Tb)
@@ -133,9 +148,10 @@ class KIVICodec:
 
     def _quant(self, x: torch.Tensor, dim: int):
         lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
-        scale = ((hi - lo) / (2**self.bits - 1)).clamp(min=1e-8)
-        q = torch.round((x - lo) / scale).clamp(0, 2**self.bits - 1).to(torch.uint8)
-        return q, scale.half().squeeze(dim), lo.half().squeeze(dim)
+        scale = ((hi - lo) / (2**self.bits - 1)).clamp(min=1e-6).half()  # stored in fp16: quantise with what is read
+        lo = lo.half()
+        q = torch.round((x - lo.float()) / scale.float()).clamp(0, 2**self.bits - 1).to(torch.uint8)
+        return q, scale.squeeze(dim), lo.squeeze(dim)
 
     def encode(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         B, H, n, d = keys.shape

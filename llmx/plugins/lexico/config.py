@@ -15,7 +15,7 @@ class KVEvalParams(Params):
     generate_tokens: int = Field(32, ge=0, description="Greedy tokens compared with the full cache's.")
     recall_tokens: int = Field(16, ge=0, description="Recall task: tokens to continue after the cue (0: skip it).")
     recall_cue: int = Field(32, gt=0, description="Recall task: the context's first tokens, repeated at its end.")
-    buffer_length: int = Field(128, ge=0, description="Most recent tokens kept exact (official Lexico: 128).")
+    buffer_length: int = Field(128, ge=1, description="Most recent tokens kept exact (official Lexico: 128).")
     chunk: int = Field(32, gt=0, description="Tokens compressed at a time when the buffer overflows (official "
                        "approximation_length: 32 in the cache config, 1 model-side).")
     amortize_batch: int = Field(8, gt=0, description="Sequences the dictionaries are shared by, for the amortised "

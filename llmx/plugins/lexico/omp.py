@@ -33,7 +33,9 @@ def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | N
     if sparsity < 1:
         raise ValueError(f"sparsity must be at least 1, got {sparsity}")
     if kernels.use_kernel(dictionary, x) and sparsity <= 32 and tol is None:
-        return omp_cuda(dictionary, x, sparsity, gram)
+        gram = gram if gram is not None else gram_of(dictionary)
+        parts = [omp_cuda(dictionary, x[i:i + chunk], sparsity, gram) for i in range(0, x.shape[0], chunk)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     atoms = dictionary.T.float().contiguous()  # [N, d]: the one copy OMP makes (rows gather fast; D = atoms.T)
     parts = [_omp_qr(atoms, x[i:i + chunk].float(), sparsity, tol) for i in range(0, x.shape[0], chunk)]
     if not parts:
@@ -98,6 +100,12 @@ def _back_substitute(R: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         acc = z[:, k] - (R[:, k, k + 1:] * gamma[:, k + 1:]).sum(1)
         gamma[:, k] = acc / R[:, k, k]
     return gamma
+
+
+def gram_of(dictionary: torch.Tensor) -> torch.Tensor:
+    """``D^T D`` in float32 (the CUDA kernel's input; callers that encode repeatedly keep it)."""
+    D = dictionary.float()
+    return D.T @ D
 
 
 def omp_cuda(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int,
