@@ -213,7 +213,8 @@ def test_dictionary_for_another_model_or_damaged_file_is_exit_2(cli, tmp_path):
     bad.write_bytes(b"not a safetensors file")
     broken = cli("decode", "--method", "lexico", "--model", "ref:llama-test", "--set", f"dictionary={bad}", "-o", tmp_path / "x")
     assert broken.code == 2 and "not a readable Lexico dictionary" in broken.err
-    unfit = cli("decode", "--method", "kivi", "--model", "ref:llama-test", "--set", "context_len=40", "-o", tmp_path / "x")
+    unfit = cli("decode", "--method", "kivi", "--model", "ref:llama-test", "--set", "context_len=40", "--set",
+                "recall_tokens=8", "-o", tmp_path / "x")
     assert unfit.code == 2 and "recall_cue" in unfit.err
     assert not (tmp_path / "x").exists() or list((tmp_path / "x").iterdir()) == []
 

@@ -13,7 +13,8 @@ class KVEvalParams(Params):
     context_len: int = Field(192, gt=1, description="Tokens prefilled into the cache.")
     continuation_len: int = Field(64, gt=0, description="Tokens then decoded one at a time through the cache.")
     generate_tokens: int = Field(32, ge=0, description="Greedy tokens compared with the full cache's.")
-    recall_tokens: int = Field(16, ge=0, description="Recall task: tokens to continue after the cue (0: skip it).")
+    recall_tokens: int = Field(16, ge=0, description="Recall task: tokens to continue after the cue (0: skip it; "
+                               "skipped by default when the context is too short for it).")
     recall_cue: int = Field(32, gt=0, description="Recall task: the context's first tokens, repeated at its end.")
     buffer_length: int = Field(128, ge=1, description="Most recent tokens kept exact (official Lexico: 128).")
     chunk: int = Field(32, gt=0, description="Tokens compressed at a time when the buffer overflows (official "
@@ -24,6 +25,9 @@ class KVEvalParams(Params):
     @model_validator(mode="after")
     def _recall_fits(self):
         if self.recall_tokens and self.recall_cue + self.recall_tokens >= self.context_len - self.recall_cue:
+            if not {"recall_tokens", "recall_cue"} & self.model_fields_set:
+                self.recall_tokens = 0  # the defaults do not fit a short context: the task is skipped
+                return self
             raise ValueError(f"recall_cue + recall_tokens ({self.recall_cue} + {self.recall_tokens}) must fit well "
                              f"inside context_len ({self.context_len}); lower them or set recall_tokens=0")
         return self
