@@ -2,7 +2,7 @@
 reference Llama trained on 2048-token windows: KV memory (stored, with the dictionaries per sequence and amortised,
 measured peak), quality (next-token accuracy on the text, recall of an early passage, KL, perplexity) and
 milliseconds per decode step; the
-dictionaries' error on held-out and foreign text; OMP throughput against scikit-learn.
+dictionaries' error on held-out and foreign text (OMP throughput: bench_lexico_omp.py).
 
     python benchmarks/bench_lexico.py [--contexts 1024 1984] [--buffers 128 32] [--sparsities 4 8 16]
 
@@ -19,48 +19,13 @@ import argparse
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown, run_pipeline, write  # noqa: E402
 
 MODEL = "ref:llama-2k"
 BUILD = ["zoo", "build", "llama", "--preset", "long", "--seq-len", "2048", "--steps", "300", "--name", "llama-2k"]
-
-
-def omp_throughput(atoms: int, vectors: int = 8192, dim: int = 64, s: int = 8, sklearn_vectors: int = 1000) -> dict:
-    """Vectors per second on one thread (NumPy's BLAS held to one thread too): llmx's batched OMP, scikit-learn's
-    estimator as users call it (``precompute='auto'``, here no Gram matrix) and its Gram form
-    (``orthogonal_mp_gram`` with ``D^T D`` and ``D^T x`` given, their cost not counted)."""
-    from sklearn.linear_model import OrthogonalMatchingPursuit, orthogonal_mp_gram
-    from threadpoolctl import threadpool_limits
-
-    from llmx.plugins.lexico.omp import omp
-
-    torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(0)
-    d = torch.nn.functional.normalize(torch.randn(dim, atoms, generator=gen), dim=0)
-    x = torch.randn(vectors, dim, generator=gen)
-    omp(d, x[:256], s)
-    t0 = time.perf_counter()
-    omp(d, x, s)
-    ours = vectors / (time.perf_counter() - t0)
-    dn, xn = d.double().numpy(), x[:sklearn_vectors].double().numpy().T
-    gram, cov = dn.T @ dn, dn.T @ xn
-    with threadpool_limits(1):
-        t0 = time.perf_counter()
-        OrthogonalMatchingPursuit(n_nonzero_coefs=s, fit_intercept=False).fit(dn, xn)
-        estimator = sklearn_vectors / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        orthogonal_mp_gram(gram, cov, n_nonzero_coefs=s)
-        gram_form = sklearn_vectors / (time.perf_counter() - t0)
-    return {"atoms": atoms, "dim": dim, "sparsity": s, "llmx_vectors_per_s": round(ours),
-            "sklearn_vectors_per_s": round(estimator), "speedup": round(ours / estimator, 1),
-            "sklearn_gram_vectors_per_s": round(gram_form), "speedup_vs_gram": round(ours / gram_form, 1),
-            "threads": 1}
 
 
 def main() -> None:
@@ -100,7 +65,6 @@ def main() -> None:
                     print({k: m[k] for k in ("method", "context_len", "buffer", "kv_memory_fraction",
                                              "kv_peak_fraction", "kl_to_full", "recall_accuracy", "ms_per_step",
                                              "ms_per_step_full_cache")}, flush=True)
-    throughput = [omp_throughput(n) for n in (1024, 4096)]
     full = [{"method": "full cache", "context_len": r["context_len"], "buffer": r["buffer"], "kv_memory_fraction": 1.0,
              "kv_memory_fraction_with_dictionaries": 1.0, "kv_memory_fraction_amortised": 1.0,
              "kv_peak_fraction": r["kv_peak_fraction_full_cache"],
@@ -115,16 +79,13 @@ def main() -> None:
     table = markdown(columns, sorted(full + rows, key=lambda r: (r["context_len"], -r["buffer"],
                                                                  -r["kv_memory_fraction"])))
     write("lexico", {"benchmark": "lexico", "model": MODEL, "atoms": args.atoms, "dictionary_errors": errors,
-                     "omp_throughput": throughput, "machine": machine(), "rows": rows})
-    omp_table = markdown(list(throughput[0]), throughput)
+                     "machine": machine(), "rows": rows})
     err_rows = [{"sparsity": s, **{k.replace("_rel_error", ""): v for k, v in e.items()
                                    if k.startswith(("layer0", "transfer_layer0"))}} for s, e in errors.items()]
     (Path(__file__).resolve().parent / "results" / "lexico.md").write_text(
         table + "\n\nDictionary relative error on held-out vectors (layer 0; transfer_: pydoc text, dictionaries "
-        "learned on stdlib code):\n\n" + markdown(list(err_rows[0]), err_rows) + "\n\nOMP throughput (1 thread):\n\n"
-        + omp_table + "\n")
+        "learned on stdlib code):\n\n" + markdown(list(err_rows[0]), err_rows) + "\n")
     print(table)
-    print(omp_table)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 128), attention biases, in bfloat16, random weights (memory and time do not depend on them; quality is not
 measured here, see bench_lexico.py), at a 2048-token context.
 
-    python benchmarks/bench_lexico_widths.py [--layers 4 8] [--context 1984]
+    python benchmarks/bench_lexico_widths.py [--layers 4] [--context 1984]
 
 Lexico uses random unit-norm dictionaries of 4096 atoms (the official size at head_dim 128) at s = 8 and 16, with the
 official 128-token buffer and 32-token compression chunks, attending over the codes; KIVI-2 and KIVI-4 (32-token
@@ -74,7 +74,7 @@ def main() -> None:
     from llmx.plugins.lexico.attention import over_codes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--layers", type=int, nargs="+", default=[4])
     ap.add_argument("--context", type=int, default=1984)
     ap.add_argument("--steps", type=int, default=32)
     args = ap.parse_args()
