@@ -27,33 +27,13 @@ from common import publish  # noqa: E402
 
 
 def decode(model, ids, context: int, cache) -> float:
-    """Milliseconds per decode step after the prefill."""
+    """Milliseconds per decode step after the prefill (every token of ``ids`` but the last, as ``decode_peak``)."""
     with torch.no_grad():
         model(input_ids=ids[:, :context], past_key_values=cache)
         t0 = time.perf_counter()
-        for t in range(context, ids.shape[1]):
+        for t in range(context, ids.shape[1] - 1):
             model(input_ids=ids[:, t:t + 1], past_key_values=cache)
-        ms = (time.perf_counter() - t0) * 1e3 / (ids.shape[1] - context)
-    return ms
-
-
-def peak(model, ids, context: int, cache) -> tuple[int, int]:
-    """(stored bytes after the prefill, the most allocated above them over the decode steps)."""
-    from llmx.core.memory import PeakMemory
-
-    with torch.no_grad(), PeakMemory() as pm:
-        model(input_ids=ids[:, :context], past_key_values=cache)
-        stored = stored_bytes(cache)
-        with pm.section():
-            for t in range(context, ids.shape[1]):
-                model(input_ids=ids[:, t:t + 1], past_key_values=cache)
-    return stored, pm.peak_bytes
-
-
-def stored_bytes(cache) -> int:
-    if hasattr(cache, "stored_bytes"):
-        return cache.stored_bytes()
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+        return (time.perf_counter() - t0) * 1e3 / (ids.shape[1] - 1 - context)
 
 
 def makers(layers: int, dicts) -> dict:
@@ -72,6 +52,7 @@ def main() -> None:
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
     from llmx.plugins.lexico.attention import over_codes
+    from llmx.plugins.lexico.measure import cache_bytes, decode_peak
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[4])
@@ -86,7 +67,7 @@ def main() -> None:
                              num_hidden_layers=layers, vocab_size=2048, attention_bias=True,
                              max_position_embeddings=4096)
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
-        ids = torch.randint(0, 2048, (1, args.context + args.steps))
+        ids = torch.randint(0, 2048, (1, args.context + args.steps + 1))  # + 1: decode ``steps`` tokens
         gen = torch.Generator().manual_seed(0)
         dicts = [[torch.nn.functional.normalize(torch.randn(128, 4096, generator=gen), dim=0).bfloat16()
                   for _ in range(2)] for _ in range(layers)]
@@ -97,12 +78,13 @@ def main() -> None:
             with scope:
                 ms_full, ms = decode(model, ids, args.context, DynamicCache()), decode(model, ids, args.context, make())
                 cache = make()
-                stored, above = peak(model, ids, args.context, cache)
-                full_stored, above_full = peak(model, ids, args.context, DynamicCache())
+                with torch.no_grad():
+                    stored, above = decode_peak(model, ids, args.context, cache)
+                    full_stored, above_full = decode_peak(model, ids, args.context, DynamicCache())
             dictionary = cache.dictionary_bytes()
-            rows.append({"layers": layers, "method": name, "stored": round(stored_bytes(cache) / full_bytes, 4),
-                         "with_dictionaries": round((stored_bytes(cache) + dictionary) / full_bytes, 4),
-                         "dictionaries_over_batch_8": round((stored_bytes(cache) + dictionary / 8) / full_bytes, 4),
+            rows.append({"layers": layers, "method": name, "stored": round(cache_bytes(cache) / full_bytes, 4),
+                         "with_dictionaries": round((cache_bytes(cache) + dictionary) / full_bytes, 4),
+                         "dictionaries_over_batch_8": round((cache_bytes(cache) + dictionary / 8) / full_bytes, 4),
                          "peak": round((stored + above) / full_bytes, 4),
                          "peak_full_cache": round((full_stored + above_full) / full_bytes, 4),
                          "ms_per_step": round(ms, 2), "ms_per_step_full_cache": round(ms_full, 2),

@@ -33,10 +33,10 @@ class LexicoCodec:
         self.fp8, self.tol = fp8, tol
         self._grams: dict[int, torch.Tensor] = {}  # CUDA only: D^T D per dictionary, counted with the dictionaries
 
-    def _dict(self, which: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        d, dtype = self.dicts[which], dtype or self.dicts[which].dtype
-        if d.device != like.device or d.dtype != dtype:  # moved once, then kept where the model runs
-            d = d.to(device=like.device, dtype=dtype)
+    def _dict(self, which: int, like: torch.Tensor) -> torch.Tensor:
+        d = self.dicts[which]
+        if d.device != like.device:  # moved once, then kept where the model runs
+            d = d.to(like.device)
             self.dicts = (d, self.dicts[1]) if which == 0 else (self.dicts[0], d)
         return d
 

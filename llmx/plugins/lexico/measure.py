@@ -38,17 +38,22 @@ def _teacher_forced(model, ids, context_len: int, cache) -> tuple[torch.Tensor, 
     return torch.log_softmax(torch.cat(steps).float(), -1), ms
 
 
-def _decode_peak(model, ids, context_len: int, cache) -> int:
+def decode_peak(model, ids, context_len: int, cache) -> tuple[int, int]:
+    """(bytes the cache stores after prefilling ``context_len`` tokens, the most allocated above that while the rest
+    of ``ids`` but its last token is decoded one token at a time)."""
     with PeakMemory(ids.device) as pm:
         model(input_ids=ids[:, :context_len], past_key_values=cache, use_cache=True)
-        stored = cache.stored_bytes() if hasattr(cache, "stored_bytes") else _dense_bytes(cache)
+        stored = cache_bytes(cache)
         with pm.section():
             for t in range(context_len, ids.shape[1] - 1):
                 model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-    return stored + pm.peak_bytes
+    return stored, pm.peak_bytes
 
 
-def _dense_bytes(cache) -> int:
+def cache_bytes(cache) -> int:
+    """Bytes a cache stores: its own account, or every key and value tensor of a dense cache."""
+    if hasattr(cache, "stored_bytes"):
+        return cache.stored_bytes()
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
@@ -99,7 +104,7 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
             for key, c in (("recall_full", DynamicCache()), ("recall", make_cache())):
                 sums[key] += int((_greedy(model, prompt, p.recall_tokens, c, tok.pad_token_id) == expected).sum())
     first = windows[:1]
-    peak, peak_full = (_decode_peak(model, first, p.context_len, c) for c in (make_cache(), DynamicCache()))
+    peak, peak_full = (sum(decode_peak(model, first, p.context_len, c)) for c in (make_cache(), DynamicCache()))
     count, tokens = len(windows), len(windows) * p.continuation_len
     full_fp16 = fp16_per_token * (n - 1)
     per_seq = stored / count

@@ -34,10 +34,15 @@ def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | N
         raise ValueError(f"sparsity must be at least 1, got {sparsity}")
     if kernels.use_kernel(dictionary, x) and sparsity <= 32 and tol is None:
         gram = gram if gram is not None else gram_of(dictionary)
-        parts = [omp_cuda(dictionary, x[i:i + chunk], sparsity, gram) for i in range(0, x.shape[0], chunk)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    atoms = dictionary.T.float().contiguous()  # [N, d]: the one copy OMP makes (rows gather fast; D = atoms.T)
-    parts = [_omp_qr(atoms, x[i:i + chunk].float(), sparsity, tol) for i in range(0, x.shape[0], chunk)]
+
+        def solve(part):
+            return omp_cuda(dictionary, part, sparsity, gram)
+    else:
+        atoms = dictionary.T.float().contiguous()  # [N, d]: the one copy OMP makes (rows gather fast; D = atoms.T)
+
+        def solve(part):
+            return _omp_qr(atoms, part.float(), sparsity, tol)
+    parts = [solve(x[i:i + chunk]) for i in range(0, x.shape[0], chunk)]
     if not parts:
         return (torch.zeros(0, sparsity, dtype=torch.long, device=x.device),
                 torch.zeros(0, sparsity, device=x.device))
@@ -109,14 +114,14 @@ def gram_of(dictionary: torch.Tensor) -> torch.Tensor:
 
 
 def omp_cuda(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int,
-             gram: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     import cupy
 
     from llmx.core import kernels
 
     D = dictionary.float().contiguous()
     b = (x.float() @ D).contiguous()
-    G = (gram if gram is not None else D.T @ D).float().contiguous()
+    G = gram.float().contiguous()
     m, n = b.shape
     idx = torch.zeros(m, sparsity, dtype=torch.long, device=x.device)
     coef = torch.zeros(m, sparsity, dtype=torch.float32, device=x.device)
