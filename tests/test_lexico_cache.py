@@ -89,6 +89,15 @@ def test_codes_lost_before_attention_is_an_error(setup, monkeypatch):
         model(input_ids=ids[:, -1:], past_key_values=cache)
 
 
+def test_a_codes_cache_outside_the_codes_attention_is_an_error(setup):
+    model, _, hd, ids = setup
+    cache = complete(model, hd, "codes")
+    with torch.no_grad(), pytest.raises(RuntimeError, match="never read"):
+        model(input_ids=ids, past_key_values=cache)
+        for _ in range(2):
+            model(input_ids=ids[:, -1:], past_key_values=cache)
+
+
 def test_batch_selection_and_reordering_keep_codes_with_their_sequence(setup):
     model, tok, hd, _ = setup
     d = torch.nn.functional.normalize(torch.randn(hd, 48, generator=torch.Generator().manual_seed(1)), dim=0)

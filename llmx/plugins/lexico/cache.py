@@ -63,6 +63,9 @@ class CompressedLayer(DynamicLayer):
             out_k = out_k.view(out_k.shape)  # a fresh tensor object to carry the tag
             setattr(out_k, CODES_ATTR, (self.codec, before))
             if self.layer_idx is not None:
+                if PENDING.get(self.layer_idx):
+                    raise RuntimeError("the previous step's compressed KV codes were never read: run the model inside "
+                                       "lexico.attention.over_codes(model) when the cache attends over codes")
                 PENDING[self.layer_idx] = True
         elif before is not None:
             old_k, old_v = self.codec.decode(before, self.dtype)
@@ -150,7 +153,7 @@ class WindowLayer(DynamicLayer):
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove and self.is_initialized:
-            if -tokens_to_remove > self.keys.shape[-2] - self.sinks:
+            if self.seen > self.keys.shape[-2] and -tokens_to_remove > self.keys.shape[-2] - self.sinks:
                 raise ValueError("cannot crop past the evicted part of the cache")
             super().crop(tokens_to_remove)
             self.seen += tokens_to_remove
@@ -167,8 +170,7 @@ class _Measured(Cache):
         """Bytes of the dictionaries the layers' codecs hold (each distinct tensor once)."""
         seen = {}
         for layer in self.layers:
-            codec = getattr(layer, "codec", None)
-            for d in (*getattr(codec, "dicts", ()), *getattr(codec, "_grams", {}).values()):
+            for d in getattr(getattr(layer, "codec", None), "dicts", ()):
                 seen[id(d)] = d.numel() * d.element_size()
         return sum(seen.values())
 

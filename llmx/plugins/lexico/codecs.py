@@ -31,7 +31,8 @@ class LexicoCodec:
         self.dicts = (keys_dict, values_dict)
         self.sparsity = (key_sparsity, value_sparsity or key_sparsity)
         self.fp8, self.tol = fp8, tol
-        self._grams: dict[int, torch.Tensor] = {}  # CUDA only: D^T D per dictionary, counted with the dictionaries
+        self._grams: dict[int, torch.Tensor] = {}  # CUDA only: the kernel's D^T D per dictionary (device workspace,
+        # not part of the dictionaries' bytes, so that figure is the same on every device)
 
     def _dict(self, which: int, like: torch.Tensor) -> torch.Tensor:
         d = self.dicts[which]
@@ -70,7 +71,7 @@ class LexicoCodec:
         return self._decode(codes[0], codes[1], 0, dtype), self._decode(codes[2], codes[3], 1, dtype)
 
     def dictionary_bytes(self) -> int:
-        return sum(d.numel() * d.element_size() for d in (*self.dicts, *self._grams.values()))
+        return sum(d.numel() * d.element_size() for d in self.dicts)
 
     def attend(self, query, buffer_keys, buffer_values, codes, mask, scaling: float) -> torch.Tensor:
         """Attention over compressed tokens followed by the exact buffer, without rebuilding the compressed ones:
