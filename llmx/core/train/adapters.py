@@ -38,10 +38,11 @@ def is_peft(model: Any) -> bool:
 
 
 def wrap(model: Any, p: LoraParams) -> Any:
-    """A ``PeftModel`` with a LoRA adapter on ``p.target_modules``; only the adapter's tensors train."""
+    """A ``PeftModel`` with a LoRA (or PiSSA-initialised) adapter on ``p.target_modules``; only the adapter's
+    tensors train."""
     lib = peft()
     config = lib.LoraConfig(r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=p.target_modules,
-                            task_type="CAUSAL_LM")
+                            init_lora_weights="pissa" if p.init == "pissa" else True, task_type="CAUSAL_LM")
     try:
         return lib.get_peft_model(model, config)
     except ValueError as exc:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmx.core.refs import ExistingPath
 from llmx.core.spec import Params
 
 
 class LoraParams(Params):
-    """A LoRA adapter through the ``peft`` library (Hu et al. 2022)."""
+    """A LoRA adapter through the ``peft`` library (Hu et al. 2022), or PiSSA's initialisation of it (Meng et al.
+    2024: the adapter starts as the principal singular components, the base keeps the residual)."""
 
     r: int = Field(8, gt=0, description="Rank of each adapter.")
     alpha: float = Field(16.0, gt=0, description="Scale numerator: the update is (alpha / r) * B A.")
@@ -20,6 +21,9 @@ class LoraParams(Params):
     target_modules: list[str] | Literal["all-linear"] | None = Field(
         None, description="Module names to adapt; 'all-linear' for every linear layer but the output head; "
         "default: PEFT's choice for the architecture (q_proj, v_proj for Llama).")
+    init: Literal["lora", "pissa"] = Field("lora", description="lora: B = 0 (the adapter starts as a no-op); pissa: "
+                                           "A, B from the weight's top-r SVD, the base keeps the residual (PEFT's "
+                                           "exact-SVD pissa init).")
     merge: bool = Field(False, description="Save the merged full model instead of the adapter folder.")
 
 
@@ -69,6 +73,13 @@ class TrainParams(LoopParams):
                                              "adapter through PEFT (settings under lora).")
     lora: LoraParams = Field(default_factory=LoraParams)
     save: bool = Field(True, description="Save the trained model (or adapter) as a run artifact.")
+
+    @model_validator(mode="after")
+    def _pissa_saves_merged(self) -> TrainParams:
+        if self.adapter == "lora" and self.lora.init == "pissa" and self.save and not self.lora.merge:
+            raise ValueError("a PiSSA adapter rewrites its base weights, so its folder does not load on the original "
+                             "base: set lora.merge=true (or save=false)")
+        return self
 
     def requirements(self) -> tuple[str, ...]:
         """Python packages these params need (checked before the run: exit 3 when absent)."""

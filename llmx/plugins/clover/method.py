@@ -1,26 +1,19 @@
-"""CLOVER stages: ``prune`` (orthogonalise, rank by singular value, slice) and ``train`` (singular-value cores)."""
+"""CLOVER's ``prune`` stage: orthogonalise, rank by singular value (or a baseline score), slice (Sec. 3.1-3.2)."""
 
 from __future__ import annotations
 
 import torch
-from torch.nn.utils import parametrize
 
 from llmx.core.context import RunContext
 from llmx.errors import UsageError
 from llmx.plugins.clover import transform as T
-from llmx.plugins.clover.attention import attention_layers, convert, head_counts
-from llmx.plugins.clover.config import CloverPruneParams, CloverTrainParams
+from llmx.plugins.clover.attention import CloverAttention, convert_model, head_counts
+from llmx.plugins.clover.config import CloverPruneParams
 
 
-def _layers(ctx: RunContext):
-    layers = attention_layers(ctx.model)
-    if not layers:
-        raise UsageError(f"model '{ctx.config.model}' has no attention layers CLOVER supports (Llama-family or OPT)")
-    return [convert(m) for _, m in layers]
-
-
-def _targets(layers, requested: list[str] | None) -> list[str]:
-    rope = hasattr(layers[0], "o_proj")  # Llama-family: RoPE sits between Q and K
+def pair_targets(layers: list[CloverAttention], requested: list[str] | None) -> list[str]:
+    """The pairs to transform: Q-K only where no RoPE sits between Q and K."""
+    rope = any(a.rope for a in layers)
     if requested is None:
         return ["vo"] if rope else ["qk", "vo"]
     if "qk" in requested and rope:
@@ -32,109 +25,90 @@ def kv_bytes_per_token(layers, dtype_bytes: int) -> int:
     return sum(head_counts(a)[1] * (a.qk_dim + a.vo_dim) * dtype_bytes for a in layers)
 
 
+def _width(attn: CloverAttention, target: str) -> int:
+    return attn.qk_dim if target == "qk" else attn.vo_dim
+
+
+@torch.no_grad()
+def activation_norms(ctx: RunContext, layers: list[CloverAttention], p: CloverPruneParams) -> list[dict]:
+    """Per layer, the L2 norm over the calibration tokens of every q, k and v output channel."""
+    from llmx.core.data import random_windows
+
+    windows = random_windows(ctx.tokenizer, ctx.config.data.source, p.calib_windows, p.calib_seq_len, ctx.config.seed)
+    sums = [{} for _ in layers]
+    hooks = []
+    for i, attn in enumerate(layers):
+        for name in ("q", "k", "v"):
+            def hook(_m, _inp, out, i=i, name=name):
+                sq = out.detach().double().square().reshape(-1, out.shape[-1]).sum(0)
+                sums[i][name] = sums[i].get(name, 0) + sq
+            hooks.append(getattr(attn, f"{name}_proj").register_forward_hook(hook))
+    device = next(ctx.model.parameters()).device
+    try:
+        for x in ctx.progress(windows.split(4), description="CLOVER activation norms"):
+            ctx.model(input_ids=x.to(device))
+    finally:
+        for h in hooks:
+            h.remove()
+    return [{k: v.sqrt() for k, v in layer.items()} for layer in sums]
+
+
 @torch.no_grad()
 def prune(ctx: RunContext, p: CloverPruneParams) -> dict:
-    layers = _layers(ctx)
-    targets = _targets(layers, p.targets)
+    layers = convert_model(ctx.model, ctx.config.model)
+    targets = pair_targets(layers, p.targets)
     if p.layer_keep is not None and len(p.layer_keep) != len(layers):
         raise UsageError(f"layer_keep has {len(p.layer_keep)} entries; the model has {len(layers)} attention layers")
+    for i, keep in enumerate(p.layer_keep or []):
+        if keep > min(_width(layers[i], t) for t in targets):
+            raise UsageError(f"layer_keep[{i}] = {keep} exceeds the head dim {layers[i].head_dim}")
     elem = next(ctx.model.parameters()).element_size()
     before = {"params": sum(t.numel() for t in ctx.model.parameters()), "kv": kv_bytes_per_token(layers, elem)}
-    kept_energy, total_energy = 0.0, 0.0
-    for i, attn in enumerate(ctx.progress(layers, description=f"CLOVER {p.criterion}")):
+    norms = activation_norms(ctx, layers, p) if p.criterion == "activation" else None
+
+    def scores(i: int, attn: CloverAttention, target: str) -> list[torch.Tensor]:
+        dim = _width(attn, target)
+        if p.criterion == "clover":
+            return T.orthogonalize(attn, target, dim)
+        if p.criterion == "vanilla":
+            return T.vanilla_scores(attn, target, dim)
+        return T.activation_scores(attn, target, dim, norms[i])
+
+    all_scores = {t: [scores(i, a, t) for i, a in enumerate(ctx.progress(layers, description=f"CLOVER {p.criterion} "
+                                                                          f"{t}"))] for t in targets}
+    counts = {}
+    for t, per_layer in all_scores.items():
+        if p.mode == "global":
+            total = sum(s.numel() for layer in per_layer for s in layer)
+            counts[t] = T.global_counts(per_layer, max(1, round(total * (1 - p.ratio))))
+        else:
+            counts[t] = [[p.layer_keep[i] if p.layer_keep else max(1, round(_width(layers[i], t) * (1 - p.ratio)))]
+                         * len(layer) for i, layer in enumerate(per_layer)]
+    kept_mass, total_mass, kept_dims = 0.0, 0.0, dict.fromkeys(targets, 0)
+    for i, attn in enumerate(layers):
         keeps = {}
-        for target in targets:
-            dim = attn.qk_dim if target == "qk" else attn.vo_dim
-            keep = p.layer_keep[i] if p.layer_keep is not None else max(1, round(dim * (1 - p.ratio)))
-            if keep > dim:
-                raise UsageError(f"layer_keep[{i}] = {keep} exceeds the head dim {dim}")
-            scores = (T.orthogonalize if p.criterion == "clover" else T.vanilla_scores)(attn, target, dim)
-            keeps[target] = T.keep_indices(scores, keep)
-            for s, idx in zip(scores, keeps[target], strict=True):
-                kept_energy += float(s[idx].sum())
-                total_energy += float(s.sum())
+        for t in targets:
+            group_scores, group_counts = all_scores[t][i], counts[t][i]
+            width = max(1, max(group_counts))
+            ranked = [torch.argsort(s, descending=True) for s in group_scores]
+            T.zero_dims(attn, t, _width(attn, t), [r[c:width] for r, c in zip(ranked, group_counts, strict=True)])
+            keeps[t] = T.keep_indices(group_scores, width)
+            for s, r, c in zip(group_scores, ranked, group_counts, strict=True):
+                kept_mass += float(s[r[:c]].sum())
+                total_mass += float(s.sum())
+            kept_dims[t] += sum(group_counts)
         T.prune(attn, keeps.get("qk"), keeps.get("vo"))
     after = {"params": sum(t.numel() for t in ctx.model.parameters()), "kv": kv_bytes_per_token(layers, elem)}
-    out = {"criterion": p.criterion, "ratio": p.ratio, "targets": ",".join(targets),
-           "qk_dim": layers[0].qk_dim, "vo_dim": layers[0].vo_dim, "params_before": before["params"],
-           "params_after": after["params"], "kv_bytes_per_token_before": before["kv"],
-           "kv_bytes_per_token_after": after["kv"], "score_mass_kept": kept_energy / max(total_energy, 1e-30)}
+    out = {"criterion": p.criterion, "mode": p.mode, "ratio": p.ratio, "targets": ",".join(targets),
+           "qk_dim": layers[0].qk_dim, "vo_dim": layers[0].vo_dim,
+           "layer_qk_dims": [a.qk_dim for a in layers], "layer_vo_dims": [a.vo_dim for a in layers],
+           **{f"{t}_dims_kept": kept_dims[t] for t in targets},
+           "params_before": before["params"], "params_after": after["params"],
+           "kv_bytes_per_token_before": before["kv"], "kv_bytes_per_token_after": after["kv"],
+           "score_mass_kept": kept_mass / max(total_mass, 1e-30)}
     if p.save:
         from llmx.core import models
 
         out["model_dir"] = str(models.save(ctx.model, ctx.tokenizer, ctx.artifact("model"),
                                            {"source": ctx.config.model, "method": "clover", "params": p.model_dump()}))
-    return out
-
-
-class Core(torch.nn.Module):
-    """One trainable ``r x r`` matrix per KV group, applied to the rows of a projection (weight and bias)."""
-
-    def __init__(self, groups: int, dim: int, like: torch.Tensor):
-        super().__init__()
-        self.core = torch.nn.Parameter(torch.eye(dim, dtype=like.dtype, device=like.device).repeat(groups, 1, 1))
-
-    def forward(self, w: torch.Tensor) -> torch.Tensor:
-        g, r, _ = self.core.shape
-        return (self.core @ w.reshape(g, r, -1)).reshape(w.shape)
-
-
-def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
-    """Freeze everything but one core per KV group and pair (on K for Q-K, on V for V-O), train, merge back."""
-    from llmx.core.data import random_windows
-    from llmx.core.eval.lm import mean_nll
-    from llmx.core.train.distributed import is_main, world
-    from llmx.core.train.stage import fit, prepare, release
-
-    model = prepare(ctx, ctx.model, p)
-    layers = _layers(ctx)
-    targets = _targets(layers, p.targets)
-    n_params = sum(t.numel() for t in model.parameters())
-    if p.basis == "svd":
-        with torch.no_grad():
-            for attn in layers:
-                for target in targets:
-                    T.orthogonalize(attn, target, attn.qk_dim if target == "qk" else attn.vo_dim)
-    for t in model.parameters():
-        t.requires_grad_(False)
-    cores = []
-    for attn in layers:
-        kv = head_counts(attn)[1]
-        for target in targets:
-            lin, dim = (attn.k_proj, attn.qk_dim) if target == "qk" else (attn.v_proj, attn.vo_dim)
-            core = Core(kv, dim, lin.weight)
-            for name in ("weight", "bias") if lin.bias is not None else ("weight",):
-                parametrize.register_parametrization(lin, name, core)
-            cores.append((lin, core))
-    trainable = {f"core.{i}": c.core for i, (_, c) in enumerate(cores)}
-    source = ctx.config.data.source
-    count = p.steps * p.grad_accum * world()[1] * p.batch_size  # one window per example of every micro-batch
-    train_windows = random_windows(ctx.tokenizer, source, count, p.seq_len, ctx.config.seed)
-    held_out = random_windows(ctx.tokenizer, source, p.eval_windows, p.seq_len, ctx.config.seed, split="validation")
-    seen = train_windows[: p.eval_windows]  # windows the first steps train on: the objective itself
-    before, train_before = mean_nll(model.eval(), held_out), mean_nll(model, seen)
-
-    device = next(model.parameters()).device
-
-    def loss(i: int) -> torch.Tensor:  # micro-batch i: a pure function of i (exact resume, disjoint DDP shards)
-        x = train_windows[i * p.batch_size:(i + 1) * p.batch_size].to(device)
-        return model(input_ids=x, labels=x).loss
-
-    result = fit(ctx, model, loss, p, params=trainable)
-    release(model, p)
-    after, train_after = mean_nll(model, held_out), mean_nll(model, seen)
-    for lin, _ in cores:
-        for name in list(lin.parametrizations):
-            parametrize.remove_parametrizations(lin, name, leave_parametrized=True)
-    merged = mean_nll(model, held_out)
-    out = {"basis": p.basis, "targets": ",".join(targets), "trainable_params": sum(t.numel() for t in trainable.values()),
-           "steps": result.steps, "train_nll_before": train_before, "train_nll_after": train_after,
-           "val_nll_before": before, "val_nll_after": after, "val_nll_merged": merged,
-           "params_before": n_params, "params_after": sum(t.numel() for t in model.parameters())}
-    if p.save and is_main():
-        from llmx.core import models
-
-        out["model_dir"] = str(models.save(model, ctx.tokenizer, ctx.artifact("model"),
-                                           {"source": ctx.config.model, "method": "clover-train",
-                                            "params": p.model_dump()}))
     return out

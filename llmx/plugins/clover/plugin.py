@@ -11,9 +11,10 @@ def llmx_methods():
         paper="Meng et al., ICML 2025 (arXiv 2411.17426)",
     )
     yield MethodSpec(
-        name="clover", stages=(Stage.TRAIN,), impl="llmx.plugins.clover.method:finetune",
+        name="clover", stages=(Stage.TRAIN,), impl="llmx.plugins.clover.finetune:finetune",
         config=CloverTrainParams,
-        summary="CLOVER fine-tuning: train only a core between frozen singular vectors, then merge it back.",
+        summary="CLOVER fine-tuning: r x r cores between frozen orthonormal vectors, merged back; LoRA / PiSSA "
+                "baselines at the same budget.",
         paper="Meng et al., ICML 2025 (arXiv 2411.17426)",
     )
 

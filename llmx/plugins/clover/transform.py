@@ -17,20 +17,48 @@ import torch
 from llmx.plugins.clover.attention import head_counts, projections
 
 
-def orthogonalize_pair(left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def orthogonalize_pair(left: torch.Tensor, right: torch.Tensor, scaled: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``left @ right`` ([N, r] x [r, M]) -> (``U sqrt(s)``, ``sqrt(s) V^T``, ``s``) with the same product, the
     columns of the first and rows of the second orthogonal and sorted by ``s`` (descending). QR first, so the
-    SVD is only r x r."""
+    SVD is only r x r. ``scaled=False`` returns the orthonormal ``U`` and ``V^T``: the caller keeps ``diag(s)``
+    (fine-tuning trains it, Sec. 3.3)."""
     q1, r1 = torch.linalg.qr(left.double())
     q2, r2 = torch.linalg.qr(right.double().T)
     u, s, vh = torch.linalg.svd(r1 @ r2.T)
-    root = s.sqrt()
+    root = s.sqrt() if scaled else torch.ones_like(s)
     return (q1 @ u) * root, root[:, None] * (vh @ q2.T), s
+
+
+def rows_of(layer: torch.nn.Module) -> torch.Tensor:
+    """A projection's weight as ``[out, in]`` (``nn.Linear`` stores it so; GPT-2's ``Conv1D`` stores the transpose)."""
+    return layer.weight.data if isinstance(layer, torch.nn.Linear) else layer.weight.data.T
+
+
+def set_rows(layer: torch.nn.Module, value: torch.Tensor) -> None:
+    rows_of(layer).copy_(value.to(layer.weight.dtype))
+
+
+def qr_blocks(layer: torch.nn.Module, block: int) -> torch.Tensor:
+    """Per block of ``block`` output rows, the bias folded in as a last input column: ``[W | b] = R^T Q^T`` with
+    orthonormal ``Q`` (the official ``orthogonalize_qk_proj``). The rows become ``Q^T``; returns the ``R^T`` cores
+    ``[blocks, block, block]`` that rebuild them (``core @ rows``)."""
+    w = rows_of(layer).double()
+    b = layer.bias.data.double()[:, None] if layer.bias is not None else torch.zeros(w.shape[0], 1, dtype=w.dtype,
+                                                                                      device=w.device)
+    full = torch.cat([w, b], dim=1).reshape(-1, block, w.shape[1] + 1)
+    q, r = torch.linalg.qr(full.transpose(1, 2))
+    rows = q.transpose(1, 2).reshape(-1, w.shape[1] + 1)
+    set_rows(layer, rows[:, :-1])
+    if layer.bias is not None:
+        layer.bias.data.copy_(rows[:, -1].to(layer.bias.dtype))
+    return r.transpose(1, 2)
 
 
 def _with_bias(linear: torch.nn.Linear, rows: slice) -> torch.Tensor:
     w = linear.weight.data[rows].double()
-    b = linear.bias.data[rows].double()[:, None] if linear.bias is not None else torch.zeros(w.shape[0], 1, dtype=torch.float64)
+    b = linear.bias.data[rows].double()[:, None] if linear.bias is not None else torch.zeros(w.shape[0], 1, dtype=w.dtype,
+                                                                                             device=w.device)
     return torch.cat([w, b], dim=1)  # [dims, in + 1]
 
 
@@ -69,13 +97,14 @@ def _set_group(attn: torch.nn.Module, target: str, dim: int, g: int, stacked: to
             o.weight.data[:, h * dim:(h + 1) * dim] = block.to(o.weight.dtype)
 
 
-def orthogonalize(attn: torch.nn.Module, target: str, dim: int) -> list[torch.Tensor]:
+def orthogonalize(attn: torch.nn.Module, target: str, dim: int, scaled: bool = True) -> list[torch.Tensor]:
     """Rewrite the ``qk`` (only valid without RoPE) or ``vo`` pair of every KV group in place; return each group's
-    singular values (descending)."""
+    singular values (descending). ``scaled=False`` leaves both factors orthonormal: the function then needs
+    ``diag(s)`` applied on the shared (K / V) side, which fine-tuning's core holds."""
     out = []
     for g in range(head_counts(attn)[1]):
         stacked, shared = _group_blocks(attn, target, dim, g)
-        new_stacked, new_shared, s = orthogonalize_pair(stacked, shared)
+        new_stacked, new_shared, s = orthogonalize_pair(stacked, shared, scaled)
         _set_group(attn, target, dim, g, new_stacked, new_shared)
         out.append(s)
     return out
@@ -91,9 +120,51 @@ def vanilla_scores(attn: torch.nn.Module, target: str, dim: int) -> list[torch.T
     return out
 
 
+def activation_scores(attn: torch.nn.Module, target: str, dim: int, norms: dict[str, torch.Tensor]
+                      ) -> list[torch.Tensor]:
+    """The activation baseline (official ``activation_pruning``): each original dim by the norm of its activations
+    on calibration tokens, ``||q_i|| ||k_i||`` for Q-K and ``||v_i|| ||o_i||`` (output weight column) for V-O; a
+    group's query heads (or output blocks) are pooled in quadrature."""
+    heads, kv = head_counts(attn)
+    per = heads // kv
+    out = []
+    for g in range(kv):
+        stacked, _ = _group_blocks(attn, target, dim, g)
+        if target == "qk":
+            q = norms["q"].reshape(heads, dim)[g * per:(g + 1) * per]
+            out.append(norms["k"].reshape(kv, dim)[g] * q.square().sum(0).sqrt())
+        else:
+            out.append(norms["v"].reshape(kv, dim)[g] * stacked.norm(dim=0))
+    return out
+
+
 def keep_indices(scores: list[torch.Tensor], keep: int) -> list[torch.Tensor]:
     """Per group, the ``keep`` most important dims, in their original order."""
     return [torch.sort(torch.topk(s, keep).indices).values for s in scores]
+
+
+def global_counts(scores: list[list[torch.Tensor]], keep: int) -> list[list[int]]:
+    """Global pruning (the paper's quantile over every head and layer): how many dims of each layer's groups are
+    among the ``keep`` highest scores overall (exactly ``keep`` in total)."""
+    flat = torch.cat([s.double().flatten() for layer in scores for s in layer])
+    chosen = torch.zeros(flat.numel(), dtype=torch.bool)
+    chosen[torch.topk(flat, keep).indices] = True
+    counts, i = [], 0
+    for layer in scores:
+        counts.append([int(chosen[i + j * s.numel():i + (j + 1) * s.numel()].sum()) for j, s in enumerate(layer)])
+        i += sum(s.numel() for s in layer)
+    return counts
+
+
+def zero_dims(attn: torch.nn.Module, target: str, dim: int, drop: list[torch.Tensor]) -> None:
+    """Zero the given dims of every KV group's pair (both factors), keeping shapes: a layer sliced to its widest
+    group keeps its other groups' pruned dims this way."""
+    for g, idx in enumerate(drop):
+        if idx.numel():
+            stacked, shared = _group_blocks(attn, target, dim, g)
+            stacked[:, idx] = 0
+            shared[idx] = 0
+            _set_group(attn, target, dim, g, stacked, shared)
 
 
 def prune(attn, qk_keep: list[torch.Tensor] | None, vo_keep: list[torch.Tensor] | None) -> None:
