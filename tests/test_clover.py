@@ -265,3 +265,19 @@ def test_bad_input_is_exit_2(cli, tmp_path):
             "-o", tmp_path)
     assert r.code == 2 and "merge" in r.err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["tiny:gpt2", "tiny:qwen2"])
+@pytest.mark.parametrize("prune", [{"mode": "global"}, {"criterion": "activation"}])
+@pytest.mark.parametrize("tuner", ["clover", "pissa"])
+def test_prune_and_tuners_on_cuda(name, prune, tuner):
+    """Probe, scores, masks, cores and adapters are created on the model's device, in bf16 as well."""
+    model, tok = llmx.load(name, device="cuda", dtype="bfloat16")
+    model, m = llmx.prune(model, tokenizer=tok, method="clover", device="cuda", dtype="bfloat16", ratio=0.5,
+                          save=False, **prune)
+    assert m["vo_dim"] == 8
+    model, m = llmx.train(model, tokenizer=tok, method="clover", device="cuda", dtype="bfloat16", tuner=tuner,
+                          steps=3, seq_len=32, eval_windows=2, save=False)
+    assert m["params_after"] == m["params_before"] and next(model.parameters()).is_cuda

@@ -147,7 +147,7 @@ def global_counts(scores: list[list[torch.Tensor]], keep: int) -> list[list[int]
     """Global pruning (the paper's quantile over every head and layer): how many dims of each layer's groups are
     among the ``keep`` highest scores overall (exactly ``keep`` in total)."""
     flat = torch.cat([s.double().flatten() for layer in scores for s in layer])
-    chosen = torch.zeros(flat.numel(), dtype=torch.bool)
+    chosen = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
     chosen[torch.topk(flat, keep).indices] = True
     counts, i = [], 0
     for layer in scores:
