@@ -9,8 +9,9 @@ Layouts:
   ``nn.Linear`` projections holding the same numbers.
 
 Refused with a one-line reason: fused QKV projections of other families (Phi-3, Falcon, GPT-NeoX), per-head query /
-key norms (Qwen3, OLMo-2), cross-attention. After conversion the model's logits on a probe must match the original;
-an attention whose forward this module does not reproduce is refused rather than silently changed.
+key norms (Qwen3, OLMo-2, StableLM), partial rotary embeddings, attention logit soft-capping (Gemma 2), attention
+sinks, encoder-decoder models and cross-attention. After conversion the model's logits on a probe must match the
+original; an attention whose forward this module does not reproduce is refused rather than silently changed.
 
 The attention scale stays ``1 / sqrt(original head_dim)``: pruning must not change the softmax temperature (the
 official GPT code rescales by the pruned width; the invariance argument of the paper says not to).
@@ -47,13 +48,21 @@ def layout_of(m: torch.nn.Module) -> str | None:
 
 def _refusal(m: torch.nn.Module) -> str | None:
     """Why an attention-like module cannot be handled, or None when it can."""
-    name = type(m).__name__
-    if getattr(m, "is_cross_attention", False):
-        return f"{name} is cross-attention"
+    name, cfg = type(m).__name__, getattr(m, "config", None)
+    if getattr(m, "is_cross_attention", False) or getattr(cfg, "is_encoder_decoder", False):
+        return f"{name} belongs to an encoder-decoder model (cross-attention)"
     if any(hasattr(m, n) for n in FUSED_QKV):
         return f"{name} fuses Q, K and V into one projection ({next(n for n in FUSED_QKV if hasattr(m, n))})"
-    if hasattr(m, "q_norm") or hasattr(m, "k_norm"):
-        return f"{name} normalises each query / key head (q_norm, k_norm), which CLOVER's transform does not commute with"
+    norms = [n for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm") if hasattr(m, n)]
+    if norms:
+        return f"{name} normalises each query / key head ({', '.join(norms)}), which CLOVER's transform does not " \
+               "commute with"
+    if (getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) < 1.0 or hasattr(m, "rotary_ndims"):
+        return f"{name} rotates only part of each head (partial rotary embeddings)"
+    if getattr(cfg, "attn_logit_softcapping", None) or getattr(m, "attn_logit_softcapping", None):
+        return f"{name} soft-caps its attention logits"
+    if hasattr(m, "sinks"):
+        return f"{name} has attention sinks"
     if layout_of(m) is None:
         linears = [n for n, c in m.named_children() if isinstance(c, (torch.nn.Linear, Conv1D))]
         return f"{name} has projections CLOVER does not recognise ({', '.join(linears) or 'none'})"
@@ -138,7 +147,9 @@ class CloverAttention:
             q, k = rotate(q, k, *position_embeddings)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        family = sys.modules[self.base.__module__]
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, getattr(family, "eager_attention_forward", eager_attention_forward))
         kwargs.pop("output_attentions", None)
         out, weights = interface(self, q, k, v, attention_mask, dropout=self._dropout(), scaling=self.scaling,
                                  **self._window(), **kwargs)
@@ -199,16 +210,24 @@ def convert_model(model: torch.nn.Module, source: str) -> list[CloverAttention]:
         return [m for _, m in layers]
     weight = next(model.parameters())
     vocab = model.get_input_embeddings().num_embeddings
-    probe = torch.randint(0, vocab, (1, 12), generator=torch.Generator().manual_seed(0)).to(weight.device)
+    length = min(64, getattr(model.config, "max_position_embeddings", None) or 64)
+    probe = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(0)).to(weight.device)
+    name = type(todo[0]).__name__
     training = model.training
     model.eval()
     before = model(input_ids=probe).logits.float()
     converted = [convert(m) for _, m in layers]
-    after = model(input_ids=probe).logits.float()
-    model.train(training)
+    try:
+        after = model(input_ids=probe).logits.float()
+    except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"CLOVER's attention cannot run {name} ({first}); this layout is not "
+                         "supported") from exc
+    finally:
+        model.train(training)
     tol = (1e-4 if weight.dtype == torch.float32 else 3e-2) * max(1.0, float(before.abs().max()))
     if not torch.allclose(before, after, atol=tol, rtol=0):
-        raise UsageError(f"CLOVER's attention does not reproduce {type(todo[0]).__name__.removeprefix('Clover')} "
+        raise UsageError(f"CLOVER's attention does not reproduce {name} "
                          f"(logits differ by {float((before - after).abs().max()):.2e}); this layout is not supported")
     return converted
 

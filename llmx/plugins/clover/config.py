@@ -54,10 +54,13 @@ class CloverTrainParams(LoopParams):
                            "(official 0.05).")
     rank: int | None = Field(None, gt=0, description="lora / pissa rank (default: the largest whose trainable "
                              "parameters do not exceed the CLOVER cores' on the same targets).")
-    lr: float = Field(1e-3, gt=0)
-    schedule: Literal["cosine", "linear", "constant", "wsd"] = "linear"
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (llmx default for small models; official 1e-4 on "
+                      "LLaMA-2-7B).")
+    warmup: int = Field(10, ge=0, description="Linear warmup steps (official 100 over 3 epochs).")
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = Field("linear", description="After warmup (official: "
+                                                                     "linear to 0).")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    seq_len: int = Field(128, gt=1)
+    seq_len: int = Field(128, gt=1, description="Tokens per window (llmx default; official max length 1024).")
     eval_windows: int = Field(32, gt=0, description="Held-out windows for the loss before and after.")
     save: bool = Field(True, description="Save the merged model (no extra parameters) as a run artifact.")
 

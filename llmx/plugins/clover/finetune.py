@@ -7,7 +7,8 @@ Where the cores sit (``targets``, the official scope by default):
 - ``qk`` (no RoPE between Q and K): the pair's SVD; both sides orthonormal, ``diag(S)`` trains on the K side.
 - ``vo``: per KV head the V-O SVD, ``diag(S)`` trains on the V side. Under GQA the official code uses the QR of V
   instead (``gqa_vo: qr``, default); ``gqa_vo: svd`` stacks the group's output blocks (exact as well).
-- ``up``: the MLP up projection (``up_proj``, OPT's ``fc1``, GPT-2's ``c_fc``) in blocks of ``head_dim / 2`` rows, QR.
+- ``up``: the MLP up projection (``up_proj``, OPT's ``fc1``, GPT-2's ``c_fc``) in QR blocks of ``hidden / heads / 2``
+  rows (the official block, which is head_dim / 2 unless a config sets head_dim apart).
 Dropout (official 0.05) acts on the frozen vectors' output, before the core. ``basis: raw`` keeps the current
 vectors with identity cores (the vanilla baseline); ``tuner: lora | pissa`` trains a PEFT adapter on the same
 projections instead, at the largest rank within the cores' parameter budget.
@@ -105,7 +106,8 @@ def _install(ctx: RunContext, layers: list[CloverAttention], targets: list[str],
             svd = orthogonal and not (kv < heads and p.gqa_vo == "qr")
             put(attn, "v_proj", attn.vo_dim, T.orthogonalize(attn, "vo", attn.vo_dim, scaled=False) if svd else None)
     if "up" in targets:
-        block = layers[0].head_dim // 2
+        cfg = ctx.model.config
+        block = cfg.hidden_size // cfg.num_attention_heads // 2  # the official block: hidden / heads / 2
         for parent, name in up_layers(ctx.model):
             out = T.rows_of(getattr(parent, name)).shape[0]
             if block < 1 or out % block:
@@ -122,7 +124,9 @@ def _core_budget(layers: list[CloverAttention], model: torch.nn.Module, targets:
         total += ("q" in targets) * heads * a.qk_dim ** 2 + ("qk" in targets) * kv * a.qk_dim ** 2
         total += ("vo" in targets) * kv * a.vo_dim ** 2
     if "up" in targets:
-        total += sum(T.rows_of(getattr(m, n)).shape[0] * layers[0].head_dim // 2 for m, n in up_layers(model))
+        cfg = model.config
+        total += sum(T.rows_of(getattr(m, n)).shape[0] * (cfg.hidden_size // cfg.num_attention_heads // 2)
+                     for m, n in up_layers(model))
     return total
 
 

@@ -92,7 +92,7 @@ def prune(ctx: RunContext, p: CloverPruneParams) -> dict:
             width = max(1, max(group_counts))
             ranked = [torch.argsort(s, descending=True) for s in group_scores]
             T.zero_dims(attn, t, _width(attn, t), [r[c:width] for r, c in zip(ranked, group_counts, strict=True)])
-            keeps[t] = T.keep_indices(group_scores, width)
+            keeps[t] = [torch.sort(r[:width]).values for r in ranked]  # the zeroing's own ranking (ties included)
             for s, r, c in zip(group_scores, ranked, group_counts, strict=True):
                 kept_mass += float(s[r[:c]].sum())
                 total_mass += float(s.sum())
@@ -100,7 +100,7 @@ def prune(ctx: RunContext, p: CloverPruneParams) -> dict:
         T.prune(attn, keeps.get("qk"), keeps.get("vo"))
     after = {"params": sum(t.numel() for t in ctx.model.parameters()), "kv": kv_bytes_per_token(layers, elem)}
     out = {"criterion": p.criterion, "mode": p.mode, "ratio": p.ratio, "targets": ",".join(targets),
-           "qk_dim": layers[0].qk_dim, "vo_dim": layers[0].vo_dim,
+           "qk_dim": max(a.qk_dim for a in layers), "vo_dim": max(a.vo_dim for a in layers),
            "layer_qk_dims": [a.qk_dim for a in layers], "layer_vo_dims": [a.vo_dim for a in layers],
            **{f"{t}_dims_kept": kept_dims[t] for t in targets},
            "params_before": before["params"], "params_after": after["params"],
