@@ -9,6 +9,7 @@ import torch
 
 import llmx
 from llmx.core import models
+from llmx.core.eval.lm import mean_nll
 from llmx.errors import UsageError
 from llmx.plugins.clover import transform as T
 from llmx.plugins.clover.attention import attention_layers, convert_model, head_counts
@@ -29,9 +30,14 @@ def in_code(arch: str):
     common = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False, pad_token_id=0,
                   bos_token_id=1, eos_token_id=2)
+    bart = dict(vocab_size=len(tok), d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, pad_token_id=0, bos_token_id=1,
+                eos_token_id=2, decoder_start_token_id=2)
     cfg = {"mistral": lambda: transformers.MistralConfig(sliding_window=8, **common),
            "phi3": lambda: transformers.Phi3Config(**common),
-           "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **common)}[arch]()
+           "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **common),
+           "stablelm": lambda: transformers.StableLmConfig(partial_rotary_factor=0.25, **common),
+           "bart": lambda: transformers.BartConfig(**bart)}[arch]()
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(cfg).eval(), tok
 
@@ -88,10 +94,24 @@ def test_transform_alone_leaves_the_logits_unchanged(name):
     assert [a.rope for a in layers] == [name not in ("tiny:gpt2", "tiny:opt")] * len(layers)
 
 
+def zeroed(name, keep):
+    """The reference for slicing: the orthogonalised model with all but each group's ``keep`` largest singular
+    dims zeroed, shapes unchanged."""
+    model, _ = load(name)
+    with torch.no_grad():
+        for attn in convert_model(model, name):
+            for t in ("vo",) if attn.rope else ("qk", "vo"):
+                s = T.orthogonalize(attn, t, attn.head_dim)
+                T.zero_dims(attn, t, attn.head_dim, [torch.argsort(x, descending=True)[keep:] for x in s])
+    return model
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_pruned_heads_are_smaller_and_reload(name, tmp_path):
+def test_pruned_heads_are_smaller_compute_the_zeroed_model_and_reload(name, tmp_path):
     model, tok = load(name)
     pruned, m = llmx.prune(model, tokenizer=tok, method="clover", ratio=0.5, output_dir=tmp_path)
+    with torch.no_grad():
+        assert torch.allclose(pruned(input_ids=PROBE).logits, zeroed(name, 8)(input_ids=PROBE).logits, atol=1e-5)
     rope = name not in ("tiny:gpt2", "tiny:opt")
     assert m["vo_dim"] == 8 and m["qk_dim"] == (16 if rope else 8)
     assert m["params_after"] < m["params_before"] and m["kv_bytes_per_token_after"] < m["kv_bytes_per_token_before"]
@@ -104,37 +124,56 @@ def test_pruned_heads_are_smaller_and_reload(name, tmp_path):
         assert torch.allclose(reloaded(input_ids=PROBE).logits, expected, atol=1e-5)
 
 
-def test_global_pruning_keeps_exactly_the_requested_dims(tmp_path):
-    model, tok = models.load("ref:opt-test")
-    heads, layers, dim = 4, 2, 16
-    pruned, m = llmx.prune(model, tokenizer=tok, method="clover", mode="global", ratio=0.6, save=False)
-    want = round(heads * layers * dim * 0.4)
-    assert m["qk_dims_kept"] == m["vo_dims_kept"] == want
-    live = 0
+@pytest.mark.parametrize("name,target", [("ref:opt-test", "qk"), ("tiny:qwen2", "vo")])
+def test_global_pruning_keeps_exactly_the_global_top_dims(name, target):
+    model, tok = load(name)
+    with torch.no_grad():
+        probe = load(name)[0]
+        singular = torch.cat([torch.cat(T.orthogonalize(a, target, a.head_dim)) for a in convert_model(probe, name)])
+    pruned, m = llmx.prune(model, tokenizer=tok, method="clover", mode="global", ratio=0.6, targets=[target],
+                           save=False)
+    want = round(singular.numel() * 0.4)
+    assert m[f"{target}_dims_kept"] == want
+    live = []
     for _, attn in attention_layers(pruned):
-        k = torch.cat([attn.k_proj.weight, attn.k_proj.bias[:, None]], 1)
-        live += int((k.abs().sum(1) > 0).sum())
-        assert attn.k_proj.out_features == heads * attn.qk_dim
-    assert live == want
-    assert sum(w * heads for w in m["layer_qk_dims"]) >= want  # each layer sliced to its widest head
+        shared = attn.k_proj if target == "qk" else attn.v_proj
+        rows = torch.cat([shared.weight, shared.bias[:, None]], 1) if shared.bias is not None else shared.weight
+        norms = rows.double().norm(dim=1)  # after CLOVER each live dim's shared row has norm sqrt(s)
+        live.append(norms[norms > 0] ** 2)
+    live = torch.cat(live)
+    assert live.numel() == want  # exactly the budget, the rest of each layer's widest slice zeroed
+    assert torch.allclose(live.sort().values, singular.topk(want).values.sort().values, rtol=1e-4)
 
 
 def test_activation_scores_are_the_calibration_norms():
+    from llmx.core.data import random_windows
+    from llmx.plugins.clover.config import CloverPruneParams
+    from llmx.plugins.clover.method import activation_norms
+
     model, tok = models.load("tiny:opt")
     layers = convert_model(model, "tiny:opt")
-    x = held_out(tok, n=4, seq=32)
+    p = CloverPruneParams(criterion="activation", calib_windows=6, calib_seq_len=32)
+
+    class Ctx:
+        progress = staticmethod(lambda xs, description=None: xs)
+        config = type("C", (), {"seed": 0, "data": type("D", (), {"source": "stdlib"})})
+
+    Ctx.model, Ctx.tokenizer = model, tok
+    norms = activation_norms(Ctx, layers, p)[0]  # accumulated over micro-batches of windows
     outs = {}
     hooks = [getattr(layers[0], f"{n}_proj").register_forward_hook(lambda _m, _i, o, n=n: outs.setdefault(n, o))
              for n in "qkv"]
     with torch.no_grad():
-        model(input_ids=x)
+        model(input_ids=random_windows(tok, "stdlib", 6, 32, 0))
     for h in hooks:
         h.remove()
-    norms = {n: o.double().reshape(-1, o.shape[-1]).norm(dim=0) for n, o in outs.items()}
+    direct = {n: o.double().reshape(-1, o.shape[-1]).norm(dim=0) for n, o in outs.items()}
+    assert all(torch.allclose(norms[n], direct[n], rtol=1e-6) for n in "qkv")
     qk = T.activation_scores(layers[0], "qk", 16, norms)
-    assert torch.allclose(qk[1], norms["q"][16:32] * norms["k"][16:32])
+    assert torch.allclose(qk[1], direct["q"][16:32] * direct["k"][16:32], rtol=1e-6)
     vo = T.activation_scores(layers[0], "vo", 16, norms)
-    assert torch.allclose(vo[2], norms["v"][32:48] * layers[0].out_proj.weight[:, 32:48].double().norm(dim=0))
+    assert torch.allclose(vo[2], direct["v"][32:48] * layers[0].out_proj.weight[:, 32:48].double().norm(dim=0),
+                          rtol=1e-6)
 
 
 def pruned_loss(cli, tmp_path, model, criterion, ratio, targets):
@@ -164,7 +203,7 @@ def test_cli_pruned_model_keeps_its_scale_and_reloads(cli, tmp_path):
     assert r.json()["stages"][0]["metrics"]["nll"] == pytest.approx(stages[1]["metrics"]["nll"], rel=1e-6)
 
 
-def cores_model(name, targets, basis="orthogonal"):
+def cores_model(name, targets, basis="orthogonal", gqa_vo="qr"):
     from llmx.plugins.clover.finetune import _install
 
     model, tok = load(name)
@@ -174,19 +213,20 @@ def cores_model(name, targets, basis="orthogonal"):
         progress = staticmethod(lambda xs, description=None: xs)
 
     Ctx.model = model
-    params = CloverTrainParams(targets=targets, basis=basis)
+    params = CloverTrainParams(targets=targets, basis=basis, gqa_vo=gqa_vo)
     with torch.no_grad():
         return model, _install(Ctx, layers, targets, params)
 
 
 @pytest.mark.parametrize("name,targets", [("tiny:llama", ["q", "vo", "up"]), ("tiny:qwen2", ["q", "vo", "up"]),
+                                          ("code:mistral", ["q", "vo", "up"]), ("tiny:moe", ["q", "vo"]),
                                           ("tiny:gpt2", ["qk", "vo", "up"]), ("tiny:opt", ["qk", "vo", "up"])])
-@pytest.mark.parametrize("basis", ["orthogonal", "raw"])
-def test_cores_start_exact_and_merge_back_exactly(name, targets, basis):
+@pytest.mark.parametrize("basis,gqa_vo", [("orthogonal", "qr"), ("orthogonal", "svd"), ("raw", "qr")])
+def test_cores_start_exact_and_merge_back_exactly(name, targets, basis, gqa_vo):
     base, _ = load(name)
     with torch.no_grad():
         original = base(input_ids=PROBE).logits
-    model, installed = cores_model(name, targets, basis)
+    model, installed = cores_model(name, targets, basis, gqa_vo)
     assert {n for _, n, _ in installed} >= {"v_proj"} | ({"q_proj"} if "q" in targets else {"k_proj"})
     with torch.no_grad():
         assert (model(input_ids=PROBE).logits - original).abs().max() < 1e-5  # the cores start as the model
@@ -238,14 +278,43 @@ def test_peft_baselines_train_at_the_cores_budget_and_merge(cli, tmp_path, tuner
     assert m["trainable_params"] == 2 * m["rank"] * (128 + 96 + 256) < m["core_budget"] + 2 * (128 + 96 + 256)
     assert m["train_nll_after"] < m["train_nll_before"]
     assert m["val_nll_merged"] == pytest.approx(m["val_nll_after"], abs=1e-4)
+    model, tok = models.load("ref:llama-test")  # both adapters start as the model itself
+    assert m["val_nll_before"] == pytest.approx(mean_nll(model, held_out(tok, n=32, seq=64)), abs=1e-4)
     assert m["params_after"] == m["params_before"]
 
 
-@pytest.mark.parametrize("arch,words", [("phi3", "fuses Q, K and V"), ("qwen3", "q_norm")])
+@pytest.mark.parametrize("arch,words", [("phi3", "fuses Q, K and V"), ("qwen3", "q_norm"),
+                                        ("stablelm", "partial rotary"), ("bart", "encoder-decoder")])
 def test_unsupported_layouts_are_refused_by_name(arch, words):
     model, _ = in_code(arch)
     with pytest.raises(UsageError, match=words):
         convert_model(model, arch)
+
+
+def test_an_attention_this_forward_does_not_reproduce_is_refused():
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    class Doubled(LlamaAttention):  # a separate-projection layout whose forward computes something else
+        def forward(self, *args, **kwargs):
+            out, weights = super().forward(*args, **kwargs)
+            return 2 * out, weights
+
+    model, _ = models.load("tiny:llama")
+    for _, attn in attention_layers(model):
+        attn.__class__ = Doubled
+    with pytest.raises(UsageError, match="does not reproduce Doubled"):
+        convert_model(model, "tiny:llama")
+
+
+@pytest.mark.parametrize("name", ["tiny:gpt2", "tiny:opt", "tiny:llama"])
+def test_eager_attention_runs_the_familys_own_function(name):
+    model, _ = load(name)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        base = model(input_ids=PROBE).logits
+        for attn in convert_model(model, name):
+            T.orthogonalize(attn, "vo", attn.vo_dim)
+        assert (model(input_ids=PROBE).logits - base).abs().max() < 1e-5
 
 
 def test_bad_input_is_exit_2(cli, tmp_path):

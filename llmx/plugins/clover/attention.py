@@ -49,8 +49,9 @@ def layout_of(m: torch.nn.Module) -> str | None:
 def _refusal(m: torch.nn.Module) -> str | None:
     """Why an attention-like module cannot be handled, or None when it can."""
     name, cfg = type(m).__name__, getattr(m, "config", None)
-    if getattr(m, "is_cross_attention", False) or getattr(cfg, "is_encoder_decoder", False):
-        return f"{name} belongs to an encoder-decoder model (cross-attention)"
+    if getattr(m, "is_cross_attention", False) or getattr(cfg, "is_encoder_decoder", False) or \
+            "key_value_states" in inspect.signature(type(m).forward).parameters:
+        return f"{name} is an encoder-decoder attention (it may attend across; BART, T5, Whisper)"
     if any(hasattr(m, n) for n in FUSED_QKV):
         return f"{name} fuses Q, K and V into one projection ({next(n for n in FUSED_QKV if hasattr(m, n))})"
     norms = [n for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm") if hasattr(m, n)]
