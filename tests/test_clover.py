@@ -284,7 +284,7 @@ def test_peft_baselines_train_at_the_cores_budget_and_merge(cli, tmp_path, tuner
 
 
 @pytest.mark.parametrize("arch,words", [("phi3", "fuses Q, K and V"), ("qwen3", "q_norm"),
-                                        ("stablelm", "partial rotary"), ("bart", "encoder-decoder")])
+                                        ("stablelm", "partial rotary"), ("bart", "BART-style")])
 def test_unsupported_layouts_are_refused_by_name(arch, words):
     model, _ = in_code(arch)
     with pytest.raises(UsageError, match=words):
@@ -339,14 +339,19 @@ def test_bad_input_is_exit_2(cli, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["tiny:gpt2", "tiny:qwen2"])
-@pytest.mark.parametrize("prune", [{"mode": "global"}, {"criterion": "activation"}])
+@pytest.mark.parametrize("prune", [{}, {"mode": "global"}, {"criterion": "activation"}])
 @pytest.mark.parametrize("tuner", ["clover", "pissa"])
 def test_prune_and_tuners_on_cuda(name, prune, tuner):
     """Probe, scores, masks, cores and adapters are created on the model's device, in bf16 as well."""
     model, tok = llmx.load(name, device="cuda", dtype="bfloat16")
     model, m = llmx.prune(model, tokenizer=tok, method="clover", device="cuda", dtype="bfloat16", ratio=0.5,
                           save=False, **prune)
-    assert m["vo_dim"] == 8
+    heads = head_counts(attention_layers(model)[0][1])[1]
+    assert m["vo_dims_kept"] == 2 * heads * 8 and min(m["layer_vo_dims"]) <= 8 <= max(m["layer_vo_dims"])
+    with torch.no_grad():  # sliced equals zeroed on the device as well
+        if not prune:
+            reference = zeroed(name, 8).to("cuda", torch.bfloat16)
+            assert (model(input_ids=PROBE.cuda()).logits - reference(input_ids=PROBE.cuda()).logits).abs().max() < 0.1
     model, m = llmx.train(model, tokenizer=tok, method="clover", device="cuda", dtype="bfloat16", tuner=tuner,
                           steps=3, seq_len=32, eval_windows=2, save=False)
     assert m["params_after"] == m["params_before"] and next(model.parameters()).is_cuda

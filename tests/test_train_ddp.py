@@ -26,7 +26,7 @@ def stages(data: Path) -> dict[str, dict]:
                                                         "lora": {"merge": True, "target_modules": "all-linear"}}},
         "align": {"method": "dpo", "params": {**common, "data": str(data / "pairs.jsonl"), "max_len": 32}},
         "clover": {"method": "clover", "stage": "train",
-                   "params": {**common, "seq_len": 16, "eval_windows": 2, "dropout": 0.0}},  # no RNG stream
+                   "params": {**common, "seq_len": 16, "eval_windows": 2}},  # dropout masks seeded per micro-batch
     }
 
 

@@ -9,8 +9,9 @@ Layouts:
   ``nn.Linear`` projections holding the same numbers.
 
 Refused with a one-line reason: fused QKV projections of other families (Phi-3, Falcon, GPT-NeoX), per-head query /
-key norms (Qwen3, OLMo-2, StableLM), partial rotary embeddings, attention logit soft-capping (Gemma 2), attention
-sinks, encoder-decoder models and cross-attention. After conversion the model's logits on a probe must match the
+key norms (Qwen3, OLMo-2, StableLM), rotary embeddings applied to part of a head inside the forward (StableLM, Phi),
+clipped activations (OLMo's clip_qkv), attention logit soft-capping (Gemma 2), attention sinks, BART-style attention
+and encoder-decoder models. After conversion the model's logits on a probe must match the
 original; an attention whose forward this module does not reproduce is refused rather than silently changed.
 
 The attention scale stays ``1 / sqrt(original head_dim)``: pruning must not change the softmax temperature (the
@@ -49,17 +50,20 @@ def layout_of(m: torch.nn.Module) -> str | None:
 def _refusal(m: torch.nn.Module) -> str | None:
     """Why an attention-like module cannot be handled, or None when it can."""
     name, cfg = type(m).__name__, getattr(m, "config", None)
-    if getattr(m, "is_cross_attention", False) or getattr(cfg, "is_encoder_decoder", False) or \
-            "key_value_states" in inspect.signature(type(m).forward).parameters:
-        return f"{name} is an encoder-decoder attention (it may attend across; BART, T5, Whisper)"
+    if getattr(m, "is_cross_attention", False) or getattr(cfg, "is_encoder_decoder", False):
+        return f"{name} belongs to an encoder-decoder model (cross-attention)"
+    if "key_value_states" in inspect.signature(type(m).forward).parameters:
+        return f"{name} is a BART-style attention (its forward takes key_value_states), which CLOVER does not run"
     if any(hasattr(m, n) for n in FUSED_QKV):
         return f"{name} fuses Q, K and V into one projection ({next(n for n in FUSED_QKV if hasattr(m, n))})"
     norms = [n for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm") if hasattr(m, n)]
     if norms:
         return f"{name} normalises each query / key head ({', '.join(norms)}), which CLOVER's transform does not " \
                "commute with"
-    if (getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) < 1.0 or hasattr(m, "rotary_ndims"):
-        return f"{name} rotates only part of each head (partial rotary embeddings)"
+    if hasattr(m, "rotary_ndims"):
+        return f"{name} rotates only part of each head inside its forward (partial rotary embeddings, rotary_ndims)"
+    if getattr(cfg, "clip_qkv", None):
+        return f"{name} clips its query / key / value activations (clip_qkv)"
     if getattr(cfg, "attn_logit_softcapping", None) or getattr(m, "attn_logit_softcapping", None):
         return f"{name} soft-caps its attention logits"
     if hasattr(m, "sinks"):
@@ -220,13 +224,13 @@ def convert_model(model: torch.nn.Module, source: str) -> list[CloverAttention]:
     converted = [convert(m) for _, m in layers]
     try:
         after = model(input_ids=probe).logits.float()
-    except (RuntimeError, ValueError, TypeError, AttributeError) as exc:
+    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError(f"CLOVER's attention cannot run {name} ({first}); this layout is not "
                          "supported") from exc
     finally:
         model.train(training)
-    tol = (1e-4 if weight.dtype == torch.float32 else 3e-2) * max(1.0, float(before.abs().max()))
+    tol = max(1e-4, 4 * torch.finfo(weight.dtype).eps) * max(1.0, float(before.abs().max()))  # 4 ulps of half types
     if not torch.allclose(before, after, atol=tol, rtol=0):
         raise UsageError(f"CLOVER's attention does not reproduce {name} "
                          f"(logits differ by {float((before - after).abs().max()):.2e}); this layout is not supported")

@@ -11,7 +11,8 @@ Where the cores sit (``targets``, the official scope by default):
   rows (the official block, which is head_dim / 2 unless a config sets head_dim apart).
 Dropout (official 0.05) acts on the frozen vectors' output, before the core. ``basis: raw`` keeps the current
 vectors with identity cores (the vanilla baseline); ``tuner: lora | pissa`` trains a PEFT adapter on the same
-projections instead, at the largest rank within the cores' parameter budget.
+projections instead, at the largest rank within the cores' parameter budget, with the official PiSSA script's alpha
+(2r) and the same dropout. Each micro-batch seeds its own dropout masks, so a resumed or torchrun run is exact.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def _adapter(ctx: RunContext, layers, targets: list[str], p: CloverTrainParams) 
                    if name.rsplit(".", 1)[-1] in modules and hasattr(m, "weight"))
     budget = _core_budget(layers, ctx.model, targets)
     rank = p.rank or max(1, budget // per_rank)
-    lora = LoraParams(r=rank, alpha=float(rank), target_modules=modules, init=p.tuner)
+    lora = LoraParams(r=rank, alpha=2.0 * rank, dropout=p.dropout, target_modules=modules, init=p.tuner)  # official
     return adapters.wrap(ctx.model, lora), rank
 
 
@@ -182,6 +183,7 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
 
     def loss(i: int) -> torch.Tensor:  # micro-batch i: a pure function of i (exact resume, disjoint DDP shards)
         x = train_windows[i * p.batch_size:(i + 1) * p.batch_size].to(device)
+        torch.manual_seed(ctx.config.seed * 1_000_003 + i)  # its dropout masks too
         return model(input_ids=x, labels=x).loss
 
     result = fit(ctx, model, loss, p, params=trainable)
