@@ -7,7 +7,8 @@ dimension ``i`` then contributes exactly ``s_i``, so pruning the smallest singul
 
 GQA: a K or V head is shared by ``heads / kv_heads`` query heads. The shared factor stays shared by stacking the
 group's other factors before the SVD (``[Q~_h1^T; Q~_h2^T] K~_g`` and ``[O_h1; O_h2] V~_g``), which keeps every
-per-head product exact. (The official code switches to QR for V under GQA; this generalises the SVD instead.)
+per-head product exact. (The official fine-tuning code uses the QR of V under GQA, which ``finetune`` follows by
+default; the official pruning code has no GQA model, and this generalises its SVD.)
 """
 
 from __future__ import annotations
@@ -136,11 +137,6 @@ def activation_scores(attn: torch.nn.Module, target: str, dim: int, norms: dict[
         else:
             out.append(norms["v"].reshape(kv, dim)[g] * stacked.norm(dim=0))
     return out
-
-
-def keep_indices(scores: list[torch.Tensor], keep: int) -> list[torch.Tensor]:
-    """Per group, the ``keep`` most important dims, in their original order."""
-    return [torch.sort(torch.topk(s, keep).indices).values for s in scores]
 
 
 def global_counts(scores: list[list[torch.Tensor]], keep: int) -> list[list[int]]:
