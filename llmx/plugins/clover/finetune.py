@@ -64,6 +64,11 @@ def up_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
             if isinstance(getattr(m, n, None), (torch.nn.Linear, Conv1D))]
 
 
+def up_block(model: torch.nn.Module) -> int:
+    """Rows per up-projection core: the official ``hidden / heads / 2``."""
+    return model.config.hidden_size // model.config.num_attention_heads // 2
+
+
 def tune_targets(layers: list[CloverAttention], model: torch.nn.Module, requested: list[str] | None) -> list[str]:
     rope = any(a.rope for a in layers)
     if requested is None:
@@ -107,12 +112,12 @@ def _install(ctx: RunContext, layers: list[CloverAttention], targets: list[str],
             svd = orthogonal and not (kv < heads and p.gqa_vo == "qr")
             put(attn, "v_proj", attn.vo_dim, T.orthogonalize(attn, "vo", attn.vo_dim, scaled=False) if svd else None)
     if "up" in targets:
-        cfg = ctx.model.config
-        block = cfg.hidden_size // cfg.num_attention_heads // 2  # the official block: hidden / heads / 2
+        block = up_block(ctx.model)
         for parent, name in up_layers(ctx.model):
             out = T.rows_of(getattr(parent, name)).shape[0]
             if block < 1 or out % block:
-                raise UsageError(f"target up: {out} up-projection rows do not split into blocks of head_dim/2 = {block}")
+                raise UsageError(f"target up: {out} up-projection rows do not split into blocks of hidden/heads/2 = "
+                                 f"{block}")
             put(parent, name, block)
     return installed
 
@@ -125,9 +130,7 @@ def _core_budget(layers: list[CloverAttention], model: torch.nn.Module, targets:
         total += ("q" in targets) * heads * a.qk_dim ** 2 + ("qk" in targets) * kv * a.qk_dim ** 2
         total += ("vo" in targets) * kv * a.vo_dim ** 2
     if "up" in targets:
-        cfg = model.config
-        total += sum(T.rows_of(getattr(m, n)).shape[0] * (cfg.hidden_size // cfg.num_attention_heads // 2)
-                     for m, n in up_layers(model))
+        total += sum(T.rows_of(getattr(m, n)).shape[0] * up_block(model) for m, n in up_layers(model))
     return total
 
 

@@ -60,8 +60,9 @@ def prune(ctx: RunContext, p: CloverPruneParams) -> dict:
     if p.layer_keep is not None and len(p.layer_keep) != len(layers):
         raise UsageError(f"layer_keep has {len(p.layer_keep)} entries; the model has {len(layers)} attention layers")
     for i, keep in enumerate(p.layer_keep or []):
-        if keep > min(_width(layers[i], t) for t in targets):
-            raise UsageError(f"layer_keep[{i}] = {keep} exceeds the head dim {layers[i].head_dim}")
+        width = min(_width(layers[i], t) for t in targets)
+        if keep > width:
+            raise UsageError(f"layer_keep[{i}] = {keep} exceeds the layer's head width {width}")
     elem = next(ctx.model.parameters()).element_size()
     before = {"params": sum(t.numel() for t in ctx.model.parameters()), "kv": kv_bytes_per_token(layers, elem)}
     norms = activation_norms(ctx, layers, p) if p.criterion == "activation" else None
