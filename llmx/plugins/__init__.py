@@ -4,6 +4,8 @@ BUILTIN = (
     "llmx.plugins.builtin_models",
     "llmx.plugins.rtn.plugin",
     "llmx.plugins.gptq.plugin",
+    "llmx.plugins.blockfp.plugin",
+    "llmx.plugins.blockdialect.plugin",
     "llmx.plugins.bnb.plugin",
     "llmx.plugins.train_stages.plugin",
     "llmx.plugins.clover.plugin",

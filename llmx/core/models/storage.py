@@ -1,6 +1,7 @@
 """Saving and loading models with llmx-owned layers (QuantLinear, bitsandbytes layers, pruned attention): the tensors
 in safetensors, each replaced module's spec in ``llmx.json`` (``llmx_modules``: name -> spec with a ``builder``
-``"module:callable"`` taking ``(spec, tensors, dtype, config)``), the base architecture in ``config.json``."""
+``"module:callable"`` taking ``(spec, tensors, dtype, config)``), the base architecture in ``config.json``. A rebuilt
+layer with ``llmx_after_load(model)`` gets the loaded model (to switch its attention implementation, say)."""
 
 from __future__ import annotations
 
@@ -94,4 +95,7 @@ def load(path: Path, meta: dict[str, Any], dtype: torch.dtype, device: str) -> t
         what = f"missing {', '.join(missing[:4])}" if missing else f"unexpected {', '.join(unexpected[:4])}"
         raise UsageError(f"{path}: the weight files do not match the quantized architecture ({what})")
     model.tie_weights()
+    for m in list(model.modules()):  # a stored layer that sets something model-wide (an attention implementation)
+        if callable(getattr(m, "llmx_after_load", None)):
+            m.llmx_after_load(model)
     return model.to(device)

@@ -42,20 +42,23 @@ def calibration(ctx: RunContext, p: WeightQuantParams) -> torch.Tensor:
 def finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, Any]) -> dict[str, Any]:
     """Size figures of the quantized layers as stored (whatever runtime layout a forward switched them to), and the
     saved model (stored bytes measured from its files)."""
-    from llmx.core import models
-    from llmx.core.models.storage import weight_file_bytes
-
     qlayers = [m for m in ctx.model.modules() if isinstance(m, QuantLinear)]
     params = sum(m.in_features * m.out_features for m in qlayers)
     packed = sum(t.numel() * t.element_size() for m in qlayers for k, t in m.state_dict().items() if k != "bias")
     out = {"bits": p.bits, "layers": len(qlayers), "quantized_params": params, "quantized_bytes": packed,
            "quantized_bytes_vs_fp16": packed / max(2 * params, 1), **extra}
-    if p.save:
-        path = models.save(ctx.model, ctx.tokenizer, ctx.artifact("model"),
-                           {"source": ctx.config.model, "method": method, "params": p.model_dump()})
-        out.update(model_dir=str(path), stored_weight_bytes=weight_file_bytes(path),
-                   fp16_model_bytes=2 * _float_param_count(ctx.model))
-    return out
+    return {**out, **save(ctx, p, method)} if p.save else out
+
+
+def save(ctx: RunContext, p: Any, method: str) -> dict[str, Any]:
+    """Save the quantized model as the run's ``model`` artifact; its folder and stored bytes, measured from its files."""
+    from llmx.core import models
+    from llmx.core.models.storage import weight_file_bytes
+
+    path = models.save(ctx.model, ctx.tokenizer, ctx.artifact("model"),
+                       {"source": ctx.config.model, "method": method, "params": p.model_dump()})
+    return {"model_dir": str(path), "stored_weight_bytes": weight_file_bytes(path),
+            "fp16_model_bytes": 2 * _float_param_count(ctx.model)}
 
 
 def _float_param_count(model: torch.nn.Module) -> int:

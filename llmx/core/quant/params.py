@@ -69,3 +69,37 @@ class WeightQuantParams(BitsParams, GridParams):
             g = -1 if self.bitspec.act == 8 else 128
         group = None if g == -1 or g >= in_features else g
         return IntFormat(self.bitspec.weight, group, self.symmetric, self.grid == "full")
+
+
+BLOCK_TARGETS = ("linear", "attn_qk", "attn_pv")
+
+
+class BlockQuantParams(BitsParams):
+    """Block-format quantization (MXFP4, NVFP4, INT4 blocks, BlockDialect): weights offline, activations online, both
+    blocked along the reduction axis."""
+
+    BITS: ClassVar[tuple[str, ...]] = ("w4a16", "w4a4")
+
+    bits: str = Field("w4a4", description="w4a16 (weights only) or w4a4 (weights and every quantized matmul's "
+                      "activations).")
+    block_size: int = Field(32, gt=0, multiple_of=8, description="Elements per block along the reduction axis.")
+    targets: list[Literal["linear", "attn_qk", "attn_pv"]] | None = Field(
+        None, description="What to quantize: linear layers, the attention QK^T and PV matmuls. Default: all three "
+        "(the full path) at w4a4, linear at w4a16.")
+    skip: list[str] = Field(["lm_head"], description="Linear layers whose name contains any of these stay in float.")
+    save: bool = Field(True, description="Save the packed model as a run artifact (reloadable with --model).")
+
+    @model_validator(mode="after")
+    def _targets(self) -> BlockQuantParams:
+        attn = set(self.targets or ()) - {"linear"}
+        if attn and self.bitspec.act == 16:
+            raise ValueError(f"{', '.join(sorted(attn))} quantize activations: use bits w4a4")
+        if self.targets is not None and not self.targets:
+            raise ValueError("targets is empty: name linear, attn_qk and/or attn_pv")
+        return self
+
+    @property
+    def resolved_targets(self) -> tuple[str, ...]:
+        if self.targets is not None:
+            return tuple(dict.fromkeys(self.targets))
+        return BLOCK_TARGETS if self.bitspec.act < 16 else ("linear",)
