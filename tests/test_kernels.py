@@ -14,7 +14,7 @@ from llmx.plugins.quamba2 import ops as quamba2_ops
 
 def test_kernels_are_shipped():
     names = {p.name for p in kernels.sources()}
-    assert {"int4_gemm.cu", "int8_quant.cu", "w4a8_gemm.cu", "conv_quant.cu"} <= names
+    assert {"int4_gemm.cu", "int8_quant.cu", "w4a8_gemm.cu", "conv_quant.cu", "blockfp_quant.cu", "blockfp_gemm.cu"} <= names
 
 
 @pytest.mark.parametrize("source", kernels.sources(), ids=lambda p: p.name)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from llmx.core.quant.params import BlockQuantParams
 
@@ -19,3 +19,15 @@ class BlockDialectParams(BlockQuantParams):
     overflow: Literal["clamp", "bump"] = Field(
         "clamp", description="A scaled block max in (7.75, 8) rounds to 8, above every dialect: keep the exponent "
         "and saturate at 7.5 (clamp), or take the next exponent (bump). The paper does not say.")
+
+    @field_validator("formatbook")
+    @classmethod
+    def _formatbook(cls, v: str) -> str:
+        from llmx.errors import UsageError
+        from llmx.plugins.blockdialect import formatbook
+
+        try:
+            formatbook.load(v)
+        except UsageError as exc:
+            raise ValueError(exc.message) from None
+        return v
