@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # the help path imports neither pydantic models nor the confi
 STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
     "quantize": ("Quantize a model's weights (and activations).",
                      ("llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity",
-                      "llmx quantize --method quamba2 --bits w4a8 --model ref:mamba2 --eval perplexity")),
+                      "llmx quantize --method quamba2 --bits w4a8 --model ref:mamba2 --eval perplexity",
+                      "llmx quantize --method blockdialect --bits w4a4 --model ref:llama --eval perplexity")),
     "prune": ("Prune a model (heads, channels, weights).", ("llmx prune --method clover --model ref:llama --set ratio=0.5",)),
     "train": ("Train or fine-tune a model (--data is the method's data where it takes one: sft's rows, lm's corpus).",
                   ("llmx train --method lm --model tiny:llama --set init=scratch --set save_at_tokens=[8192,16384]",
