@@ -66,12 +66,15 @@ def test_exhaustive_selection_is_the_per_block_minimum():
         assert bool((best <= err).all())
 
 
-def test_the_formatbook_cut_to_e2m1_is_mxfp4_bit_for_bit():
+@pytest.mark.parametrize("select", ["mse", "two_stage"])
+def test_a_formatbook_of_sixteen_e2m1_dialects_is_mxfp4_bit_for_bit(select):
+    """Every dialect E2M1: the whole selection path (candidates, errors, gather) runs and must land on MXFP4."""
     x = _blocks("llm_like", 1024)
-    cut = bf.BlockFormat("cut", (BOOK[BOOK.index(bf.E2M1)],), 32, select="mse")
+    cut = bf.BlockFormat("cut", (bf.E2M1,) * 16, 32, select=select)
     a, b = bf.quantize(x, cut), bf.quantize(x, bf.mxfp4())
     assert torch.equal(a.codes, b.codes) and torch.equal(a.scale_code, b.scale_code)
     assert torch.equal(bf.dequantize(a, cut), bf.dequantize(b, bf.mxfp4()))
+    assert int(a.table.max()) == 0  # ties go to the first table
 
 
 @pytest.mark.parametrize("fmt", [BD, BD_MSE])
@@ -167,12 +170,49 @@ def test_quantize_blocks_api_on_a_model_with_biases_and_gqa_and_its_counts():
     assert 0 < (after - before).abs().max() < before.abs().max()
 
 
-def test_attention_targets_on_mamba_are_refused():
-    from llmx.core import models
+def _tiny(kind: str):
+    import transformers as t
 
-    model, _ = models.load("tiny:mamba2")
-    with pytest.raises(UsageError, match="no attention layers"):
+    small = dict(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4)
+    gqa = dict(small, intermediate_size=64, num_key_value_heads=2, head_dim=16)
+    return {"falcon": lambda: t.FalconForCausalLM(t.FalconConfig(**small)),
+            "bloom": lambda: t.BloomForCausalLM(t.BloomConfig(vocab_size=64, hidden_size=64, n_layer=1, n_head=4)),
+            "gemma2": lambda: t.Gemma2ForCausalLM(t.Gemma2Config(**gqa)),
+            "gpt-oss": lambda: t.GptOssForCausalLM(t.GptOssConfig(**gqa, num_local_experts=4, num_experts_per_tok=2)),
+            "mamba2": lambda: __import__("llmx.core.models", fromlist=["load"]).load("tiny:mamba2")[0]}[kind]()
+
+
+@pytest.mark.parametrize("kind,needle", [("mamba2", "no attention layers"), ("falcon", "AttentionInterface"),
+                                         ("bloom", "AttentionInterface"), ("gemma2", "softcapping"),
+                                         ("gpt-oss", "sinks")])
+def test_attention_it_cannot_quantize_is_refused_before_anything_changes(kind, needle):
+    model = _tiny(kind)
+    before = model.config._attn_implementation
+    with pytest.raises(UsageError, match=needle):
         blockattn.install(model, bf.mxfp4(), bf.mxfp4())
+    assert model.config._attn_implementation == before
+    assert not any(hasattr(m, blockattn.CHILD) for m in model.modules())
+
+
+def test_block_attention_in_a_model_keeps_sliding_windows_padding_and_the_cache():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, sliding_window=8, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).eval()
+    ids = torch.randint(1, 64, (2, 24))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask).logits
+        ref_gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        blockattn.install(model, None, None)
+        ours = model(ids, attention_mask=mask).logits
+        gen = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    real = mask.bool()
+    assert (ours - ref)[real].abs().max() < 1e-5
+    assert torch.equal(gen, ref_gen)
 
 
 @pytest.mark.parametrize("method", ["blockdialect", "mxfp4", "nvfp4", "int4-block"])

@@ -146,3 +146,12 @@ def test_bad_formats_are_refused():
         bf.BlockFormat("x", scale="e4m3", select="two_stage")
     with pytest.raises(ValueError, match="8 sorted"):
         bf.BlockFormat("x", tables=((0, 1, 2),))
+
+
+def test_nvfp4_row_tensor_scales_make_a_row_independent_of_its_batch():
+    torch.manual_seed(7)
+    x = torch.randn(4, 64)
+    loud = torch.cat([x, 1000 * torch.randn(1, 64)])
+    per_row = bf.nvfp4().with_(tensor_scale="row")
+    assert torch.equal(bf.fake_quantize(loud, per_row)[:4], bf.fake_quantize(x, per_row))
+    assert not torch.equal(bf.fake_quantize(loud, bf.nvfp4())[:4], bf.fake_quantize(x, bf.nvfp4()))

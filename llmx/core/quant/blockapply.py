@@ -37,11 +37,13 @@ def quantize_blocks_(model: torch.nn.Module, weight_format: BlockFormat, act_for
 
 
 def stored_bits(model: torch.nn.Module) -> dict[str, Any]:
-    """Weight bits per element as stored: every buffer of the block linears except the bias, over their weights."""
+    """Weight bits per element as stored (every buffer of the block linears except the bias, over their weights) and
+    the share of the model's weights they hold (embeddings, lm_head, norms and fused 3-D experts stay in float)."""
     qlayers = [m for m in model.modules() if isinstance(m, BlockQuantLinear)]
     params = sum(m.in_features * m.out_features for m in qlayers)
     packed = sum(t.numel() * t.element_size() for m in qlayers for k, t in m.state_dict().items() if k != "bias")
-    return {"quantized_params": params, "quantized_bytes": packed,
+    left = sum(p.numel() for p in model.parameters())
+    return {"quantized_params": params, "quantized_bytes": packed, "quantized_share": params / max(params + left, 1),
             "weight_bits_per_element": 8 * packed / params if params else None}
 
 

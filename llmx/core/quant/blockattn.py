@@ -84,12 +84,23 @@ def attention_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 def install(model: torch.nn.Module, qk: BlockFormat | None, pv: BlockFormat | None) -> int:
     """Give every attention module its formats and switch the model to the block-format attention; returns how many.
-    A model without attention (Mamba) is a usage error."""
+    A model without attention (Mamba), one whose attention does not go through ``AttentionInterface`` (Falcon, Bloom,
+    GPT-J) or one with soft-capping or sinks is a usage error before anything changes."""
+    name = type(model).__name__
     mods = attention_modules(model)
-    if not mods:
-        raise UsageError(f"{type(model).__name__} has no attention layers: attn_qk / attn_pv need them "
-                         "(use targets: [linear])")
+    if not any("Attention" in type(m).__name__ for m in model.modules()):
+        raise UsageError(f"{name} has no attention layers: attn_qk / attn_pv need them (use targets: [\"linear\"])")
+    if not mods or not getattr(model, "_supports_attention_backend", False):
+        raise UsageError(f"{name}'s attention does not go through transformers' AttentionInterface, so its QK^T and "
+                         "PV cannot be quantized here (use targets: [\"linear\"])")
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    extras = [k for k in ("attn_logit_softcapping",) if getattr(config, k, None)]
+    extras += ["attention sinks"] if any("sinks" in n for n, _ in model.named_parameters()) else []
+    if extras:
+        raise UsageError(f"{name} uses {', '.join(extras)}, which block-format attention does not implement")
     for m in mods.values():
         setattr(m, CHILD, BlockAttention(qk, pv))
     model.set_attn_implementation(NAME)
+    if getattr(model.config, "_attn_implementation", None) != NAME:
+        raise UsageError(f"{name} did not take the block-format attention implementation")
     return len(mods)

@@ -5,8 +5,9 @@ dim has one scale and, when the format holds several tables, a table id. Scales:
 
 - ``e8m0`` (OCP MX v1.0): ``2^e`` with ``e = floor(log2 amax) - 2`` (2 = floor(log2) of the largest magnitude, E2M1's
   emax), stored as the biased exponent ``e + 127``; the scaled block max lies in [4, 8).
-- ``e4m3`` (NVFP4): an FP8 E4M3 block scale ``E4M3(amax_b / (6 s_t))`` times one FP32 tensor scale
-  ``s_t = amax / (448 * 6)`` (the torchao / llm-compressor recipe).
+- ``e4m3`` (NVFP4): an FP8 E4M3 block scale ``E4M3(amax_b / (6 s_t))``, clamped to [2^-6, 448] as torchao's,
+  times one FP32 tensor scale ``s_t = amax / (448 * 6)`` (torchao's dynamic recipe: the amax of the tensor quantized,
+  so an activation's depends on the batch it comes in; llm-compressor calibrates a static one instead).
 - ``fp16``: ``amax_b / 7`` in float16 (INT4 absmax; its table is the integers 0..7).
 
 One rounding rule everywhere: nearest magnitude, ties to the even index (for E2M1 that is the IEEE ties-to-even of
@@ -26,9 +27,9 @@ from llmx.core.quant.packing import pack, unpack
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 INT3 = tuple(float(i) for i in range(8))
 E4M3_MAX = 448.0
-E4M3_MIN = 2.0**-9  # the smallest positive subnormal: a block scale never rounds to zero
+E4M3_MIN = 2.0**-6  # the smallest normal E4M3: the floor torchao's NVFP4 puts under a block scale
 SCALE_BITS = {"e8m0": 8, "e4m3": 8, "fp16": 16}
-CHUNK = 1 << 16  # blocks per step of the table search (bounds the transient [tables, blocks, block] error tensor)
+CHUNK = 1 << 15  # blocks per step of quantize (bounds its transients: the table search, the rounding)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class BlockFormat:
     """``tables``: 8 sorted magnitudes each; ``select``: how a block with several tables picks one (``mse``: lowest
     squared error over all; ``two_stage``: the block max rounded to half-units picks the tables with that max, then
     the lower error among them); ``overflow``: a rounded max above every table's (BlockDialect's (7.75, 8)) keeps the
-    exponent and saturates (``clamp``) or takes the next exponent (``bump``)."""
+    exponent and saturates (``clamp``) or takes the next exponent (``bump``); ``tensor_scale`` (E4M3): one FP32
+    scale for the whole tensor, or one per row (a token's activations then do not depend on the batch)."""
 
     name: str
     tables: tuple[tuple[float, ...], ...] = (E2M1,)
@@ -44,6 +46,7 @@ class BlockFormat:
     scale: Literal["e8m0", "e4m3", "fp16"] = "e8m0"
     select: Literal["mse", "two_stage"] = "mse"
     overflow: Literal["clamp", "bump"] = "clamp"
+    tensor_scale: Literal["tensor", "row"] = "tensor"
 
     def __post_init__(self) -> None:
         if self.block <= 0 or self.block % 8:
@@ -108,14 +111,14 @@ def nearest(a: torch.Tensor, mags: torch.Tensor) -> torch.Tensor:
     mids = (mags[..., 1:] + mags[..., :-1]) / 2
     if mids.dim() == 1:
         mids = mids.expand(a.shape[0], -1)
-    lo = torch.searchsorted(mids.contiguous(), a.contiguous(), right=False)
-    hi = torch.searchsorted(mids.contiguous(), a.contiguous(), right=True)
+    lo = torch.searchsorted(mids.contiguous(), a.contiguous(), right=False, out_int32=True)
+    hi = torch.searchsorted(mids.contiguous(), a.contiguous(), right=True, out_int32=True)
     return torch.where((lo == hi) | (lo % 2 == 0), lo, hi)
 
 
 def _error(a: torch.Tensor, mags: torch.Tensor) -> torch.Tensor:
     """Squared error of each block of ``a`` ``[N, B]`` rounded to its own table ``mags`` ``[N, 8]``."""
-    q = mags.gather(-1, nearest(a, mags))
+    q = mags.gather(-1, nearest(a, mags).long())
     return ((a - q) ** 2).sum(-1)
 
 
@@ -132,7 +135,9 @@ def candidates(fmt: BlockFormat, device: torch.device) -> torch.Tensor:
 
 
 def select_tables(a: torch.Tensor, fmt: BlockFormat, amax: torch.Tensor) -> torch.Tensor:
-    """A table id per block of scaled magnitudes ``a`` ``[N, B]`` (``amax`` ``[N]`` their max)."""
+    """A table id per block of scaled magnitudes ``a`` ``[N, B]`` (``amax`` ``[N]`` their max): the lowest squared
+    error among the candidates (every table for ``mse``; the tables of the rounded max for ``two_stage``, whose errors
+    differ only on elements above the magnitudes the pair shares), the first on ties."""
     n = a.shape[0]
     if len(fmt.tables) == 1:
         return torch.zeros(n, dtype=torch.long, device=a.device)
@@ -141,12 +146,8 @@ def select_tables(a: torch.Tensor, fmt: BlockFormat, amax: torch.Tensor) -> torc
         choices = torch.arange(len(fmt.tables), device=a.device).expand(n, -1)
     else:
         choices = candidates(fmt, a.device)[torch.round(2 * amax).clamp(0, 16).long()]  # [N, C]
-    out = torch.empty(n, dtype=torch.long, device=a.device)
-    for s in range(0, n, CHUNK):
-        part, ch = a[s:s + CHUNK], choices[s:s + CHUNK]
-        err = torch.stack([_error(part, tables[ch[:, c]]) for c in range(ch.shape[1])], dim=1)
-        out[s:s + CHUNK] = ch.gather(1, err.argmin(1, keepdim=True)).squeeze(1)
-    return out
+    err = torch.stack([_error(a, tables[choices[:, c]]) for c in range(choices.shape[1])], dim=1)
+    return choices.gather(1, err.argmin(1, keepdim=True)).squeeze(1)
 
 
 def _scaled(xb: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -161,10 +162,10 @@ def _scaled(xb: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor, torch.Ten
             e = (e + over.int()).clamp(max=127)
         return torch.ldexp(xb, -e.float()[..., None]), (e + 127).to(torch.uint8), None
     if fmt.scale == "e4m3":
-        top = xb.abs().amax()
+        top = amax.amax(-1, keepdim=True) if fmt.tensor_scale == "row" else amax.amax().reshape(1)
         ts = torch.where(top > 0, top / (E4M3_MAX * 6), torch.ones_like(top))
         sb = (amax / (6 * ts)).clamp(E4M3_MIN, E4M3_MAX).to(torch.float8_e4m3fn)
-        return xb / (sb.float() * ts)[..., None], sb.view(torch.uint8), ts.reshape(1)
+        return xb / (sb.float() * ts)[..., None], sb.view(torch.uint8), ts
     s = (amax / 7).to(torch.float16)
     s = torch.where(s > 0, s, torch.ones_like(s))
     return xb / s.float()[..., None], s, None
@@ -178,16 +179,22 @@ def to_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, fmt: BlockFormat) -> Blocks:
-    """Block-quantize ``x`` along its last dim."""
+    """Block-quantize ``x`` along its last dim (``CHUNK`` blocks at a time: an attention matrix is large)."""
     xb = to_blocks(x, fmt.block)
     v, scale_code, ts = _scaled(xb, fmt)
     lead = v.shape[:-1]
-    a = v.abs().reshape(-1, fmt.block)
-    tid = select_tables(a, fmt, a.amax(-1))
-    idx = nearest(a, table_tensor(fmt, x.device)[tid])
-    sign = (v.reshape(-1, fmt.block) < 0) & (idx > 0)
-    codes = (sign.to(torch.uint8) << 3) | idx.to(torch.uint8)
-    return Blocks(codes.reshape(*lead, fmt.block), tid.to(torch.uint8).reshape(lead), scale_code, ts, x.shape[-1])
+    flat = v.reshape(-1, fmt.block)
+    codes = torch.empty(flat.shape, dtype=torch.uint8, device=x.device)
+    tid = torch.empty(flat.shape[0], dtype=torch.uint8, device=x.device)
+    tables = table_tensor(fmt, x.device)
+    for s in range(0, flat.shape[0], CHUNK):
+        part = flat[s:s + CHUNK]
+        a = part.abs()
+        t = select_tables(a, fmt, a.amax(-1))
+        idx = nearest(a, tables[t]).to(torch.uint8)
+        codes[s:s + CHUNK] = (((part < 0) & (idx > 0)).to(torch.uint8) << 3) | idx
+        tid[s:s + CHUNK] = t.to(torch.uint8)
+    return Blocks(codes.reshape(*lead, fmt.block), tid.reshape(lead), scale_code, ts, x.shape[-1])
 
 
 def block_scale(b: Blocks, fmt: BlockFormat) -> torch.Tensor:

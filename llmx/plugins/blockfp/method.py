@@ -14,7 +14,7 @@ def mxfp4(ctx: RunContext, p: MXFP4Params) -> dict:
 
 def nvfp4(ctx: RunContext, p: NVFP4Params) -> dict:
     fmt = blockfp.nvfp4(p.block_size)
-    return blockapply.run(ctx, p, "nvfp4", fmt, fmt)
+    return blockapply.run(ctx, p, "nvfp4", fmt, fmt.with_(tensor_scale=p.act_tensor_scale))
 
 
 def int4_block(ctx: RunContext, p: Int4BlockParams) -> dict:
