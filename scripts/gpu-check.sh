@@ -9,7 +9,7 @@ BIN=${BIN:-.venv/bin}
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 "$BIN/python" -c "import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))" \
   | tee "$OUT/torch.txt"
-"$BIN/pytest" -q -m gpu -rs --durations=20 2>&1 | tee "$OUT/pytest-gpu.txt"
+"$BIN/pytest" -q -m gpu -rsP --durations=20 2>&1 | tee "$OUT/pytest-gpu.txt"
 status=${PIPESTATUS[0]}
 for f in configs/smoke/*.yaml; do
   name=$(basename "$f" .yaml)
