@@ -6,6 +6,7 @@ BUILTIN = (
     "llmx.plugins.gptq.plugin",
     "llmx.plugins.blockfp.plugin",
     "llmx.plugins.blockdialect.plugin",
+    "llmx.plugins.guidedquant.plugin",
     "llmx.plugins.bnb.plugin",
     "llmx.plugins.train_stages.plugin",
     "llmx.plugins.clover.plugin",

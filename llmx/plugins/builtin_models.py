@@ -47,5 +47,6 @@ def llmx_layers():
     yield LayerSpec("quant_linear", "llmx.core.quant.qlinear:QuantLinear.rebuild", "packed integer linear (RTN, GPTQ)")
     yield LayerSpec("block_linear", "llmx.core.quant.blocklinear:BlockQuantLinear.rebuild",
                     "block-format linear (MXFP4, NVFP4, INT4 blocks, BlockDialect)")
+    yield LayerSpec("lut_linear", "llmx.core.quant.lut:LUTLinear.rebuild", "per-row codebook linear (LNQ, SqueezeLLM)")
     yield LayerSpec("block_attention", "llmx.core.quant.blockattn:BlockAttention.rebuild",
                     "block-format QK and PV attention matmuls")

@@ -127,10 +127,12 @@ def _with_hidden(call: tuple[tuple, dict], hidden: torch.Tensor) -> tuple[tuple,
 
 @torch.no_grad()
 def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: dict[str, torch.nn.Module] | None = None,
-               with_hessian: bool = True) -> tuple[list[torch.Tensor], dict[str, LinearStats]]:
+               with_hessian: bool = True, make_stats: Callable[[str], LinearStats] | None = None,
+               ) -> tuple[list[torch.Tensor], dict[str, LinearStats]]:
     """Run ``block`` on its cached calls; with ``layers``, record their inputs. Layers reading the same tensor (q, k,
-    v; gate, up) share one ``LinearStats``: one Hessian, not three."""
-    stats = {name: LinearStats() for name in layers or {}}  # a layer never called keeps empty statistics
+    v; gate, up) share one ``LinearStats``: one Hessian, not three, unless ``make_stats`` gives each layer its own
+    (a guided Hessian depends on the layer's outputs, not only on its input)."""
+    stats = {name: (make_stats or (lambda _n: LinearStats()))(name) for name in layers or {}}  # never called: empty
     same_as: dict[str, str] = {}
     seen: dict[tuple, tuple[str, torch.Tensor]] = {}  # this call's inputs (held, so no address is reused mid-call)
 
@@ -139,7 +141,7 @@ def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: 
             return
         key = (x.data_ptr(), tuple(x.shape), x.stride())
         first, _ = seen.setdefault(key, (name, x))
-        if first != name and not stats[name].tokens:
+        if make_stats is None and first != name and not stats[name].tokens:
             same_as[name] = first
             return
         stats[name].add(x, with_hessian)
@@ -159,7 +161,8 @@ def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: 
 
 def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batches: torch.Tensor,
                quantize_block: Callable[[dict[str, torch.nn.Module], dict[str, LinearStats]], None],
-               propagate: str = "quantized", with_hessian: bool = True, progress=None) -> None:
+               propagate: str = "quantized", with_hessian: bool = True, progress=None,
+               make_stats: Callable[[str], LinearStats] | None = None) -> None:
     """Group ``layers`` by decoder block and call ``quantize_block(block_layers, stats)`` block by block.
 
     One pass of the model records every block's arguments (:func:`block_inputs`); then each block runs once on its
@@ -167,7 +170,8 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
     after quantizing it (``quantized``) or taken from the same full-precision run (``fp``). Only one block's
     statistics are held at a time, and a layer no token reached (an idle expert, a weight read directly) gets empty
     ones (``hessian`` None). Layers outside every block (``lm_head``) see one whole-model pass at the end
-    (``quantized``) or at the start (``fp``). Quantized layers compute on the exact path meanwhile.
+    (``quantized``) or at the start (``fp``). Quantized layers compute on the exact path meanwhile. ``make_stats``
+    builds each layer's statistics (GuidedQuant's saliency-weighted Hessians); blocks only then.
     """
     groups: dict[int | None, dict[str, torch.nn.Module]] = {}
     for name, module in layers.items():
@@ -175,6 +179,8 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
     outside = groups.pop(None, {})
     blocks = decoder_blocks(model, layers)
     del layers  # from here each block's layers are held only until it is quantized
+    if outside and make_stats is not None:
+        raise ValueError(f"per-layer statistics need layers inside decoder blocks; {', '.join(outside)} is not")
     with exact():  # quantized blocks compute as the exact path does, on any CPU
         if outside and propagate == "fp":
             quantize_block(outside, collect(model, outside, batches, with_hessian))
@@ -188,7 +194,7 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
                 mine = calls.pop(idx)
                 if hidden is not None:
                     mine = [_with_hidden(c, h) for c, h in zip(mine, hidden, strict=True)]
-                hidden, stats = _run_block(block, mine, targets, with_hessian)
+                hidden, stats = _run_block(block, mine, targets, with_hessian, make_stats)
                 if targets:
                     quantize_block(targets, stats)
                     if propagate == "quantized":

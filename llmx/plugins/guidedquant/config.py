@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from llmx.core.quant.params import WeightQuantParams
+
+
+class GuidedQuantParams(WeightQuantParams):
+    BITS: ClassVar[tuple[str, ...]] = ("w2a16", "w3a16", "w4a16")
+
+    bits: str = Field("w2a16", description="w2a16, w3a16 or w4a16 (weight-only).")
+    backend: Literal["lnq", "gptq", "squeezellm"] = Field(
+        "lnq", description="lnq: per-row fp16 codebooks by alternating closed-form codebooks and coordinate descent; "
+        "gptq: core GPTQ on each group's Hessian (integer grid, group_size as GPTQ); squeezellm: the Fisher-weighted "
+        "k-means seed alone.")
+    guided: bool = Field(True, description="Saliency-weighted Hessians H_g (GuidedQuant); false: plain X X^T.")
+    num_groups: int = Field(4, gt=0, description="Contiguous output-channel groups, one Hessian each (official 4).")
+    saliency_scale: float = Field(1e3, gt=0, description="Gradients are scaled by this before squaring (official 1e3).")
+    propagate: Literal["fp", "quantized"] = Field(
+        "fp", description="Hessians from full-precision inputs (the official GuidedQuant code) or through the "
+        "already-quantized blocks.")
+    iterations: int = Field(3, gt=0, description="LNQ: C steps (each after a P step but the first).")
+    cd_cycles: int = Field(4, gt=0, description="LNQ: coordinate-descent passes per P step.")
+    cd_block: int = Field(128, gt=0, description="LNQ: columns per lazy cross-term update.")
+    ridge: float = Field(1e-7, ge=0, description="LNQ: ridge of the closed-form codebook solve.")
+    damp_start: float = Field(1e-5, gt=0, description="Damping (x mean diag, tenfold) only if Cholesky fails.")
+    block_size: int = Field(128, gt=0, description="GPTQ backend: columns per lazy-update block.")
+    percdamp: float = Field(0.01, ge=0, description="GPTQ backend: dampening, as a fraction of mean(diag H).")
+    actorder: bool = Field(False, description="GPTQ backend: quantize columns by descending diag(H).")
+    static_groups: bool = Field(False, description="GPTQ backend: fix group scales before the updates.")

@@ -1,0 +1,144 @@
+"""LNQ, layer-wise non-uniform quantization (GuidedQuant, arXiv 2505.07004 Sec. 4, Alg. 1): per output row a codebook
+``c_i`` of ``2^b`` values and one-hot assignments ``P_i``, minimising ``sum_i (P_i c_i - w_i)^T H (P_i c_i - w_i)``
+with one ``H`` per group of rows, by alternating
+
+- the C step, closed form per row: ``c = (P^T H P + ridge I)^-1 P^T H w``;
+- the P step, cyclic coordinate descent: for coordinate j the exact minimiser with the others fixed is
+  ``t = w_j - sum_{k != j} H_kj (q_k - w_k) / H_jj`` and, the objective being ``H_jj (q_j - t)^2 + const`` in q_j,
+  the codebook entry nearest ``t`` is optimal among the entries: the objective never rises. The cross terms
+  ``r = (Q - W) H`` are updated exactly inside a block of ``cd_block`` columns and for the rest after the block.
+
+Seeded by SqueezeLLM: per row, 1-D k-means weighted by the Fisher diagonal. ``H`` is damped only when its Cholesky
+factorisation fails (``damp_start * mean diag``, tenfold until it succeeds), as the official code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def kmeans_1d(x: torch.Tensor, weight: torch.Tensor, k: int, iters: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted 1-D k-means per row (Lloyd's, from weighted quantiles): ``(centroids [R, k] sorted, idx [R, d])``."""
+    x, weight = x.double(), weight.double()
+    xs, order = x.sort(dim=1)
+    ws = weight.gather(1, order)
+    cum = ws.cumsum(1) / ws.sum(1, keepdim=True)
+    q = (torch.arange(k, dtype=x.dtype, device=x.device) + 0.5) / k
+    pos = torch.searchsorted(cum.contiguous(), q.expand(x.shape[0], -1).contiguous()).clamp(max=x.shape[1] - 1)
+    c = xs.gather(1, pos)
+    idx = assign(x, c)
+    for _ in range(iters):
+        num = torch.zeros_like(c).scatter_add_(1, idx, weight * x)
+        den = torch.zeros_like(c).scatter_add_(1, idx, weight)
+        c = torch.where(den > 0, num / den.clamp(min=1e-300), c).sort(dim=1).values
+        new = assign(x, c)
+        if torch.equal(new, idx):
+            break
+        idx = new
+    return c, idx
+
+
+def assign(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Index of the nearest of each row's sorted values ``c``."""
+    mids = (c[:, 1:] + c[:, :-1]) / 2
+    return torch.searchsorted(mids.contiguous(), x.contiguous())
+
+
+def nearest_entry(t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Index of the entry of each row's codebook ``c`` ``[R, k]`` (any order) nearest ``t`` ``[R]``."""
+    return (c - t[:, None]).abs().argmin(1)
+
+
+def objective(w: torch.Tensor, q: torch.Tensor, h: torch.Tensor) -> float:
+    d = (q - w).double()
+    return float(((d @ h) * d).sum())
+
+
+def damped(h: torch.Tensor, start: float) -> torch.Tensor:
+    """``H`` itself when it factorises, else ``H + damp I`` with damp from ``start * mean diag`` up tenfold."""
+    if int(torch.linalg.cholesky_ex(h)[1]) == 0:
+        return h
+    damp = start * float(h.diagonal().mean())
+    for _ in range(12):
+        a = h + damp * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+        if int(torch.linalg.cholesky_ex(a)[1]) == 0:
+            return a
+        damp *= 10
+    raise RuntimeError("the Hessian stays singular after damping")
+
+
+def c_step(w: torch.Tensor, idx: torch.Tensor, h: torch.Tensor, k: int, ridge: float) -> torch.Tensor:
+    """The optimal codebook for fixed assignments, per row: ``(P^T H P + ridge I)^-1 P^T H w``."""
+    p = torch.nn.functional.one_hot(idx, k).double()  # [R, d, k]
+    ph = torch.einsum("rdk,de->rke", p, h)
+    a = torch.einsum("rke,rel->rkl", ph, p) + ridge * torch.eye(k, dtype=h.dtype, device=h.device)
+    b = torch.einsum("rke,re->rk", ph, w.double())
+    return torch.linalg.solve(a, b)
+
+
+def p_step(w: torch.Tensor, idx: torch.Tensor, c: torch.Tensor, h: torch.Tensor, cycles: int,
+           block: int) -> torch.Tensor:
+    """``cycles`` passes of cyclic coordinate descent over the input coordinates, all rows at once."""
+    w = w.double()
+    idx = idx.clone()
+    delta = c.gather(1, idx) - w
+    r = delta @ h  # r_j = sum_k H_kj delta_k
+    diag = h.diagonal()
+    d = w.shape[1]
+    for _ in range(cycles):
+        for b0 in range(0, d, block):
+            b1 = min(b0 + block, d)
+            moved = torch.zeros(w.shape[0], b1 - b0, dtype=w.dtype, device=w.device)
+            for j in range(b0, b1):
+                hjj = diag[j]
+                if hjj <= 0:  # a dead input: any entry costs the same; keep the one nearest the weight
+                    t = w[:, j]
+                else:
+                    t = w[:, j] - (r[:, j] - hjj * delta[:, j]) / hjj
+                new = nearest_entry(t, c)
+                step = c.gather(1, new[:, None]).squeeze(1) - w[:, j] - delta[:, j]
+                idx[:, j] = new
+                delta[:, j] += step
+                r[:, b0:b1] += step[:, None] * h[j, b0:b1]
+                moved[:, j - b0] = step
+            if b0 > 0:
+                r[:, :b0] += moved @ h[b0:b1, :b0]
+            if b1 < d:
+                r[:, b1:] += moved @ h[b0:b1, b1:]
+    return idx
+
+
+@dataclass
+class LNQResult:
+    idx: torch.Tensor  # [rows, d]
+    codebook: torch.Tensor  # [rows, k] float64
+    trace: list[float] = field(default_factory=list)  # the objective after the seed and after every half-step
+
+    def weight(self) -> torch.Tensor:
+        return self.codebook.gather(1, self.idx)
+
+
+def lnq(w: torch.Tensor, h: torch.Tensor, seed: tuple[torch.Tensor, torch.Tensor], iterations: int = 3,
+        cd_cycles: int = 4, cd_block: int = 128, ridge: float = 1e-7) -> LNQResult:
+    """Alternate C and P steps on rows ``w`` sharing ``h`` (already damped) from ``seed = (codebook, idx)``:
+    iteration 1 is a C step, each later one a P step then a C step; the best pair seen is kept, and the loop stops
+    when a C step does not improve on it."""
+    h = h.double()
+    w64 = w.double()
+    c, idx = seed[0].double(), seed[1]
+    k = c.shape[1]
+    best = LNQResult(idx, c, [objective(w64, c.gather(1, idx), h)])
+    for it in range(iterations):
+        if it > 0:
+            idx = p_step(w64, idx, c, h, cd_cycles, cd_block)
+            best.trace.append(objective(w64, c.gather(1, idx), h))
+        c = c_step(w64, idx, h, k, ridge)
+        value = objective(w64, c.gather(1, idx), h)
+        best.trace.append(value)
+        if value < min(best.trace[:-1]):
+            best.idx, best.codebook = idx, c
+        elif it > 0:
+            break
+    return best

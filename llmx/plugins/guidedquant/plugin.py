@@ -1,0 +1,17 @@
+from llmx.core.spec import MethodSpec, Stage
+from llmx.hookspecs import hookimpl
+from llmx.plugins.guidedquant.config import GuidedQuantParams
+
+
+@hookimpl
+def llmx_methods():
+    yield MethodSpec(
+        name="guidedquant",
+        aliases=("gq", "lnq"),
+        stages=(Stage.QUANTIZE,),
+        impl="llmx.plugins.guidedquant.method:run",
+        config=GuidedQuantParams,
+        summary="GuidedQuant: end-loss saliency-weighted Hessians per output-channel group, for LNQ (per-row "
+                "codebooks), GPTQ or the SqueezeLLM seed.",
+        paper="Kim et al., ICML 2025 (arXiv 2505.07004)",
+    )
