@@ -1,0 +1,274 @@
+"""GuidedQuant and LNQ (arXiv 2505.07004): saliency hooks against autograd, guided Hessians reducing to X X^T, GPTQ on
+group slices, LNQ's monotone objective and optimal half-steps, the ordering of the quantizers on their objectives,
+the guided objective as a predictor of the loss, the LUT layer, storage and the CLI's refusals."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from llmx.core.quant import saliency
+from llmx.core.quant.formats import IntFormat, fake_quantize
+from llmx.core.quant.gptq import gptq
+from llmx.core.quant.lut import LUTLinear
+from llmx.plugins.guidedquant import lnq
+from llmx.plugins.guidedquant.config import GuidedQuantParams
+from llmx.plugins.guidedquant.method import guided_gptq, guided_objective
+
+
+def _layer(d: int = 64, rows: int = 48, n: int = 2048, seed: int = 0):
+    """Correlated inputs with 3 outlier channels x15, a weight, and X X^T (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(d, d, generator=g) / d**0.5 + torch.eye(d)
+    x = torch.randn(n, d, generator=g) @ mix
+    x[:, :3] *= 15
+    w = torch.randn(rows, d, generator=g) / d**0.5
+    return w.double(), x.double(), x.double().T @ x.double()
+
+
+def _lnq(w, h, bits, iterations=3):
+    """LNQ from the SqueezeLLM seed whose Fisher, with every output gradient equal, is diag(H) in every row."""
+    seed = lnq.kmeans_1d(w, h.diagonal().expand_as(w), 2**bits)
+    return seed, lnq.lnq(w, h, seed, iterations=iterations)
+
+
+class ToyLM(torch.nn.Module):
+    """A bigram LM ``logits = V gelu(W emb(x))`` with transformers' call signature (``input_ids``, ``labels``)."""
+
+    def __init__(self, vocab: int = 16, d: int = 24, m: int = 32, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.up = torch.nn.Linear(d, m)
+        self.down = torch.nn.Linear(m, vocab)
+        with torch.no_grad():
+            self.down.weight.mul_(torch.logspace(-1, 1, m))  # output channels of `up` matter unequally
+            self.emb.weight.mul_(2)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.down(torch.nn.functional.gelu(self.up(self.emb(input_ids))))
+        loss = None
+        if labels is not None:
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                     labels[:, 1:].reshape(-1))
+        return SimpleNamespace(logits=logits, loss=loss)
+
+    @torch.no_grad()
+    def sample(self, n: int, length: int, seed: int) -> torch.Tensor:
+        """Sequences drawn from the model itself (its Fisher then does not collapse, as at zero loss)."""
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, self.emb.num_embeddings, (n, 1), generator=g)
+        for _ in range(length - 1):
+            p = torch.softmax(self(ids[:, -1:]).logits[:, -1], -1)
+            ids = torch.cat([ids, torch.multinomial(p, 1, generator=g)], 1)
+        return ids
+
+
+def test_hooked_saliency_is_the_squared_per_token_output_gradient():
+    model = ToyLM()
+    ids = model.sample(3, 10, seed=1)
+    sal = saliency.collect(model, {"up": model.up}, ids, groups=4, scale=1e3)
+    expected = []
+    for i in range(3):
+        z = {}
+        model.up.register_forward_hook(lambda m, a, out: z.setdefault("z", out) if out.retain_grad() is None else None)
+        loss = model(ids[i:i + 1], labels=ids[i:i + 1]).loss
+        model.up._forward_hooks.clear()
+        (grad,) = torch.autograd.grad(loss, z["z"])
+        s = (1e3 * grad.reshape(-1, 32)) ** 2
+        expected.append(torch.stack([s[:, a:b].mean(-1) for a, b in saliency.group_bounds(32, 4)], -1))
+    assert torch.allclose(sal.tokens["up"], torch.cat(expected), rtol=1e-5)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_uniform_saliency_with_one_group_is_x_xt_and_gptq_on_it_is_core_gptq():
+    w, x, h = _layer()
+    stats = saliency.GuidedStats(torch.ones(x.shape[0], 1))
+    stats.add(x[:1000].float(), True)
+    stats.add(x[1000:].float(), True)
+    assert torch.allclose(stats.hessian[0], x.float().double().T @ x.float().double(), rtol=1e-12)
+    fmt = IntFormat(3, 16)
+    p = GuidedQuantParams(bits="w3a16", backend="gptq")
+    ours = guided_gptq(w.float(), stats.hessian, fmt, p)
+    core = gptq(w.float(), stats.hessian[0].float(), fmt, p.block_size, p.percdamp)
+    assert torch.equal(ours.codes, core.codes) and torch.equal(ours.scale, core.scale)
+
+
+def test_group_hessians_split_rows_and_each_slice_is_gptq_on_its_own_hessian():
+    w, x, _ = _layer()
+    s = torch.rand(x.shape[0], 4, generator=torch.Generator().manual_seed(3))
+    stats = saliency.GuidedStats(s)
+    stats.add(x.float(), True)
+    fmt = IntFormat(2, 16)
+    p = GuidedQuantParams(bits="w2a16", backend="gptq")
+    res = guided_gptq(w.float(), stats.hessian, fmt, p)
+    for g, (a, b) in enumerate(saliency.group_bounds(w.shape[0], 4)):
+        alone = gptq(w[a:b].float(), stats.hessian[g].float(), fmt, p.block_size, p.percdamp)
+        assert torch.equal(res.codes[a:b], alone.codes)
+
+
+@pytest.mark.parametrize("bits", [2, 3])
+def test_lnq_objective_never_rises_across_half_steps(bits):
+    w, _, h = _layer()
+    _, res = _lnq(w, h, bits, iterations=4)
+    steps = res.trace
+    assert len(steps) >= 4
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(steps, steps[1:], strict=False)), steps
+    assert lnq.objective(w, res.weight(), h) == pytest.approx(min(steps), rel=1e-12)
+
+
+def test_no_small_change_of_a_codebook_entry_improves_a_c_step():
+    w, _, h = _layer()
+    c, idx = lnq.kmeans_1d(w, torch.ones_like(w), 4)
+    c = lnq.c_step(w, idx, h, 4, ridge=0.0)
+    base = lnq.objective(w, c.gather(1, idx), h)
+    for row, entry in [(0, 0), (5, 3), (20, 1)]:
+        for eps in (1e-4, -1e-4):
+            moved = c.clone()
+            moved[row, entry] += eps
+            assert lnq.objective(w, moved.gather(1, idx), h) >= base
+
+
+def test_a_coordinate_update_is_the_brute_force_best_entry():
+    w, _, h = _layer(rows=8)
+    c, idx = lnq.kmeans_1d(w, torch.ones_like(w), 8)
+    after = lnq.p_step(w, idx, c, h, cycles=1, block=16)
+    for r in range(8):  # coordinate 0 is updated first, with every other coordinate as it started
+        costs = []
+        for e in range(8):
+            trial = idx[r:r + 1].clone()
+            trial[0, 0] = e
+            costs.append(lnq.objective(w[r:r + 1], c[r:r + 1].gather(1, trial), h))
+        assert int(after[r, 0]) == int(torch.tensor(costs).argmin())
+
+
+def test_weighted_kmeans_matches_scikit_learn():
+    from sklearn.cluster import KMeans
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 256, generator=g).double()
+    wt = torch.rand(3, 256, generator=g).double() + 0.1
+    c, idx = lnq.kmeans_1d(x, wt, 4)
+    for r in range(3):
+        km = KMeans(4, n_init=10, random_state=0).fit(x[r, :, None].numpy(), sample_weight=wt[r].numpy())
+        ours = float((wt[r] * (x[r] - c[r, idx[r]]) ** 2).sum())
+        assert ours <= km.inertia_ * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("bits", [2, 3])
+def test_lnq_beats_its_seed_which_beats_gptq_which_beats_rtn(bits):
+    w, _, h = _layer()
+    seed, res = _lnq(w, h, bits)
+    fmt = IntFormat(bits, None)
+    rtn = lnq.objective(w, fake_quantize(w.float(), fmt).double(), h)
+    gq = lnq.objective(w, gptq(w.float(), h.float(), fmt).weight.double(), h)
+    kmeans = lnq.objective(w, seed[0].gather(1, seed[1]), h)
+    assert lnq.objective(w, res.weight(), h) < kmeans < gq < rtn
+
+
+def _toy_guided(groups: int):
+    model = ToyLM()
+    ids = model.sample(64, 16, seed=2)
+    sal = saliency.collect(model, {"up": model.up}, ids, groups=groups)
+    x = model.emb(ids).detach().reshape(-1, 24).double()
+    stats = saliency.GuidedStats(sal.tokens["up"])
+    stats.add(x, True)
+    return model, ids, stats.hessian, x.T @ x, sal
+
+
+def test_each_quantizer_wins_on_its_own_objective():
+    model, _, hg, plain, sal = _toy_guided(4)
+    w = model.up.weight.detach().double()
+    hg = torch.stack([lnq.damped(h, 1e-5) for h in hg])
+    seed = lnq.kmeans_1d(w, sal.fisher["up"].double() + 1e-12, 4)
+    alone = lnq.lnq(w, plain, seed).weight()
+    guided = torch.cat([lnq.lnq(w[a:b], hg[g], (seed[0][a:b], seed[1][a:b])).weight()
+                        for g, (a, b) in enumerate(saliency.group_bounds(32, 4))])
+    assert lnq.objective(w, alone, plain) < lnq.objective(w, guided, plain)
+    assert guided_objective(w, guided, hg) < guided_objective(w, alone, hg)
+
+
+def test_the_guided_objective_ranks_perturbations_by_loss_better_than_x_xt():
+    from scipy.stats import spearmanr
+
+    model, _, hg, plain, _ = _toy_guided(32)
+    held = model.sample(256, 16, seed=9)
+    w0 = model.up.weight.detach().clone()
+    with torch.no_grad():
+        base = float(model(held, labels=held).loss)
+    g = torch.Generator().manual_seed(5)
+    true, pred_guided, pred_plain = [], [], []
+    for _ in range(40):
+        delta = torch.randn(w0.shape, generator=g) * torch.rand(w0.shape[0], 1, generator=g) * 0.05
+        with torch.no_grad():
+            model.up.weight.copy_(w0 + delta)
+            true.append(float(model(held, labels=held).loss) - base)
+        d = delta.double()
+        pred_guided.append(guided_objective(w0.double(), w0.double() + d, hg))
+        pred_plain.append(float(((d @ plain) * d).sum()))
+    guided_rho, plain_rho = spearmanr(true, pred_guided)[0], spearmanr(true, pred_plain)[0]
+    assert guided_rho > plain_rho and guided_rho > 0.8, (guided_rho, plain_rho)
+
+
+def test_lut_linear_packs_indices_and_counts_its_codebooks():
+    lin = torch.nn.Linear(64, 16, bias=True)
+    g = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, 8, (16, 64), generator=g)
+    cb = torch.randn(16, 8, generator=g)
+    q = LUTLinear.from_indices(lin, idx, cb, 3)
+    assert torch.equal(q.indices(), idx)
+    w = cb.half().float().gather(1, idx)
+    x = torch.randn(5, 64, generator=g)
+    assert torch.allclose(q(x), torch.nn.functional.linear(x, w, lin.bias), atol=1e-6)
+    assert q.bits_per_weight == 3 + 16 * 8 / 64
+
+
+def test_params_and_group_bounds_refuse_what_cannot_work():
+    with pytest.raises(ValueError, match="w2a16, w3a16, w4a16"):
+        GuidedQuantParams(bits="w2a8")
+    with pytest.raises(ValueError, match="between 1 and"):
+        saliency.group_bounds(3, 4)
+    assert saliency.group_bounds(10, 4) == [(0, 2), (2, 5), (5, 8), (8, 10)]
+
+
+@pytest.mark.parametrize("backend", ["lnq", "gptq"])
+def test_saved_model_reloads_with_identical_perplexity(cli, tmp_path, backend):
+    r = cli("--json", "quantize", "--method", "guidedquant", "--bits", "w3a16", "--model", "ref:llama-test",
+            "--eval", "perplexity", "--set", "perplexity.max_tokens=512", "--set", "calib_samples=4",
+            "--set", "calib_seq_len=64", "--set", f"backend={backend}", "--set", "iterations=1",
+            "--set", "group_size=32", "-o", tmp_path / "q")
+    assert r.code == 0, r.err
+    quant, ppl = r.json()["stages"][0]["metrics"], r.json()["stages"][1]["metrics"]["perplexity"]
+    again = cli("--json", "eval", "--method", "perplexity", "--model", quant["model_dir"], "--set", "max_tokens=512",
+                "-o", tmp_path / "e")
+    assert again.code == 0, again.err
+    assert again.json()["stages"][0]["metrics"]["perplexity"] == pytest.approx(ppl, rel=1e-6)
+    assert quant["objective"] < quant["objective_seed"] or backend == "gptq"
+
+
+def test_bad_input_is_one_line_exit_2_and_no_run_folder(cli, tmp_path):
+    bad = cli("quantize", "--method", "guidedquant", "--bits", "w2a8", "--model", "tiny:llama", "-o", tmp_path / "a")
+    assert bad.code == 2 and "w2a16, w3a16, w4a16" in bad.err
+    wide = cli("quantize", "--method", "guidedquant", "--model", "tiny:llama", "--set", "num_groups=100000",
+               "-o", tmp_path / "b")
+    assert wide.code == 2 and "output channels" in wide.err and len(wide.err.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists() and not any((tmp_path / "b").iterdir())
+
+
+def test_a_saved_codebook_of_the_wrong_shape_is_refused(cli, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    r = cli("--json", "quantize", "--method", "guidedquant", "--bits", "w2a16", "--model", "ref:llama-test",
+            "--set", "calib_samples=2", "--set", "calib_seq_len=32", "--set", "iterations=1", "-o", tmp_path / "q")
+    assert r.code == 0, r.err
+    folder = r.json()["stages"][0]["metrics"]["model_dir"]
+    f = next(p for p in __import__("pathlib").Path(folder).glob("*.safetensors"))
+    state = load_file(str(f))
+    key = next(k for k in state if k.endswith("codebook"))
+    state[key] = torch.zeros(state[key].shape[0], 8, dtype=torch.float16)
+    save_file(state, str(f))
+    (__import__("pathlib").Path(folder) / "llmx-manifest.json").unlink()  # a folder edited by hand, not damaged
+    again = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
+    assert again.code == 2 and "does not match its stored spec" in again.err, again.err
