@@ -9,8 +9,9 @@ with one ``H`` per group of rows, by alternating
   ``r = (Q - W) H`` are updated exactly inside a block of ``cd_block`` columns and for the rest after the block.
 
 Seeded by SqueezeLLM: per row, 1-D k-means weighted by the Fisher diagonal (official: flash1dkmeans; here Lloyd's
-from several starts, within 0.1% of scikit-learn's ``KMeans`` with ``sample_weight`` in the tests). ``H`` is damped only when its Cholesky
-factorisation fails (``damp_start * mean diag``, tenfold until it succeeds), as the official code.
+from several starts, within 0.1% of scikit-learn's ``KMeans`` with ``sample_weight`` in the tests). ``H`` is damped
+only when its Cholesky factorisation fails (``damp_start * mean diag``, tenfold until it succeeds), as the official
+code.
 """
 
 from __future__ import annotations
