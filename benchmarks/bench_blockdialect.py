@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import publish  # noqa: E402
+from common import heldout_scores, heldout_windows, publish  # noqa: E402
 
 SEQ = 128
 SETTINGS = {"W4A16": ("linear",), "W4A4": ("linear",), "full path": ("linear", "attn_qk", "attn_pv")}
@@ -46,26 +45,6 @@ def formats():
         "BD two-stage (in-pair MSE)": (bd, bd.with_(select="two_stage")),
         "BD exhaustive": (bd, bd),
     }
-
-
-@torch.no_grad()
-def scores(model, windows: torch.Tensor, fp_logp: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
-    nll, kl, agree, logps = 0.0, 0.0, 0, []
-    for i in range(0, windows.shape[0], 16):
-        batch = windows[i:i + 16]
-        logp = torch.log_softmax(model(batch).logits[:, :-1].float(), -1)
-        nll -= logp.gather(-1, batch[:, 1:, None]).sum().item()
-        if fp_logp is None:
-            logps.append(logp)
-        else:
-            ref = fp_logp[i:i + 16]
-            kl += (ref.exp() * (ref - logp)).sum().item()
-            agree += (ref.argmax(-1) == logp.argmax(-1)).sum().item()
-    n = windows.shape[0] * (SEQ - 1)
-    out = {"perplexity": math.exp(nll / n)}
-    if fp_logp is not None:
-        out.update(kl=kl / n, top1_agreement=agree / n)
-    return out, torch.cat(logps) if logps else fp_logp
 
 
 @torch.no_grad()
@@ -106,7 +85,6 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="MXFP4 and BD two-stage on 2k tokens (a smoke run).")
     args = ap.parse_args()
     import llmx
-    from llmx.core.data import token_stream
     from llmx.core.quant import blockapply
 
     torch.set_num_threads(1)
@@ -118,9 +96,8 @@ def main() -> None:
     for name in args.models:
         base, tok = llmx.load(name)
         base.eval()
-        tokens = token_stream(tok, "stdlib", "test", args.max_tokens)
-        windows = tokens[: len(tokens) // SEQ * SEQ].reshape(-1, SEQ)
-        fp, fp_logp = scores(base, windows, None)
+        windows = heldout_windows(tok, args.max_tokens, SEQ)
+        fp, fp_logp = heldout_scores(base, windows, None)
         inputs = layer_inputs(base, windows)
         rows.append({"model": name, "format": "FP", "setting": "-", "ppl_increase": 0.0, "kl": 0.0,
                      "top1_agreement": 1.0, "perplexity": fp["perplexity"], "format_bits": 32,
@@ -133,7 +110,7 @@ def main() -> None:
                 model = copy.deepcopy(base)
                 t0 = time.perf_counter()
                 stats = blockapply.quantize_blocks_(model, wf, None if setting == "W4A16" else af, targets)
-                s, _ = scores(model, windows, fp_logp)
+                s, _ = heldout_scores(model, windows, fp_logp)
                 rows.append({"model": name, "format": fmt_name, "setting": setting,
                              "ppl_increase": s["perplexity"] - fp["perplexity"], "kl": s["kl"],
                              "top1_agreement": s["top1_agreement"], "perplexity": s["perplexity"],
@@ -145,7 +122,7 @@ def main() -> None:
         for qt, block in (("fp4", 32), ("fp4", 64), ("nf4", 32), ("nf4", 64)):
             model, m = llmx.quantize(copy.deepcopy(base), tokenizer=tok, method="bnb", bits="w4a16", quant_type=qt,
                                      blocksize=block, save=False)
-            s, _ = scores(model.eval(), windows, fp_logp)
+            s, _ = heldout_scores(model.eval(), windows, fp_logp)
             rows.append({"model": name, "format": f"bnb {qt} b{block}", "setting": "W4A16",
                          "ppl_increase": s["perplexity"] - fp["perplexity"], "kl": s["kl"],
                          "top1_agreement": s["top1_agreement"], "perplexity": s["perplexity"],

@@ -69,3 +69,37 @@ def markdown(columns: list[str], rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def heldout_windows(tokenizer, max_tokens: int, seq_len: int):
+    """The first ``max_tokens`` held-out standard-library tokens as ``[n, seq_len]`` windows (no overlap)."""
+    from llmx.core.data import token_stream
+
+    tokens = token_stream(tokenizer, "stdlib", "test", max_tokens)
+    return tokens[: len(tokens) // seq_len * seq_len].reshape(-1, seq_len)
+
+
+def heldout_scores(model, windows, fp_logp=None, batch: int = 16):
+    """Perplexity of ``model`` on ``windows``; with the FP model's log-probs also KL(FP || model) per token and
+    top-1 agreement. Returns ``(scores, log-probs)`` (the FP call's log-probs are what later calls compare to)."""
+    import math
+
+    import torch
+
+    nll, kl, agree, logps = 0.0, 0.0, 0, []
+    with torch.no_grad():
+        for i in range(0, windows.shape[0], batch):
+            ids = windows[i:i + batch]
+            logp = torch.log_softmax(model(ids).logits[:, :-1].float(), -1)
+            nll -= logp.gather(-1, ids[:, 1:, None]).sum().item()
+            if fp_logp is None:
+                logps.append(logp)
+            else:
+                ref = fp_logp[i:i + batch]
+                kl += (ref.exp() * (ref - logp)).sum().item()
+                agree += (ref.argmax(-1) == logp.argmax(-1)).sum().item()
+    n = windows.shape[0] * (windows.shape[1] - 1)
+    out = {"perplexity": math.exp(nll / n)}
+    if fp_logp is not None:
+        out.update(kl=kl / n, top1_agreement=agree / n)
+    return out, torch.cat(logps) if logps else fp_logp
