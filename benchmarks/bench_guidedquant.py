@@ -6,7 +6,9 @@ Per model and bit width: perplexity increase over FP and KL(FP || quantized) on 
 (windows of 128, the models' trained context), bits per weight as stored (scales, zero points and codebooks
 included), the summed layer objectives each method minimised (its own Hessian: X X^T or the guided H_g), and
 minutes. Calibration: ``--calib`` windows of 128 training tokens, the same for every method. RTN and GPTQ use
-groups of 128 (their bits count the fp16 scales); LNQ and SqueezeLLM one fp16 codebook per row. Writes
+groups of 128 (their bits count the fp16 scales), and GPTQ also groups that match LNQ's bits per weight (64, 32, 16
+at 2, 3, 4 bits); LNQ and SqueezeLLM one fp16 codebook per row. GPTQ + GQ propagates through the quantized blocks
+and LNQ's Hessians come from FP inputs, as in the official code. Writes
 benchmarks/results/guidedquant.json and .md.
 """
 
@@ -26,17 +28,23 @@ from common import heldout_scores, heldout_windows, publish  # noqa: E402
 SEQ = 128
 
 
+MATCHED = {"w2a16": 64, "w3a16": 32, "w4a16": 16}  # GPTQ groups whose bits per weight meet LNQ's fp16 codebooks
+
+
 def methods(bits: str) -> list[tuple[str, str, dict]]:
-    gq = {"method": "guidedquant"}
+    g = MATCHED[bits]
     return [
         ("RTN g128", "rtn", {"group_size": 128}),
-        ("GPTQ g128 (propagate quantized)", "gptq", {"group_size": 128}),
+        ("GPTQ g128", "gptq", {"group_size": 128}),
+        ("GPTQ g128 asym", "gptq", {"group_size": 128, "symmetric": False}),
         ("GPTQ g128 (propagate fp)", "gptq", {"group_size": 128, "propagate": "fp"}),
-        ("GPTQ g128 + GQ g=1", gq["method"], {"backend": "gptq", "num_groups": 1, "group_size": 128}),
-        ("GPTQ g128 + GQ g=4", gq["method"], {"backend": "gptq", "num_groups": 4, "group_size": 128}),
-        ("SqueezeLLM", gq["method"], {"backend": "squeezellm", "guided": False}),
-        ("LNQ", gq["method"], {"backend": "lnq", "guided": False}),
-        ("LNQ + GQ g=4", gq["method"], {"backend": "lnq", "num_groups": 4}),
+        ("GPTQ g128 + GQ g=1", "guidedquant", {"backend": "gptq", "num_groups": 1, "group_size": 128}),
+        ("GPTQ g128 + GQ g=4", "guidedquant", {"backend": "gptq", "num_groups": 4, "group_size": 128}),
+        (f"GPTQ g{g}", "gptq", {"group_size": g}),
+        (f"GPTQ g{g} + GQ g=4", "guidedquant", {"backend": "gptq", "num_groups": 4, "group_size": g}),
+        ("SqueezeLLM", "guidedquant", {"backend": "squeezellm", "guided": False}),
+        ("LNQ", "guidedquant", {"backend": "lnq", "guided": False}),
+        ("LNQ + GQ g=4", "guidedquant", {"backend": "lnq", "num_groups": 4}),
     ]
 
 
@@ -60,7 +68,8 @@ def main() -> None:
         windows = heldout_windows(tok, args.max_tokens, SEQ)
         fp, fp_logp = heldout_scores(base, windows)
         rows.append({"model": name, "bits": "-", "method": "FP", "ppl_increase": 0.0, "kl": 0.0,
-                     "perplexity": fp["perplexity"], "bits_per_weight": 32, "objective": None, "minutes": None})
+                     "perplexity": fp["perplexity"], "bits_per_weight": 32, "objective": None, "objective_kind": None,
+                     "minutes": None})
         todo = [(b, *m) for b in args.bits for m in methods(b)] + [("w4a16", "bnb NF4 b64", "bnb", {"quant_type": "nf4"})]
         for bits, label, method, params in todo:
             t0 = time.perf_counter()
@@ -72,7 +81,8 @@ def main() -> None:
             stored = m.get("bits_per_weight") or 8 * m["quantized_bytes"] / m["quantized_params"]
             rows.append({"model": name, "bits": bits, "method": label, "ppl_increase": s["perplexity"] - fp["perplexity"],
                          "kl": s["kl"], "perplexity": s["perplexity"], "bits_per_weight": stored,
-                         "objective": m.get("objective"), "minutes": round(minutes, 2)})
+                         "objective": m.get("objective_stored"), "objective_kind": m.get("objective_kind"),
+                         "minutes": round(minutes, 2)})
             print(rows[-1], flush=True)
     publish("guidedquant" + ("_quick" if args.quick else ""), rows, calib_windows=args.calib, seq_len=SEQ,
             tokens=args.max_tokens)

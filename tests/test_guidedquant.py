@@ -96,6 +96,51 @@ def test_uniform_saliency_with_one_group_is_x_xt_and_gptq_on_it_is_core_gptq():
     assert torch.equal(ours.codes, core.codes) and torch.equal(ours.scale, core.scale)
 
 
+def test_guided_hessians_through_block_calibration_line_up_with_their_tokens():
+    """11 windows (block calls of 8 and 3), q/k/v and gate/up reading one input: every layer's H_g through core's
+    block-by-block calibration equals H_g built from FP inputs hooked one window at a time; uniform saliency with
+    one group is core's X X^T."""
+    from llmx.core import zoo
+    from llmx.core.data import random_windows
+    from llmx.core.quant.calibration import LinearStats, sequential
+
+    model, tok = zoo.load("ref:llama-test")
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
+    batches = random_windows(tok, "stdlib", 11, 32, seed=0)
+    sal = saliency.collect(model, layers, batches, groups=4)
+    direct = {n: [] for n in layers}
+    hooks = [m.register_forward_pre_hook(lambda _m, a, n=n: direct[n].append(a[0].reshape(-1, a[0].shape[-1])))
+             for n, m in layers.items()]
+    with torch.no_grad():
+        for i in range(11):
+            model(batches[i:i + 1])
+    for h in hooks:
+        h.remove()
+    guided, plain, uniform = {}, {}, {}
+
+    def keep(into):
+        return lambda block, stats: into.update({n: stats[n].hessian.clone() for n in block})
+
+    sequential(model, layers, batches, keep(guided), propagate="fp", make_stats=lambda n: saliency.GuidedStats(sal.tokens[n]))
+    sequential(model, layers, batches, keep(plain), propagate="fp", make_stats=lambda n: LinearStats())
+    ones = {n: torch.ones(t.shape[0], 1) for n, t in sal.tokens.items()}
+    sequential(model, layers, batches, keep(uniform), propagate="fp", make_stats=lambda n: saliency.GuidedStats(ones[n]))
+    for n in layers:
+        x = torch.cat(direct[n]).double()
+        s = sal.tokens[n].double()
+        expect = torch.stack([(x * s[:, g, None]).T @ x for g in range(4)])
+        assert torch.allclose(guided[n], expect, rtol=1e-9, atol=1e-9 * float(expect.abs().max())), n
+        assert torch.allclose(uniform[n][0].float(), plain[n], rtol=1e-4, atol=1e-4 * float(plain[n].abs().max())), n
+    assert not torch.equal(guided["model.layers.0.self_attn.q_proj"], guided["model.layers.0.self_attn.k_proj"])
+
+
+def test_the_p_step_does_not_depend_on_its_lazy_block_size():
+    w, _, h = _layer(d=200, rows=12)
+    c, idx = lnq.kmeans_1d(w, h.diagonal().expand_as(w), 4)
+    results = [lnq.p_step(w, idx, c, h, cycles=2, block=b) for b in (1, 7, 16, 128, 256)]
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
 def test_group_hessians_split_rows_and_each_slice_is_gptq_on_its_own_hessian():
     w, x, _ = _layer()
     s = torch.rand(x.shape[0], 4, generator=torch.Generator().manual_seed(3))
@@ -237,7 +282,7 @@ def test_params_and_group_bounds_refuse_what_cannot_work():
 def test_saved_model_reloads_with_identical_perplexity(cli, tmp_path, backend):
     r = cli("--json", "quantize", "--method", "guidedquant", "--bits", "w3a16", "--model", "ref:llama-test",
             "--eval", "perplexity", "--set", "perplexity.max_tokens=512", "--set", "calib_samples=4",
-            "--set", "calib_seq_len=64", "--set", f"backend={backend}", "--set", "iterations=1",
+            "--set", "calib_seq_len=64", "--set", f"backend={backend}", "--set", "iterations=2",
             "--set", "group_size=32", "-o", tmp_path / "q")
     assert r.code == 0, r.err
     quant, ppl = r.json()["stages"][0]["metrics"], r.json()["stages"][1]["metrics"]["perplexity"]

@@ -18,7 +18,8 @@ from llmx.core.quant.calibration import LinearStats
 
 @dataclass
 class Saliency:
-    """Per layer: ``tokens`` ``[N, g]`` (float32, in window order) and ``fisher`` ``[out, in]`` (float32)."""
+    """Per layer: ``tokens`` ``[N, g]`` (float32, in window order) and ``fisher`` ``[out, in]`` (float32), both on
+    the CPU (at 7B the Fisher alone is 26 GB)."""
 
     tokens: dict[str, torch.Tensor]
     fisher: dict[str, torch.Tensor]
@@ -39,14 +40,14 @@ def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Linear], batches:
     restored afterwards)."""
     device = next(model.parameters()).device
     tokens: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
-    fish = {n: torch.zeros_like(m.weight, dtype=torch.float32) for n, m in layers.items()} if fisher else {}
+    fish = {n: torch.zeros(m.weight.shape, dtype=torch.float32) for n, m in layers.items()} if fisher else {}
     bounds = {n: group_bounds(m.out_features, groups) for n, m in layers.items()}
 
     def keep(name):
         def on_grad(g):
             s = (scale * g.detach().float()) ** 2
             s = s.reshape(-1, s.shape[-1])
-            tokens[name].append(torch.stack([s[:, a:b].mean(-1) for a, b in bounds[name]], dim=-1))
+            tokens[name].append(torch.stack([s[:, a:b].mean(-1) for a, b in bounds[name]], dim=-1).cpu())
 
         def hook(_module, _args, out):
             if out.requires_grad:
@@ -54,8 +55,9 @@ def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Linear], batches:
         return hook
 
     saved = {p: p.requires_grad for p in model.parameters()}
-    for m in layers.values():
-        m.weight.requires_grad_(True)
+    targets = {id(m.weight) for m in layers.values()}
+    for p in model.parameters():  # gradients for the target weights only (the Fisher); activations carry the rest
+        p.requires_grad_(id(p) in targets)
     hooks = [m.register_forward_hook(keep(n)) for n, m in layers.items()]
     was_training = model.training
     model.eval()
@@ -69,7 +71,7 @@ def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Linear], batches:
                 model(input_ids=ids, labels=ids).loss.backward()
             for n, m in layers.items():
                 if fisher:
-                    fish[n].add_(m.weight.grad.float() ** 2)
+                    fish[n].add_((m.weight.grad.float() ** 2).cpu())
     finally:
         for h in hooks:
             h.remove()
@@ -82,20 +84,30 @@ def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Linear], batches:
 
 class GuidedStats(LinearStats):
     """``LinearStats`` whose Hessian is ``[g, d, d]`` float64: each token's ``x x^T`` weighted by its group saliency,
-    tokens taken in the order the calibration calls see them (window order, as the saliency was collected)."""
+    tokens taken in the order the calibration calls see them (window order, as the saliency was collected),
+    accumulated in place ``chunk`` tokens at a time."""
 
-    def __init__(self, saliency: torch.Tensor):
+    def __init__(self, saliency: torch.Tensor, chunk: int = 4096):
         super().__init__()
-        self.saliency = saliency
+        self.saliency, self.chunk = saliency, chunk
         self.offset = 0
 
     def add(self, x: torch.Tensor, with_hessian: bool) -> None:
-        x2 = x.detach().reshape(-1, x.shape[-1]).double()
-        s = self.saliency[self.offset:self.offset + x2.shape[0]].to(x2.device, torch.float64)
-        if s.shape[0] != x2.shape[0]:
-            raise RuntimeError("saliency and calibration tokens are out of step")
-        self.offset += x2.shape[0]
-        h = torch.stack([(x2 * s[:, g, None]).T @ x2 for g in range(s.shape[1])])
-        self.hessian = h if self.hessian is None else self.hessian.add_(h)
-        self.tokens += x2.shape[0]
-        self.absmax = max(self.absmax, float(x2.abs().max()))
+        x = x.detach().reshape(-1, x.shape[-1])
+        n, d = x.shape
+        if self.offset + n > self.saliency.shape[0]:
+            raise RuntimeError("more calibration tokens than saliencies: the two are out of step")
+        if self.hessian is None:
+            self.hessian = torch.zeros(self.saliency.shape[1], d, d, dtype=torch.float64, device=x.device)
+        for a in range(0, n, self.chunk):
+            xc = x[a:a + self.chunk].double()
+            s = self.saliency[self.offset + a:self.offset + a + xc.shape[0]].to(x.device, torch.float64)
+            for g in range(s.shape[1]):
+                self.hessian[g].addmm_((xc * s[:, g, None]).T, xc)
+        self.offset += n
+        self.tokens += n
+        self.absmax = max(self.absmax, float(x.abs().max()))
+
+    def check_complete(self) -> None:
+        if self.offset != self.saliency.shape[0]:
+            raise RuntimeError(f"{self.offset} calibration tokens for {self.saliency.shape[0]} saliencies: out of step")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmx.core.quant.params import WeightQuantParams
 
@@ -18,9 +18,9 @@ class GuidedQuantParams(WeightQuantParams):
     guided: bool = Field(True, description="Saliency-weighted Hessians H_g (GuidedQuant); false: plain X X^T.")
     num_groups: int = Field(4, gt=0, description="Contiguous output-channel groups, one Hessian each (official 4).")
     saliency_scale: float = Field(1e3, gt=0, description="Gradients are scaled by this before squaring (official 1e3).")
-    propagate: Literal["fp", "quantized"] = Field(
-        "fp", description="Hessians from full-precision inputs (the official GuidedQuant code) or through the "
-        "already-quantized blocks.")
+    propagate: Literal["fp", "quantized"] | None = Field(
+        None, description="Hessians from full-precision inputs or through the already-quantized blocks. Default: as "
+        "the official code, fp for lnq / squeezellm, quantized for gptq.")
     iterations: int = Field(3, gt=0, description="LNQ: C steps (each after a P step but the first).")
     cd_cycles: int = Field(4, gt=0, description="LNQ: coordinate-descent passes per P step.")
     cd_block: int = Field(128, gt=0, description="LNQ: columns per lazy cross-term update.")
@@ -30,3 +30,13 @@ class GuidedQuantParams(WeightQuantParams):
     percdamp: float = Field(0.01, ge=0, description="GPTQ backend: dampening, as a fraction of mean(diag H).")
     actorder: bool = Field(False, description="GPTQ backend: quantize columns by descending diag(H).")
     static_groups: bool = Field(False, description="GPTQ backend: fix group scales before the updates.")
+
+    @property
+    def resolved_propagate(self) -> str:
+        return self.propagate or ("quantized" if self.backend == "gptq" else "fp")
+
+    @model_validator(mode="after")
+    def _per_tensor(self) -> GuidedQuantParams:
+        if self.backend == "gptq" and self.group_size == 0:
+            raise ValueError("the gptq backend splits rows into groups: per-tensor scales (group_size 0) cannot follow")
+        return self

@@ -92,13 +92,17 @@ def damped(h: torch.Tensor, start: float) -> torch.Tensor:
     raise RuntimeError("the Hessian stays singular after damping")
 
 
-def c_step(w: torch.Tensor, idx: torch.Tensor, h: torch.Tensor, k: int, ridge: float) -> torch.Tensor:
-    """The optimal codebook for fixed assignments, per row: ``(P^T H P + ridge I)^-1 P^T H w``."""
-    p = torch.nn.functional.one_hot(idx, k).double()  # [R, d, k]
-    ph = torch.einsum("rdk,de->rke", p, h)
-    a = torch.einsum("rke,rel->rkl", ph, p) + ridge * torch.eye(k, dtype=h.dtype, device=h.device)
-    b = torch.einsum("rke,re->rk", ph, w.double())
-    return torch.linalg.solve(a, b)
+def c_step(w: torch.Tensor, idx: torch.Tensor, h: torch.Tensor, k: int, ridge: float, rows: int = 64) -> torch.Tensor:
+    """The optimal codebook for fixed assignments, per row: ``(P^T H P + ridge I)^-1 P^T H w`` (``rows`` at a time:
+    the one-hot ``P`` is ``[rows, d, k]``)."""
+    out = torch.empty(w.shape[0], k, dtype=torch.float64, device=w.device)
+    eye = ridge * torch.eye(k, dtype=torch.float64, device=w.device)
+    for a in range(0, w.shape[0], rows):
+        p = torch.nn.functional.one_hot(idx[a:a + rows], k).double()  # [r, d, k]
+        ph = torch.einsum("rdk,de->rke", p, h)
+        out[a:a + rows] = torch.linalg.solve(torch.einsum("rke,rel->rkl", ph, p) + eye,
+                                             torch.einsum("rke,re->rk", ph, w[a:a + rows].double()))
+    return out
 
 
 def p_step(w: torch.Tensor, idx: torch.Tensor, c: torch.Tensor, h: torch.Tensor, cycles: int,
@@ -109,16 +113,17 @@ def p_step(w: torch.Tensor, idx: torch.Tensor, c: torch.Tensor, h: torch.Tensor,
     delta = c.gather(1, idx) - w
     r = delta @ h  # r_j = sum_k H_kj delta_k
     diag = h.diagonal()
+    dead = (diag <= 0).tolist()  # read once: a per-coordinate test of a device tensor would sync every step
     d = w.shape[1]
     for _ in range(cycles):
         for b0 in range(0, d, block):
             b1 = min(b0 + block, d)
             moved = torch.zeros(w.shape[0], b1 - b0, dtype=w.dtype, device=w.device)
             for j in range(b0, b1):
-                hjj = diag[j]
-                if hjj <= 0:  # a dead input: any entry costs the same; keep the one nearest the weight
+                if dead[j]:  # a dead input: any entry costs the same; keep the one nearest the weight
                     t = w[:, j]
                 else:
+                    hjj = diag[j]
                     t = w[:, j] - (r[:, j] - hjj * delta[:, j]) / hjj
                 new = nearest_entry(t, c)
                 step = c.gather(1, new[:, None]).squeeze(1) - w[:, j] - delta[:, j]
@@ -145,14 +150,15 @@ class LNQResult:
 
 def lnq(w: torch.Tensor, h: torch.Tensor, seed: tuple[torch.Tensor, torch.Tensor], iterations: int = 3,
         cd_cycles: int = 4, cd_block: int = 128, ridge: float = 1e-7) -> LNQResult:
-    """Alternate C and P steps on rows ``w`` sharing ``h`` (already damped) from ``seed = (codebook, idx)``:
-    iteration 1 is a C step, each later one a P step then a C step; the best pair seen is kept, and the loop stops
-    when a C step does not improve on it."""
+    """Alternate C and P steps on rows ``w`` sharing ``h`` (already damped) from ``seed = (codebook, idx)``, as the
+    official ``train_least_squares``: iteration 1 is a C step, each later one a P step then a C step; a C step that
+    does not improve on the best (the seed, or the best C step so far) ends the loop and the best pair is returned."""
     h = h.double()
     w64 = w.double()
     c, idx = seed[0].double(), seed[1]
     k = c.shape[1]
     best = LNQResult(idx, c, [objective(w64, c.gather(1, idx), h)])
+    best_value = best.trace[0]
     for it in range(iterations):
         if it > 0:
             idx = p_step(w64, idx, c, h, cd_cycles, cd_block)
@@ -160,8 +166,7 @@ def lnq(w: torch.Tensor, h: torch.Tensor, seed: tuple[torch.Tensor, torch.Tensor
         c = c_step(w64, idx, h, k, ridge)
         value = objective(w64, c.gather(1, idx), h)
         best.trace.append(value)
-        if value < min(best.trace[:-1]):
-            best.idx, best.codebook = idx, c
-        elif it > 0:
+        if value >= best_value:
             break
+        best.idx, best.codebook, best_value = idx, c, value
     return best
