@@ -40,6 +40,6 @@ def lut_gemm(x: torch.Tensor, qweight: torch.Tensor, codebook: torch.Tensor, bia
             cupy.asarray(codebook.float().contiguous()),
             cupy.asarray(bias.detach().float().contiguous()) if bias is not None else cupy.uint64(0),
             cupy.asarray(out), cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int32(bits))
-    threads = 128
-    kernels.launch(CUDA / "lut_gemm.cu", "lut_gemm", (-(-n // threads), min(m, MAX_GRID_Y)), (threads,), args, x)
+    warps = 4
+    kernels.launch(CUDA / "lut_gemm.cu", "lut_gemm", (-(-n // warps), min(m, MAX_GRID_Y)), (32 * warps,), args, x)
     return out
