@@ -1,6 +1,7 @@
 """GuidedQuant and LNQ against RTN, GPTQ, SqueezeLLM and NF4 on trained reference models, at 2, 3 and 4 bits.
 
     python benchmarks/bench_guidedquant.py [--models ref:llama-bench ref:opt-bench] [--calib 128] [--quick]
+    python benchmarks/bench_guidedquant.py --bits w2a16 --seeds 1 2 3 --only LNQ "LNQ + GQ g=4" "GPTQ g64" "GPTQ g64 + GQ g=4"
 
 Per model and bit width: perplexity increase over FP and KL(FP || quantized) on 16k held-out standard-library tokens
 (windows of 128, the models' trained context), bits per weight as stored (scales, zero points and codebooks
@@ -54,6 +55,8 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=128, help="Calibration windows of 128 tokens.")
     ap.add_argument("--max-tokens", type=int, default=16384)
     ap.add_argument("--bits", nargs="+", default=["w2a16", "w3a16", "w4a16"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="Calibration seeds (windows drawn per seed).")
+    ap.add_argument("--only", nargs="+", help="Method labels to run (default: all).")
     ap.add_argument("--quick", action="store_true", help="2 bits, 8 windows, 2k tokens (a smoke run).")
     args = ap.parse_args()
     import llmx
@@ -67,25 +70,28 @@ def main() -> None:
         base.eval()
         windows = heldout_windows(tok, args.max_tokens, SEQ)
         fp, fp_logp = heldout_scores(base, windows)
-        rows.append({"model": name, "bits": "-", "method": "FP", "ppl_increase": 0.0, "kl": 0.0,
+        rows.append({"model": name, "bits": "-", "method": "FP", "seed": None, "ppl_increase": 0.0, "kl": 0.0,
                      "perplexity": fp["perplexity"], "bits_per_weight": 32, "objective": None, "objective_kind": None,
                      "minutes": None})
         todo = [(b, *m) for b in args.bits for m in methods(b)] + [("w4a16", "bnb NF4 b64", "bnb", {"quant_type": "nf4"})]
-        for bits, label, method, params in todo:
+        todo = [(seed, *t) for seed in args.seeds for t in todo if not args.only or t[1] in args.only]
+        for seed, bits, label, method, params in todo:
             t0 = time.perf_counter()
             calib = {} if method == "bnb" else {"calib_samples": args.calib, "calib_seq_len": SEQ}
             model, m = llmx.quantize(copy.deepcopy(base), tokenizer=tok, method=method, bits=bits, save=False,
-                                     **calib, **params)
+                                     seed=seed, **calib, **params)
             minutes = (time.perf_counter() - t0) / 60
             s, _ = heldout_scores(model.eval(), windows, fp_logp)
             stored = m.get("bits_per_weight") or 8 * m["quantized_bytes"] / m["quantized_params"]
-            rows.append({"model": name, "bits": bits, "method": label, "ppl_increase": s["perplexity"] - fp["perplexity"],
+            rows.append({"model": name, "bits": bits, "method": label, "seed": seed,
+                         "ppl_increase": s["perplexity"] - fp["perplexity"],
                          "kl": s["kl"], "perplexity": s["perplexity"], "bits_per_weight": stored,
                          "objective": m.get("objective_stored"), "objective_kind": m.get("objective_kind"),
                          "minutes": round(minutes, 2)})
             print(rows[-1], flush=True)
-    publish("guidedquant" + ("_quick" if args.quick else ""), rows, calib_windows=args.calib, seq_len=SEQ,
-            tokens=args.max_tokens)
+    suffix = "_quick" if args.quick else "_seeds" if len(args.seeds) > 1 else ""
+    publish("guidedquant" + suffix, rows, calib_windows=args.calib, seq_len=SEQ, tokens=args.max_tokens,
+            seeds=args.seeds)
 
 
 if __name__ == "__main__":
