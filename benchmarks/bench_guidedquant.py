@@ -90,6 +90,8 @@ def main() -> None:
                          "minutes": round(minutes, 2)})
             print(rows[-1], flush=True)
     suffix = "_quick" if args.quick else "_seeds" if len(args.seeds) > 1 else ""
+    if len(args.models) == 1 and suffix == "_seeds":
+        suffix += "_" + args.models[0].removeprefix("ref:")
     publish("guidedquant" + suffix, rows, calib_windows=args.calib, seq_len=SEQ, tokens=args.max_tokens,
             seeds=args.seeds)
 
