@@ -62,3 +62,22 @@ def test_lut_linear_on_the_device_equals_its_dequantized_weight():
     with torch.no_grad():
         assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.dequantized_weight(), layer.bias),
                               rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["lnq", "gptq"])
+def test_guidedquant_runs_on_the_device_with_real_widths(backend):
+    """Hidden 2048, GQA, biases (Qwen2), one block: gradients, guided Hessians and the backend all on the GPU."""
+    import llmx
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=512, hidden_size=2048, intermediate_size=4096, num_hidden_layers=1,
+                      num_attention_heads=16, num_key_value_heads=4)
+    model = Qwen2ForCausalLM(cfg).cuda()
+    _, tok = llmx.load("tiny:llama")
+    model, m = llmx.quantize(model, tokenizer=tok, method="guidedquant", bits="w2a16", backend=backend,
+                             calib_samples=4, calib_seq_len=32, iterations=2, device="cuda", save=False)
+    assert all(b.device.type == "cuda" for b in model.buffers()) and m["objective"] <= m["objective_seed"] * 1.0001
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.randint(0, 512, (1, 16), device="cuda")).logits).all()
