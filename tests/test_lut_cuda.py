@@ -69,8 +69,9 @@ def test_lut_linear_on_the_device_equals_its_dequantized_weight():
 @pytest.mark.parametrize("backend", ["lnq", "gptq"])
 def test_guidedquant_runs_on_the_device_with_real_widths(backend):
     """Hidden 2048, GQA, biases (Qwen2), one block: gradients, guided Hessians and the backend all on the GPU."""
-    import llmx
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import llmx
 
     cfg = Qwen2Config(vocab_size=512, hidden_size=2048, intermediate_size=4096, num_hidden_layers=1,
                       num_attention_heads=16, num_key_value_heads=4)
