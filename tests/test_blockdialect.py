@@ -173,13 +173,15 @@ def test_quantize_blocks_api_on_a_model_with_biases_and_gqa_and_its_counts():
 def _tiny(kind: str):
     import transformers as t
 
+    from llmx.core import models
+
     small = dict(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4)
     gqa = dict(small, intermediate_size=64, num_key_value_heads=2, head_dim=16)
     return {"falcon": lambda: t.FalconForCausalLM(t.FalconConfig(**small)),
             "bloom": lambda: t.BloomForCausalLM(t.BloomConfig(vocab_size=64, hidden_size=64, n_layer=1, n_head=4)),
             "gemma2": lambda: t.Gemma2ForCausalLM(t.Gemma2Config(**gqa)),
             "gpt-oss": lambda: t.GptOssForCausalLM(t.GptOssConfig(**gqa, num_local_experts=4, num_experts_per_tok=2)),
-            "mamba2": lambda: __import__("llmx.core.models", fromlist=["load"]).load("tiny:mamba2")[0]}[kind]()
+            "mamba2": lambda: models.load("tiny:mamba2")[0]}[kind]()
 
 
 @pytest.mark.parametrize("kind,needle", [("mamba2", "no attention layers"), ("falcon", "AttentionInterface"),

@@ -4,6 +4,7 @@ the guided objective as a predictor of the loss, the LUT layer, storage and the 
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -81,19 +82,6 @@ def test_hooked_saliency_is_the_squared_per_token_output_gradient():
     hook.remove()
     assert torch.allclose(sal.tokens["up"], torch.cat(expected), rtol=1e-5)
     assert all(p.grad is None for p in model.parameters())
-
-
-def test_uniform_saliency_with_one_group_is_x_xt_and_gptq_on_it_is_core_gptq():
-    w, x, h = _layer()
-    stats = saliency.GuidedStats(torch.ones(x.shape[0], 1))
-    stats.add(x[:1000].float(), True)
-    stats.add(x[1000:].float(), True)
-    assert torch.allclose(stats.hessian[0], x.float().double().T @ x.float().double(), rtol=1e-12)
-    fmt = IntFormat(3, 16)
-    p = GuidedQuantParams(bits="w3a16", backend="gptq")
-    ours = guided_gptq(w.float(), stats.hessian, fmt, p)
-    core = gptq(w.float(), stats.hessian[0].float(), fmt, p.block_size, p.percdamp)
-    assert torch.equal(ours.codes, core.codes) and torch.equal(ours.scale, core.scale)
 
 
 def test_guided_hessians_through_block_calibration_line_up_with_their_tokens():
@@ -309,11 +297,11 @@ def test_a_saved_codebook_of_the_wrong_shape_is_refused(cli, tmp_path):
             "--set", "calib_samples=2", "--set", "calib_seq_len=32", "--set", "iterations=1", "-o", tmp_path / "q")
     assert r.code == 0, r.err
     folder = r.json()["stages"][0]["metrics"]["model_dir"]
-    f = next(p for p in __import__("pathlib").Path(folder).glob("*.safetensors"))
+    f = next(Path(folder).glob("*.safetensors"))
     state = load_file(str(f))
     key = next(k for k in state if k.endswith("codebook"))
     state[key] = torch.zeros(state[key].shape[0], 8, dtype=torch.float16)
     save_file(state, str(f))
-    (__import__("pathlib").Path(folder) / "llmx-manifest.json").unlink()  # a folder edited by hand, not damaged
+    (Path(folder) / "llmx-manifest.json").unlink()  # a folder edited by hand, not damaged
     again = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "e")
     assert again.code == 2 and "does not match its stored spec" in again.err, again.err

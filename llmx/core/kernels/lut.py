@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from llmx.core import kernels
+from llmx.core.kernels.ops import MAX_GRID_Y
 from llmx.core.quant.packing import unpack
 
 CUDA = Path(__file__).parent / "cuda"
-MAX_GRID_Y = 65535
 
 
 def use_kernel(x: torch.Tensor) -> bool:

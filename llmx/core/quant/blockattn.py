@@ -17,7 +17,6 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from llmx.core.quant import blockfp
 from llmx.core.quant.blockfp import BlockFormat
-from llmx.core.quant.blocklinear import format_from_spec, format_spec
 from llmx.errors import UsageError
 
 NAME = "llmx_blockfp"
@@ -34,12 +33,12 @@ class BlockAttention(torch.nn.Module):
         self.qk, self.pv = qk, pv
 
     def llmx_spec(self) -> dict[str, Any]:
-        return {"layer": self.LAYER, "qk": format_spec(self.qk), "pv": format_spec(self.pv)}
+        return {"layer": self.LAYER, "qk": self.qk.spec() if self.qk else None, "pv": self.pv.spec() if self.pv else None}
 
     @classmethod
     def rebuild(cls, spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype,
                 config: Any = None) -> BlockAttention:
-        return cls(format_from_spec(spec["qk"]), format_from_spec(spec["pv"]))
+        return cls(*(BlockFormat.from_spec(spec[k]) if spec[k] else None for k in ("qk", "pv")))
 
     def llmx_after_load(self, model: torch.nn.Module) -> None:
         model.set_attn_implementation(NAME)

@@ -17,7 +17,7 @@ One rounding rule everywhere: nearest magnitude, ties to the even index (for E2M
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import torch
@@ -71,6 +71,14 @@ class BlockFormat:
 
     def with_(self, **changes) -> BlockFormat:
         return replace(self, **changes)
+
+    def spec(self) -> dict:
+        """JSON-ready fields (a stored layer's spec); :meth:`from_spec` inverts it."""
+        return {**asdict(self), "tables": [list(t) for t in self.tables]}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> BlockFormat:
+        return cls(**{**spec, "tables": tuple(tuple(t) for t in spec["tables"])})
 
     def describe(self) -> str:
         return f"{self.name} b{self.block} ({self.bits:g} bits)"

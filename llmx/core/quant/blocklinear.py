@@ -12,7 +12,6 @@ runs the integer-MAC kernels of :mod:`llmx.core.kernels.blockfp`; elsewhere it d
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -22,30 +21,23 @@ from llmx.core.quant import blockfp
 from llmx.core.quant.blockfp import BlockFormat, Blocks
 
 
-def format_spec(fmt: BlockFormat | None) -> dict[str, Any] | None:
-    return None if fmt is None else {**asdict(fmt), "tables": [list(t) for t in fmt.tables]}
-
-
-def format_from_spec(spec: dict[str, Any] | None) -> BlockFormat | None:
-    return None if spec is None else BlockFormat(**{**spec, "tables": tuple(tuple(t) for t in spec["tables"])})
-
-
 class BlockQuantLinear(torch.nn.Module):
     LAYER = "block_linear"
 
     def __init__(self, in_features: int, out_features: int, bias: bool, weight_format: BlockFormat,
-                 act_format: BlockFormat | None, dtype: torch.dtype = torch.float32):
+                 act_format: BlockFormat | None, dtype: torch.dtype = torch.float32, device: torch.device | None = None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight_format, self.act_format = weight_format, act_format
         nb = -(-in_features // weight_format.block)
-        self.register_buffer("qweight", torch.zeros(out_features, nb * weight_format.block // 2, dtype=torch.uint8))
+        u8 = {"dtype": torch.uint8, "device": device}
+        self.register_buffer("qweight", torch.zeros(out_features, nb * weight_format.block // 2, **u8))
         scale_dtype = torch.float16 if weight_format.scale == "fp16" else torch.uint8
-        self.register_buffer("scales", torch.zeros(out_features, nb, dtype=scale_dtype))
+        self.register_buffer("scales", torch.zeros(out_features, nb, dtype=scale_dtype, device=device))
         multi = len(weight_format.tables) > 1
-        self.register_buffer("tables", torch.zeros(-(-out_features * nb // 8) * 4, dtype=torch.uint8) if multi else None)
-        self.register_buffer("tensor_scale", torch.ones(1) if weight_format.scale == "e4m3" else None)
-        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        self.register_buffer("tables", torch.zeros(-(-out_features * nb // 8) * 4, **u8) if multi else None)
+        self.register_buffer("tensor_scale", torch.ones(1, device=device) if weight_format.scale == "e4m3" else None)
+        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
 
     @property
     def float_numel(self) -> int:
@@ -56,7 +48,7 @@ class BlockQuantLinear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear, weight_format: BlockFormat,
                     act_format: BlockFormat | None) -> BlockQuantLinear:
         q = cls(linear.in_features, linear.out_features, linear.bias is not None, weight_format, act_format,
-                linear.weight.dtype).to(linear.weight.device)
+                linear.weight.dtype, linear.weight.device)
         b = blockfp.quantize(linear.weight, weight_format)
         q.qweight.copy_(blockfp.pack_codes(b.codes.reshape(q.out_features, -1)))
         q.scales.copy_(b.scale_code)
@@ -101,14 +93,15 @@ class BlockQuantLinear(torch.nn.Module):
 
     def llmx_spec(self) -> dict[str, Any]:
         return {"layer": self.LAYER, "in_features": self.in_features, "out_features": self.out_features,
-                "bias": self.bias is not None, "weight_format": format_spec(self.weight_format),
-                "act_format": format_spec(self.act_format)}
+                "bias": self.bias is not None, "weight_format": self.weight_format.spec(),
+                "act_format": self.act_format.spec() if self.act_format else None}
 
     @classmethod
     def rebuild(cls, spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype,
                 config: Any = None) -> BlockQuantLinear:
-        layer = cls(spec["in_features"], spec["out_features"], spec["bias"], format_from_spec(spec["weight_format"]),
-                    format_from_spec(spec["act_format"]), dtype)
+        act = spec["act_format"]
+        layer = cls(spec["in_features"], spec["out_features"], spec["bias"], BlockFormat.from_spec(spec["weight_format"]),
+                    BlockFormat.from_spec(act) if act else None, dtype)
         layer.load_state_dict(state, strict=True)
         return layer
 

@@ -19,14 +19,16 @@ from llmx.core.quant.packing import pack, unpack
 class LUTLinear(torch.nn.Module):
     LAYER = "lut_linear"
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | None = None):
         super().__init__()
         if not 1 <= bits <= 8:
             raise ValueError(f"LUT indices take 1..8 bits, got {bits}")
         self.in_features, self.out_features, self.bits = in_features, out_features, bits
-        self.register_buffer("qweight", torch.zeros(out_features, -(-in_features // 8) * bits, dtype=torch.uint8))
-        self.register_buffer("codebook", torch.zeros(out_features, 2**bits, dtype=torch.float16))
-        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        self.register_buffer("qweight", torch.zeros(out_features, -(-in_features // 8) * bits, dtype=torch.uint8,
+                                                    device=device))
+        self.register_buffer("codebook", torch.zeros(out_features, 2**bits, dtype=torch.float16, device=device))
+        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
 
     @property
     def float_numel(self) -> int:
@@ -40,8 +42,8 @@ class LUTLinear(torch.nn.Module):
     @torch.no_grad()
     def from_indices(cls, linear: torch.nn.Linear, indices: torch.Tensor, codebook: torch.Tensor, bits: int) -> LUTLinear:
         """``indices`` ``[out, in]`` into ``codebook`` ``[out, 2^b]`` (cast to fp16, as stored)."""
-        q = cls(linear.in_features, linear.out_features, linear.bias is not None, bits,
-                linear.weight.dtype).to(linear.weight.device)
+        q = cls(linear.in_features, linear.out_features, linear.bias is not None, bits, linear.weight.dtype,
+                linear.weight.device)
         q.qweight.copy_(pack(indices, bits))
         q.codebook.copy_(codebook.to(torch.float16))
         if linear.bias is not None:

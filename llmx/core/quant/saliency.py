@@ -35,9 +35,9 @@ def group_bounds(out_features: int, groups: int) -> list[tuple[int, int]]:
 
 
 def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Linear], batches: torch.Tensor, groups: int,
-            scale: float = 1e3, fisher: bool = True, progress=None) -> Saliency:
+            scale: float = 1e3, fisher: bool = True, per_token: bool = True, progress=None) -> Saliency:
     """One LM-loss backward per window of ``batches`` ``[n, T]`` through ``model`` (its parameters' gradients are
-    restored afterwards)."""
+    restored afterwards): the per-token saliencies (``per_token``) and the Fisher diagonal (``fisher``)."""
     device = next(model.parameters()).device
     tokens: dict[str, list[torch.Tensor]] = {n: [] for n in layers}
     fish = {n: torch.zeros(m.weight.shape, dtype=torch.float32) for n, m in layers.items()} if fisher else {}
@@ -58,7 +58,7 @@ def collect(model: torch.nn.Module, layers: dict[str, torch.nn.Linear], batches:
     targets = {id(m.weight) for m in layers.values()}
     for p in model.parameters():  # gradients for the target weights only (the Fisher); activations carry the rest
         p.requires_grad_(id(p) in targets)
-    hooks = [m.register_forward_hook(keep(n)) for n, m in layers.items()]
+    hooks = [m.register_forward_hook(keep(n)) for n, m in layers.items()] if per_token else []
     was_training = model.training
     model.eval()
     try:

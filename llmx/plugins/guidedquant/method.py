@@ -81,7 +81,7 @@ def run(ctx: RunContext, p: GuidedQuantParams) -> dict:
     batches = apply.calibration(ctx, p)
     needs_grad = p.guided or p.backend != "gptq"
     sal = saliency.collect(model, layers, batches, groups, p.saliency_scale, fisher=p.backend != "gptq",
-                           progress=ctx.progress) if needs_grad else None
+                           per_token=p.guided, progress=ctx.progress) if needs_grad else None
     make_stats = (lambda n: saliency.GuidedStats(sal.tokens[n])) if p.guided else None
     traces: dict[str, list[float]] = {}
     stored: dict[str, float] = {}
