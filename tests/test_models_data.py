@@ -73,13 +73,62 @@ def test_stdlib_split_is_stable_disjoint_and_skips_tests():
 def test_text_and_jsonl_files(tmp_path):
     txt = tmp_path / "a.txt"
     txt.write_text("x" * 90 + "y" * 10)
-    assert data.documents(str(txt), "validation") == ["y" * 10]
+    assert data.documents(str(txt), "validation", data.TextSplit("tail")) == ["y" * 10]
     rows = tmp_path / "r.jsonl"
     rows.write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in range(50)) + "\n")
-    assert len(data.documents(str(rows), "train")) + len(data.documents(str(rows), "validation")) == 50
+    train, val = data.documents(str(rows), "train"), data.documents(str(rows), "validation")
+    assert len(train) + len(val) == 50 and val
+    rows.write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in reversed(range(50))) + "\n")
+    assert sorted(data.documents(str(rows), "validation")) == sorted(val)  # the split ignores row order
     rows.write_text('{"text": "ok"}\n{"txt": "bad"}\n')
     with pytest.raises(UsageError, match=r"r.jsonl:2: expected an object with a string field 'text'"):
         data.documents(str(rows), "train")
+
+
+def _paragraphs(n: int) -> list[str]:
+    return [f"paragraph {i} about {'code' if i % 2 else 'prose'}\nsecond line {i * 7}" for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["auto", "blocks"])
+def test_text_file_splits_by_block_whatever_the_order(tmp_path, mode):
+    """A sorted or shuffled file validates on the same blocks; the splits are disjoint, cover the text, and runs of
+    one side come back as the file had them."""
+    blocks = _paragraphs(200)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("\n\n".join(blocks) + "\n")
+    b.write_text("\n\n".join(sorted(blocks, key=lambda t: t[::-1])) + "\n")
+    rule = data.TextSplit(mode)
+
+    def pieces(path, split):
+        return {blk for doc in data.documents(str(path), split, rule) for blk in doc.split("\n\n")}
+
+    val, train = pieces(a, "validation"), pieces(a, "train")
+    assert val == pieces(b, "validation") and train == pieces(b, "train")
+    assert not val & train and val | train == set(blocks)
+    assert 0.04 < len(val) / len(blocks) < 0.2
+    wide = {blk for doc in data.documents(str(a), "validation", data.TextSplit(mode, 40)) for blk in doc.split("\n\n")}
+    assert len(wide) > 2 * len(val)
+    train_docs = data.documents(str(a), "train", rule)
+    assert all(doc in a.read_text() for doc in train_docs)  # contiguous runs of the file
+
+
+def test_text_file_without_blank_lines_splits_by_line(tmp_path):
+    lines = [f"sentence number {i} of a corpus with one sentence per line" for i in range(300)]
+    path = tmp_path / "lines.txt"
+    path.write_text("\n".join(lines) + "\n")
+    assert data.text_units(path.read_text(), "auto") == [line + "\n" for line in lines]
+    val = [ln for doc in data.documents(str(path), "validation") for ln in doc.split("\n")]
+    train = [ln for doc in data.documents(str(path), "train") for ln in doc.split("\n")]
+    assert sorted(val + train) == sorted(lines) and 10 < len(val) < 60
+    with pytest.raises(UsageError, match="no text in its (train|validation) split"):  # one block: one side is empty
+        [data.documents(str(path), split, data.TextSplit("blocks")) for split in ("train", "validation")]
+
+
+def test_text_units_restore_the_text():
+    text = "\n\na b\nc\n\n\n  \nd e\n\nf"
+    for mode in ("blocks", "lines"):
+        assert "".join(data.text_units(text, mode)) == text
+    assert [u.strip() for u in data.text_units(text, "blocks")] == ["", "a b\nc", "d e", "f"]
 
 
 def test_empty_or_missing_data_is_exit_2(cli, tmp_path):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,7 +107,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_entry(cli, cache, tmp_path):
              ("--seq-len", "0"): "--seq-len must be at least 2", ("--heads", "3"): "3 heads do not divide hidden 64",
              ("--kv-heads", "3"): "do not divide 4 heads", ("--tokens", "100", "--steps", "3"): "give one",
              ("--tokenizer", "ref:me", "--name", "me"): "names the model being built",
-             ("--name", "llama-test"): "built-in"}
+             ("--name", "llama-test"): "built-in", ("--text-split", "line"): "Did you mean 'lines'?",
+             ("--validation-percent", "0"): "between 1 and 50"}
     for extra, message in cases.items():
         r = cli("zoo", "build", "llama", "--preset", "test", *extra)
         assert r.code == 2 and message in r.err, (extra, r.err)
@@ -117,6 +119,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_entry(cli, cache, tmp_path):
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("a few words only")
     r = cli("zoo", "build", "llama", "--preset", "test", "--data", tiny)
+    assert r.code == 2 and "no text in its validation split (raise data.validation_percent" in r.err
+    r = cli("zoo", "build", "llama", "--preset", "test", "--data", tiny, "--text-split", "tail")
     assert r.code == 2 and "too few for one window" in r.err
     assert not cache.exists() or [p.name for p in cache.iterdir() if not p.name.startswith(".locks")] == []
 
@@ -160,6 +164,26 @@ def test_same_seed_same_weights_other_seed_differs(monkeypatch, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     seeded = zoo.ensure(RefRequest("mamba2", "test", seed=1), show_progress=False)
     assert seeded.name != first.name and not torch.equal(weights(seeded)["lm_head.weight"], a["lm_head.weight"])
+
+
+def test_fresh_processes_with_other_thread_counts_build_the_same_bytes(notes, tmp_path):
+    """Same seed, same weights on any machine with the same versions: two builds in fresh processes, one and two
+    threads (torch and the tokenizer trainer), from a text file, give identical files."""
+    cmd = [sys.executable, "-m", "llmx", "--json", "zoo", "build", "llama", "--preset", "test", "--data", str(notes),
+           "--steps", "40"]
+    built = []
+    for threads in ("1", "2"):
+        env = {**os.environ, "LLMX_CACHE_DIR": str(tmp_path / f"c{threads}"), "OMP_NUM_THREADS": threads,
+               "RAYON_NUM_THREADS": threads}
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr[-500:]
+        built.append(json.loads(out.stdout))
+    a, b = (Path(d["path"]) for d in built)
+    assert a != b and a.name == b.name
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert built[0]["environment"] == built[1]["environment"]
+    assert built[0]["val_perplexity"] == built[1]["val_perplexity"]
 
 
 def test_corrupted_entry_is_detected_and_rebuilt(cache, caplog):

@@ -24,6 +24,11 @@ def build(
                                         "test (seconds).")] = "small",
     data: Annotated[str, typer.Option("--data", help="stdlib (default), pydoc, a .txt/.jsonl file, hf:NAME or a "
                                       "plugin dataset.")] = "stdlib",
+    text_split: Annotated[str, typer.Option("--text-split", help="How a local file splits into train and validation: "
+                                            "auto (blank-line blocks, or lines), blocks, lines (each by a hash of "
+                                            "its text) or tail (the last percent).")] = "auto",
+    validation_percent: Annotated[int, typer.Option("--validation-percent",
+                                                    help="A local file's share held out.")] = 10,
     name: Annotated[Optional[str], typer.Option("--name", help="Make the entry addressable as ref:NAME.")] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", help="Maximum training steps (default: the preset's).")] = None,
     tokens: Annotated[Optional[int], typer.Option("--tokens", help="Training budget in tokens, instead of --steps.")] = None,
@@ -43,6 +48,7 @@ def build(
     from llmx.core import zoo
 
     req = zoo.RefRequest(arch=arch.removeprefix("ref:"), preset=preset, seed=seed, steps=steps, data=data, tokens=tokens,
+                         text_split=text_split, validation_percent=validation_percent,
                          layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, seq_len=seq_len,
                          tokenizer=tokenizer, name=name)
     path, built = zoo.provide(req, force=force, show_progress=state.show_progress)

@@ -43,6 +43,16 @@ class DataConfig(_Strict):
     split: Literal["train", "validation"] = "validation"
     seq_len: int = Field(128, gt=0, description="Tokens per sequence.")
     max_tokens: int | None = Field(None, gt=0, description="Cap on the tokens read from the source.")
+    text_split: Literal["auto", "blocks", "lines", "tail"] = Field(
+        "auto", description="How a local .txt/.jsonl file splits: by a hash of each blank-line block (auto: or of "
+        "each line, when there are few blocks), or its last validation_percent (tail).")
+    validation_percent: int = Field(10, ge=1, le=50, description="A local file's share held out for validation.")
+
+    @property
+    def splitting(self):
+        from llmx.core.data import TextSplit
+
+        return TextSplit(self.text_split, self.validation_percent)
 
 
 class RunConfig(_Strict):

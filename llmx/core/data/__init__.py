@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from llmx.core.names import did_you_mean
 from llmx.errors import UsageError
 
 VALIDATION_PERCENT = 10
+MIN_BLOCKS = 20  # ``auto`` reads a .txt file by lines when it has fewer blank-line blocks than this
+
+
+@dataclass(frozen=True)
+class TextSplit:
+    """How a local file is split into train and validation. ``auto`` (the default): blank-line blocks, or lines when
+    the file has fewer than ``MIN_BLOCKS`` blocks; ``blocks``; ``lines``; each unit goes to validation by a hash of
+    its text (``percent``), so sorting or shuffling the file keeps the split, and consecutive units of one side are
+    joined back with their separators. ``tail``: the last ``percent`` of the characters (of the rows, for .jsonl),
+    the behaviour before units existed. Named datasets split themselves (``stdlib`` by file path)."""
+
+    mode: Literal["auto", "blocks", "lines", "tail"] = "auto"
+    percent: int = VALIDATION_PERCENT
 
 
 def in_validation(key: str, percent: int = VALIDATION_PERCENT) -> bool:
@@ -25,8 +40,9 @@ def holdout(rows: list, fraction: float = 0.1, key=None) -> tuple[list, list]:
     return [r for r, h in zip(rows, held, strict=True) if not h], [r for r, h in zip(rows, held, strict=True) if h]
 
 
-def documents(source: str, split: str) -> list[str]:
-    """The documents of ``split`` ('train' or 'validation') from a named dataset or a local file."""
+def documents(source: str, split: str, splitting: TextSplit | None = None) -> list[str]:
+    """The documents of ``split`` ('train' or 'validation') from a named dataset or a local file (split by
+    ``splitting``, default ``TextSplit()``)."""
     from llmx.core.plugins import host
 
     specs = host().datasets
@@ -42,9 +58,11 @@ def documents(source: str, split: str) -> list[str]:
             hint = did_you_mean(source, specs)
             raise UsageError(f"data source not found: '{source}' is neither a dataset ({', '.join(specs)}) "
                              f"nor a file.{hint}")
-        docs = _split_file(path, split)
+        docs = _split_file(path, split, splitting or TextSplit())
     if not any(d.strip() for d in docs):
-        raise UsageError(f"data source '{source}' has no text in its {split} split")
+        hint = (" (raise data.validation_percent / --validation-percent, or split by tail)"
+                if path_like(source) and split == "validation" else "")
+        raise UsageError(f"data source '{source}' has no text in its {split} split{hint}")
     return docs
 
 
@@ -68,24 +86,63 @@ def _hub_dataset(name: str, split: str) -> list[str]:
     return [r for r in rows[column] if isinstance(r, str)]
 
 
-def _split_file(path: Path, split: str) -> list[str]:
+def path_like(source: str) -> bool:
+    return source.endswith((".txt", ".jsonl")) or Path(source).expanduser().is_file()
+
+
+def _split_file(path: Path, split: str, rule: TextSplit) -> list[str]:
     from llmx.core.data.files import json_lines, read_text
 
+    want = split == "validation"
     if path.suffix == ".jsonl":
         texts = []
         for where, row in json_lines(path):
             if not isinstance(row.get("text"), str):
                 raise UsageError(f"{where}: expected an object with a string field 'text'")
             texts.append(row["text"])
-        return [d for i, d in enumerate(texts) if in_validation(f"{path.name}:{i}") == (split == "validation")]
+        if rule.mode == "tail":
+            cut = len(texts) * (100 - rule.percent) // 100
+            return texts[cut:] if want else texts[:cut]
+        return [t for t in texts if in_validation(t, rule.percent) == want]
     text = read_text(path)
-    cut = len(text) * (100 - VALIDATION_PERCENT) // 100
-    return [text[:cut]] if split == "train" else [text[cut:]]
+    if rule.mode == "tail":
+        cut = len(text) * (100 - rule.percent) // 100
+        return [text[cut:]] if want else [text[:cut]]
+    units = text_units(text, rule.mode)
+    docs, run = [], []
+    for unit in units:
+        if in_validation(unit.strip(), rule.percent) == want:
+            run.append(unit)
+        elif run:
+            docs.append("".join(run))
+            run = []
+    if run:
+        docs.append("".join(run))
+    return [d.strip("\n") for d in docs if d.strip()]
 
 
-def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None = None):
+def text_units(text: str, mode: str) -> list[str]:
+    """The text cut into blank-line blocks or lines, each keeping the separator after it and any blank lines (joining
+    them restores the text); ``auto`` takes lines when there are fewer than ``MIN_BLOCKS`` blocks."""
+    if mode != "lines":
+        parts = re.split(r"(\n[ \t\r\f\v]*\n\s*)", text)
+        blocks = [parts[i] + (parts[i + 1] if i + 1 < len(parts) else "") for i in range(0, len(parts), 2)]
+        blocks = [b for b in blocks if b]
+        if mode == "blocks" or len(blocks) >= MIN_BLOCKS:
+            return blocks
+    units: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if units and not line.strip():
+            units[-1] += line
+        else:
+            units.append(line)
+    return units
+
+
+def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None = None,
+                 splitting: TextSplit | None = None):
     """All documents of a split tokenised and joined by EOS, as one 1-D LongTensor (capped at ``max_tokens``)."""
-    return join_documents(tokenizer, documents(source, split), max_tokens)
+    return join_documents(tokenizer, documents(source, split, splitting), max_tokens)
 
 
 def join_documents(tokenizer: Any, docs: list[str], max_tokens: int | None = None):
@@ -113,11 +170,11 @@ def fixed_windows(stream, seq_len: int, n: int):
 
 
 def random_windows(tokenizer, source: str, n_samples: int, seq_len: int, seed: int = 0,
-                   split: str = "train"):
+                   split: str = "train", splitting: TextSplit | None = None):
     """``[n_samples, seq_len]`` random windows of a split's token stream (seeded)."""
     import torch
 
-    stream = token_stream(tokenizer, source, split, max_tokens=max(200_000, 4 * n_samples * seq_len))
+    stream = token_stream(tokenizer, source, split, max(200_000, 4 * n_samples * seq_len), splitting)
     if len(stream) <= seq_len:
         raise UsageError(f"data '{source}' has only {len(stream)} tokens; need more than {seq_len}")
     gen = torch.Generator().manual_seed(seed)

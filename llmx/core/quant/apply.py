@@ -36,7 +36,7 @@ def calibration(ctx: RunContext, p: WeightQuantParams) -> torch.Tensor:
     from llmx.core.data import random_windows
 
     return random_windows(ctx.tokenizer, p.calib_source or ctx.config.data.source, p.calib_samples,
-                               p.calib_seq_len, seed=ctx.config.seed)
+                               p.calib_seq_len, seed=ctx.config.seed, splitting=ctx.config.data.splitting)
 
 
 def finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, Any]) -> dict[str, Any]:

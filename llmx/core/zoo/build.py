@@ -71,7 +71,7 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
             "val_perplexity": math.exp(total / count), "val_tokens_scored": count,
             "val_bits_per_byte": bits_per_byte(total, tok, scored),
             "unigram_perplexity": math.exp(unigram_nll(train_ids, scored, len(tok))),
-            "zoo_version": ZOO_VERSION, "torch": torch.__version__,
+            "zoo_version": ZOO_VERSION, "torch": torch.__version__, "environment": environment(),
             "built_by": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid()},
         }
     finally:
@@ -83,6 +83,20 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n")
         manifest.write(tmp)
     return target
+
+
+def environment() -> dict:
+    """What the bits of a build depend on beyond its key: the same key, versions and CPU kernels give the same bytes
+    in any process (training runs on one thread whatever the caller's thread count; tested)."""
+    import platform
+
+    import tokenizers
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "device": "cpu", "threads": 1}
 
 
 CPU_FLOPS = 6e10  # one modern x86 thread on these shapes, measured on the presets (7.6e10 alone, 4.9e10 loaded)

@@ -21,9 +21,10 @@ class Corpus:
 
 
 def corpus(req: RefRequest) -> Corpus:
-    from llmx.core.data import documents
+    from llmx.core.data import TextSplit, documents
 
-    train, val = documents(req.data, "train"), documents(req.data, "validation")
+    rule = TextSplit(req.text_split, req.validation_percent)
+    train, val = documents(req.data, "train", rule), documents(req.data, "validation", rule)
     limit = req.spec.corpus_chars
     if limit:
         train, val = cap(train, limit), cap(val, limit // 5)

@@ -178,8 +178,10 @@ def finetune(ctx: RunContext, p: CloverTrainParams) -> dict:
     trainable = {n: t for n, t in model.named_parameters() if t.requires_grad}
     source = ctx.config.data.source
     count = p.steps * p.grad_accum * world()[1] * p.batch_size  # one window per example of every micro-batch
-    train_windows = random_windows(ctx.tokenizer, source, count, p.seq_len, ctx.config.seed)
-    held_out = random_windows(ctx.tokenizer, source, p.eval_windows, p.seq_len, ctx.config.seed, split="validation")
+    train_windows = random_windows(ctx.tokenizer, source, count, p.seq_len, ctx.config.seed,
+                                   splitting=ctx.config.data.splitting)
+    held_out = random_windows(ctx.tokenizer, source, p.eval_windows, p.seq_len, ctx.config.seed, split="validation",
+                              splitting=ctx.config.data.splitting)
     seen = train_windows[: p.eval_windows]  # windows the first steps train on: the objective itself
     before, train_before = mean_nll(model.eval(), held_out), mean_nll(model, seen)
     device = next(model.parameters()).device

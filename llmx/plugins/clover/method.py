@@ -34,7 +34,8 @@ def activation_norms(ctx: RunContext, layers: list[CloverAttention], p: CloverPr
     """Per layer, the L2 norm over the calibration tokens of every q, k and v output channel."""
     from llmx.core.data import random_windows
 
-    windows = random_windows(ctx.tokenizer, ctx.config.data.source, p.calib_windows, p.calib_seq_len, ctx.config.seed)
+    windows = random_windows(ctx.tokenizer, ctx.config.data.source, p.calib_windows, p.calib_seq_len, ctx.config.seed,
+                             splitting=ctx.config.data.splitting)
     sums = [{} for _ in layers]
     hooks = []
     for i, attn in enumerate(layers):

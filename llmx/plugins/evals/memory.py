@@ -49,7 +49,7 @@ def peak_rss_bytes() -> int:
 def run(ctx: RunContext, p: MemoryParams) -> dict:
     model, tok = ctx.model, ctx.tokenizer
     device = next(model.parameters()).device
-    prompt = token_stream(tok, ctx.config.data.source, "validation", p.context_len)[None].to(device)
+    prompt = token_stream(tok, ctx.config.data.source, "validation", p.context_len, ctx.config.data.splitting)[None].to(device)
     out = model(input_ids=prompt, use_cache=True)
     cache = getattr(out, "past_key_values", None) or getattr(out, "cache_params", None)
     cache_bytes = tensor_bytes(cache)

@@ -14,7 +14,7 @@ def run(ctx: RunContext, p: PerplexityParams) -> dict:
     seq_len = p.seq_len or ctx.config.data.seq_len
     stride = p.stride or max(seq_len // 2, 1)
     tok = ctx.tokenizer
-    tokens = token_stream(tok, p.source or ctx.config.data.source, p.split, p.max_tokens)
+    tokens = token_stream(tok, p.source or ctx.config.data.source, p.split, p.max_tokens, ctx.config.data.splitting)
     total, count = sequence_nll(ctx.model, tokens, seq_len, stride, p.batch_size, ctx.progress)
     nll = total / max(count, 1)
     return {"perplexity": math.exp(nll), "nll": nll, "bits_per_byte": bits_per_byte(total, tok, tokens),

@@ -29,7 +29,7 @@ def run(ctx: RunContext, p: SpeedParams) -> dict:
     model, tok = ctx.model, ctx.tokenizer
     device = next(model.parameters()).device
     need = p.prompt_len * p.batch_size
-    stream = token_stream(tok, ctx.config.data.source, "validation", need)
+    stream = token_stream(tok, ctx.config.data.source, "validation", need, ctx.config.data.splitting)
     if len(stream) < need:
         stream = stream.repeat(need // max(len(stream), 1) + 1)
     prompt = stream[:need].reshape(p.batch_size, p.prompt_len).to(device)

@@ -67,7 +67,7 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
     model, tok = ctx.model, ctx.tokenizer
     device = next(model.parameters()).device
     n = p.context_len + p.continuation_len
-    stream = token_stream(tok, ctx.config.data.source, "validation", p.windows * n)
+    stream = token_stream(tok, ctx.config.data.source, "validation", p.windows * n, ctx.config.data.splitting)
     windows = stream[: (len(stream) // n) * n].reshape(-1, n)[: p.windows].to(device)
     cfg = model.config
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads

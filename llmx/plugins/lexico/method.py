@@ -27,7 +27,7 @@ def _held_out_errors(ctx: RunContext, p: LexicoTrainParams, dicts, source: str, 
     from llmx.core.data import random_windows
 
     windows = random_windows(ctx.tokenizer, source, p.held_out_windows, p.seq_len, ctx.config.seed + 1,
-                             split="validation")
+                             split="validation", splitting=ctx.config.data.splitting)
     out = {}
     for i, (keys, values) in enumerate(dictionary_lib.collect_kv(ctx.model, windows)):
         for name, d, vectors in (("keys", dicts[i][0], keys), ("values", dicts[i][1], values)):
@@ -40,7 +40,8 @@ def train(ctx: RunContext, p: LexicoTrainParams) -> dict:
 
     model = ctx.model
     _layers(model)
-    windows = random_windows(ctx.tokenizer, ctx.config.data.source, p.windows, p.seq_len, ctx.config.seed)
+    windows = random_windows(ctx.tokenizer, ctx.config.data.source, p.windows, p.seq_len, ctx.config.seed,
+                             splitting=ctx.config.data.splitting)
     kv = dictionary_lib.collect_kv(model, windows)
     dicts = []
     with torch.inference_mode(False), torch.enable_grad():

@@ -40,9 +40,10 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
     tok, model = ctx.tokenizer, ctx.model
     if p.init == "scratch":
         model = fresh(model, ctx.config.seed)
-    stream = token_stream(tok, data, "train", p.max_tokens)
+    stream = token_stream(tok, data, "train", p.max_tokens, ctx.config.data.splitting)
     windows = TokenWindows(stream, p.seq_len, ctx.config.seed)
-    held = fixed_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len), p.seq_len,
+    held = fixed_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len,
+                                      ctx.config.data.splitting), p.seq_len,
                          p.eval_windows)
     _, size = world()
     tps = p.batch_size * p.seq_len * p.grad_accum * size
