@@ -1,12 +1,15 @@
 """Weight quantization baselines side by side: FP, RTN, GPTQ and bitsandbytes at 8/4/3 bits, group 128 and per channel
-(full-range symmetric grid; the restricted grid as extra rows).
+(full-range symmetric grid; the restricted grid as extra rows), GPTQ over calibration seeds.
 
-    python benchmarks/bench_quant.py [--models ref:llama-bench ref:mamba2-bench] [--max-tokens 16384] [--quick]
+    python benchmarks/bench_quant.py [--models ref:llama-bench ref:mamba2-bench] [--data stdlib] [--seeds 0 1 2]
+    python benchmarks/bench_quant.py --data notes.txt --models ref:llama-bench   # the presets trained on notes.txt
 
-For each model: held-out perplexity on standard-library code, bytes of the saved weights (packed files, measured on
-disk, against the FP model's fp32 files; embeddings and lm_head stay in float), the quantized layers' bytes against
-their fp16 size, and CPU decode tokens/s (one thread, batch 1). Writes
-benchmarks/results/quant_<model>.json and .md.
+For each model: held-out perplexity (`llmx eval --method perplexity`'s defaults: 16k tokens in windows of 128 with
+stride 64), bytes of the saved weights (packed files, measured on disk, against the FP model's fp32 files;
+embeddings and lm_head stay in float), the quantized layers' bytes against their fp16 size, and CPU decode tokens/s
+(one thread, batch 1; first seed only). GPTQ draws its 128 calibration windows per seed; RTN and bitsandbytes have
+no randomness and run once. Writes benchmarks/results/quant_<model>.json and .md: a row per run, and per format
+the mean and range over seeds with GPTQ-vs-RTN judged against the range.
 """
 
 from __future__ import annotations
@@ -16,9 +19,24 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, run_pipeline, write  # noqa: E402
+from common import (  # noqa: E402
+    EVAL,
+    RESULTS,
+    add_target_args,
+    file_label,
+    machine,
+    markdown,
+    perplexity,
+    result_name,
+    run_pipeline,
+    spread,
+    targets,
+    verdict,
+    write,
+)
 
 GRANULARITY = {"g128": 128, "per-channel": -1}
+SEEDED = {"gptq"}  # methods with a random part (calibration windows)
 
 
 def configs(quick: bool) -> list[tuple[str, str, dict]]:
@@ -42,43 +60,67 @@ def configs(quick: bool) -> list[tuple[str, str, dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["ref:llama-bench", "ref:mamba2-bench"])
-    ap.add_argument("--max-tokens", type=int, default=16384)
+    add_target_args(ap, ["ref:llama-bench", "ref:mamba2-bench"], seeds=[0, 1, 2])
+    ap.add_argument("--max-tokens", type=int, default=EVAL["max_tokens"])
     ap.add_argument("--quick", action="store_true", help="A few rows only (a smoke run of this script).")
     args = ap.parse_args()
     from llmx.core import zoo
     from llmx.core.models import load
     from llmx.core.models.storage import weight_file_bytes
 
-    for model in args.models:
+    for label, model in targets(args):
         fp_params = sum(p.numel() for p in load(model)[0].parameters())
-        fp_bytes = weight_file_bytes(zoo.locate(model))  # the fp32 files
-        evals = [{"method": "perplexity", "params": {"max_tokens": args.max_tokens, "seq_len": 256, "stride": 128}},
-                 {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 32, "repeats": 3}}]
+        fp_bytes = weight_file_bytes(zoo.locate(model) if model.startswith("ref:") else Path(model))
+        speed = {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 32, "repeats": 3}}
         rows = []
-        for method, label, params in configs(args.quick):
-            quant = [] if method == "fp" else [{"method": method, "params": params}]
-            metrics = run_pipeline(model, quant + evals, threads=1)
-            q = metrics[0] if quant else {}
-            ppl, speed = metrics[-2], metrics[-1]
-            stored = q.get("stored_weight_bytes", fp_bytes)
-            rows.append({"method": method, "format": label, "perplexity": ppl["perplexity"],
-                         "stored_weight_bytes": stored, "vs_fp_files": stored / fp_bytes,
-                         "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
-                         "gptq_objective_vs_rtn": q.get("objective_vs_rtn_mean"),
-                         "decode_tok_s": speed["decode_tokens_per_s"], "prefill_tok_s": speed["prefill_tokens_per_s"]})
-            print(rows[-1], flush=True)
+        for method, fmt, params in configs(args.quick):
+            for seed in args.seeds if method in SEEDED else args.seeds[:1]:
+                quant = [] if method == "fp" else [{"method": method, "params": params}]
+                evals = [perplexity(max_tokens=args.max_tokens)] + ([speed] if seed == args.seeds[0] else [])
+                metrics = run_pipeline(model, quant + evals, threads=1, seed=seed, data={"source": args.data})
+                q = metrics[0] if quant else {}
+                ppl = metrics[len(quant)]
+                stored = q.get("stored_weight_bytes", fp_bytes)
+                rows.append({"method": method, "format": fmt, "seed": seed if method in SEEDED else None,
+                             "perplexity": ppl["perplexity"], "stored_weight_bytes": stored,
+                             "vs_fp_files": stored / fp_bytes, "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
+                             "gptq_objective_vs_rtn": q.get("objective_vs_rtn_mean"),
+                             "decode_tok_s": metrics[-1]["decode_tokens_per_s"] if len(metrics) > len(quant) + 1
+                             else None})
+                print(rows[-1], flush=True)
         fp = rows[0]["perplexity"]
         for r in rows:
             r["ppl_increase_pct"] = 100 * (r["perplexity"] / fp - 1)
-        name = model.replace(":", "_")
-        columns = ["method", "format", "perplexity", "ppl_increase_pct", "stored_weight_bytes", "vs_fp_files",
+        summary = summarise(rows)
+        name = result_name(f"quant_{file_label(label)}", args)
+        write(name, {"benchmark": "quant", "model": label, "model_path": model, "data": args.data,
+                     "params": fp_params, "eval": {**EVAL, "max_tokens": args.max_tokens}, "seeds": args.seeds,
+                     "machine": machine(), "rows": rows, "summary": summary})
+        columns = ["method", "format", "seed", "perplexity", "ppl_increase_pct", "stored_weight_bytes", "vs_fp_files",
                    "quantized_vs_fp16", "gptq_objective_vs_rtn", "decode_tok_s"]
-        table = markdown(columns, rows)
-        write(f"quant_{name}", {"benchmark": "quant", "model": model, "params": fp_params, "eval_tokens": args.max_tokens,
-                                "machine": machine(), "rows": rows})
-        (Path(__file__).resolve().parent / "results" / f"quant_{name}.md").write_text(table + "\n")
-        print(table)
+        text = (f"{label} on {args.data}: FP perplexity {fp:.4g} (windows of {EVAL['seq_len']}, stride "
+                f"{EVAL['stride']}, {args.max_tokens} tokens); GPTQ seeds {args.seeds}\n\n"
+                + markdown(["method", "format", "runs", "increase_mean_pct", "increase_min_pct", "increase_max_pct",
+                            "gptq_vs_rtn"], summary) + "\n\nEvery run:\n\n" + markdown(columns, rows))
+        (RESULTS / f"{name}.md").write_text(text + "\n")
+        print(text)
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per (method, format): the perplexity increase over seeds, and for GPTQ whether it is ahead of RTN at the same
+    format beyond the seed range (RTN has one run: GPTQ is ahead when every seed is below it)."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["format"]), []).append(r["ppl_increase_pct"])
+    out = []
+    for (method, fmt), values in groups.items():
+        s = spread(values)
+        rtn = groups.get(("rtn", fmt)) if method == "gptq" else None
+        out.append({"method": method, "format": fmt, "runs": s["n"], "increase_mean_pct": s["mean"],
+                    "increase_min_pct": s["min"], "increase_max_pct": s["max"],
+                    "gptq_vs_rtn": verdict(values, rtn).replace("a ahead", "GPTQ ahead").replace("b ahead", "RTN ahead")
+                    if rtn else None})
+    return out
 
 
 if __name__ == "__main__":

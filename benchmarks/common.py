@@ -11,7 +11,78 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(os.environ.get("LLMX_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+EVAL = {"seq_len": 128, "stride": 64, "max_tokens": 16384}  # `llmx eval --method perplexity`'s defaults: one set
+
+
+def perplexity(source: str | None = None, **params: Any) -> dict[str, Any]:
+    """The perplexity stage every benchmark evaluates with: the CLI's defaults (windows of 128, the zoo's training
+    length, stride 64, 16k held-out tokens) unless a script states otherwise."""
+    return {"method": "perplexity", "params": {**EVAL, **({"source": source} if source else {}), **params}}
+
+
+def add_target_args(ap, models: list[str], seeds: list[int] | None = None) -> None:
+    """``--model/--models``, ``--data`` and ``--keep-ref`` (and ``--seeds``): the same comparison on another corpus
+    and model with one command."""
+    ap.add_argument("--models", "--model", nargs="+", default=models, dest="models", metavar="MODEL",
+                    help="ref:ARCH-PRESET (trained on --data when that is not stdlib), a model folder or a hub id.")
+    ap.add_argument("--data", default="stdlib", help="Calibration and evaluation text: stdlib, pydoc, a .txt/.jsonl "
+                    "file or hf:NAME (default: stdlib).")
+    ap.add_argument("--keep-ref", action="store_true", help="Use ref: models as built on stdlib even with --data.")
+    if seeds is not None:
+        ap.add_argument("--seeds", nargs="+", type=int, default=seeds, help="Seeds of the random parts (calibration "
+                        "windows, initialisation, data order): a row per seed and their spread.")
+
+
+def targets(args) -> list[tuple[str, str]]:
+    """``(label, model)`` per ``--models`` entry. A built-in ``ref:ARCH[-PRESET]`` with ``--data`` other than stdlib
+    is that preset trained on the data (built once, cached by the zoo); anything else is used as given."""
+    from dataclasses import replace
+
+    from llmx.core import zoo
+    from llmx.core.zoo.request import parse_builtin
+
+    out = []
+    for model in args.models:
+        req = parse_builtin(model.removeprefix("ref:")) if model.startswith("ref:") else None
+        if req is None or args.data == "stdlib" or args.keep_ref:
+            out.append((model, model))
+            continue
+        path, _ = zoo.provide(replace(req, data=args.data), show_progress=True)
+        out.append((f"{model}@{data_label(args.data)}", str(path)))
+    return out
+
+
+def data_label(data: str) -> str:
+    """A short name for a corpus in labels and file names: a file's stem, else the source itself."""
+    path = Path(data).expanduser()
+    return path.stem if path.is_file() else data.replace(":", "_").replace("/", "_")
+
+
+def result_name(base: str, args) -> str:
+    """``base`` for the default corpus, ``base_on_<data>`` otherwise, so a rerun on other data keeps the
+    repository's results."""
+    return base if args.data == "stdlib" else f"{base}_on_{data_label(args.data)}"
+
+
+def file_label(model_label: str) -> str:
+    return model_label.replace(":", "_").replace("@", "_on_").replace("/", "_")
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Mean, min and max of one figure over seeds."""
+    return {"mean": statistics.mean(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def verdict(a: list[float], b: list[float], lower_is_better: bool = True) -> str:
+    """'a ahead' / 'b ahead' only when the seed ranges do not overlap, else 'within noise'."""
+    if lower_is_better:
+        a, b = [-x for x in a], [-x for x in b]
+    if min(a) > max(b):
+        return "a ahead"
+    if min(b) > max(a):
+        return "b ahead"
+    return "within noise"
 
 
 def run_pipeline(model: str, stages: list[dict[str, Any]], output_dir: str | None = None, **run: Any) -> list[dict]:
@@ -71,11 +142,11 @@ def markdown(columns: list[str], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def heldout_windows(tokenizer, max_tokens: int, seq_len: int):
-    """The first ``max_tokens`` held-out standard-library tokens as ``[n, seq_len]`` windows (no overlap)."""
+def heldout_windows(tokenizer, max_tokens: int, seq_len: int, data: str = "stdlib"):
+    """The first ``max_tokens`` held-out tokens of ``data`` as ``[n, seq_len]`` windows (no overlap)."""
     from llmx.core.data import token_stream
 
-    tokens = token_stream(tokenizer, "stdlib", "test", max_tokens)
+    tokens = token_stream(tokenizer, data, "validation", max_tokens)
     return tokens[: len(tokens) // seq_len * seq_len].reshape(-1, seq_len)
 
 

@@ -186,6 +186,21 @@ def test_fresh_processes_with_other_thread_counts_build_the_same_bytes(notes, tm
     assert built[0]["val_perplexity"] == built[1]["val_perplexity"]
 
 
+def test_an_entry_built_under_other_versions_is_reused_with_a_warning(cache, caplog):
+    from llmx.core import manifest
+
+    req = RefRequest("llama", "test", steps=5)
+    path = zoo.ensure(req, show_progress=False)
+    recorded = json.loads((path / "zoo.json").read_text())
+    assert recorded["environment"]["torch"] == torch.__version__ and recorded["environment"]["threads"] == 1
+    recorded["environment"]["torch"] = "0.0"
+    (path / "zoo.json").write_text(json.dumps(recorded))
+    manifest.write(path)
+    again, built = zoo.provide(req, show_progress=False)
+    assert again == path and not built
+    assert "built under other versions (torch 0.0 -> " in caplog.text
+
+
 def test_corrupted_entry_is_detected_and_rebuilt(cache, caplog):
     req = RefRequest("llama", "test", steps=40)
     path = zoo.ensure(req, show_progress=False)

@@ -45,6 +45,8 @@ def documents(source: str, split: str, splitting: TextSplit | None = None) -> li
     ``splitting``, default ``TextSplit()``)."""
     from llmx.core.plugins import host
 
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', not {split!r}")
     specs = host().datasets
     if source.startswith("hf:"):
         docs = _hub_dataset(source.removeprefix("hf:"), split)

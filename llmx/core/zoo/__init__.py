@@ -52,9 +52,29 @@ def provide(req: RefRequest, force: bool = False, show_progress: bool | None = N
                         left.unlink(missing_ok=True)
                 _build(req, corp, tok, path, show_progress)
                 built = True
+    if not built:
+        _check_environment(path)
     if req.name:
         names.bind(req.name, path, req)
     return path, built
+
+
+_CHECKED: set[Path] = set()
+
+
+def _check_environment(path: Path) -> None:
+    """Warn once per entry when it was built under other versions or CPU kernels: it is reused (the key does not
+    hold them, so that an upgrade does not rebuild every entry), but a build here would give other bits."""
+    if path in _CHECKED:
+        return
+    _CHECKED.add(path)
+    from llmx.core.zoo.build import environment
+
+    then, now = info(path).get("environment"), environment()
+    if then and then != now:
+        changed = ", ".join(f"{k} {then.get(k)} -> {v}" for k, v in now.items() if then.get(k) != v)
+        log.warning("zoo entry %s was built under other versions (%s): reused as built; --force rebuilds it here "
+                    "(to other bits)", path.name, changed)
 
 
 def _build(req: RefRequest, corp: Corpus, tok: Any, path: Path, show_progress: bool | None) -> None:
