@@ -1,14 +1,18 @@
 """Quamba2 against its baselines on trained reference Mamba2 and Mamba models, plus a Mamba2 with injected outliers.
 
-    python benchmarks/bench_quamba2.py [--models ref:mamba2-bench ref:mamba-bench] [--max-tokens 16384] [--quick]
+    python benchmarks/bench_quamba2.py [--models ref:mamba2-bench ref:mamba-bench] [--data stdlib] [--seeds 0 1 2]
+    python benchmarks/bench_quamba2.py --data notes.txt     # both presets trained on notes.txt, evaluated on it
 
 Rows per model: FP; W8A8 and W4A8 with the naive recipe (per-tensor static scales everywhere, RTN weights), the
 quamba1 recipe (Hadamard, percentile x, per-tensor B/C, GPTQ) and the quamba2 recipe (sort-and-cluster x,
 per-SSD-group B/C; Mamba2 only); W4A16 as Quamba2 (Hadamard + GPTQ g128), RTN g128 and bitsandbytes NF4. Figures:
-held-out perplexity (standard-library code), stored weight bytes against the FP model's (fp32) files, the quantized
+held-out perplexity (the CLI's defaults: 16k tokens, windows of 128 with stride 64; the models' trained context),
+stored weight bytes against the FP model's (fp32) files, the quantized
 layers against their fp16 size, CPU decode tokens/s (one thread, batch 1). The quantized mixers run the exact sequential scan with
 fake-quant points on the CPU, so their decode rate is not a speed claim; the int8 linears are timed separately
 (``linear_timing``: FP32 matmul vs the W8A8 int8 matmul vs the W4A8 integer reference, in_proj shape).
+Every calibrated row (the ``quamba2`` method, all recipes) runs once per seed (its calibration windows); RTN and NF4
+have no randomness and run once; decode speed is measured on the first seed.
 
 The outlier rows: the same Mamba2 with ``--outlier-channels`` x channels per layer whose conv weights and bias are
 multiplied by ``--outlier-factor`` (persistent per-channel outliers, as in large SSMs), then fine-tuned
@@ -24,7 +28,22 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, machine, markdown, run_pipeline, timed, write  # noqa: E402
+from common import (  # noqa: E402
+    EVAL,
+    RESULTS,
+    add_target_args,
+    file_label,
+    machine,
+    markdown,
+    perplexity,
+    result_name,
+    run_pipeline,
+    spread,
+    targets,
+    timed,
+    verdict,
+    write,
+)
 
 
 def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
@@ -43,9 +62,11 @@ def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
     return rows
 
 
-def inject_outliers(model_name: str, channels: int, factor: float, steps: int, out_dir: Path) -> tuple[str, dict]:
+def inject_outliers(model_name: str, preset_of: str, data: str, channels: int, factor: float, steps: int,
+                    out_dir: Path) -> tuple[str, dict]:
     """A copy of a Mamba2 whose x channels ``channels`` per layer come out of the conv ``factor`` times larger, then
-    fine-tuned ``steps`` steps on the reference corpus so that the rest of the model adapts to them. Returns the
+    fine-tuned ``steps`` steps on ``data`` (with the training settings of the built-in ``preset_of``) so that the rest
+    of the model adapts to them. Returns the
     saved folder and the outlier strength (max / median channel mean |x|) before and after the fine-tune."""
     from dataclasses import replace
 
@@ -64,18 +85,18 @@ def inject_outliers(model_name: str, channels: int, factor: float, steps: int, o
             idx = torch.randperm(m.intermediate_size, generator=gen)[:channels]
             m.conv1d.weight[idx] *= factor
             m.conv1d.bias[idx] *= factor
-    strength = {"injected": outlier_strength(model, tok)}
-    req = parse_builtin(model_name.removeprefix("ref:"))
+    strength = {"injected": outlier_strength(model, tok, data)}
+    req = replace(parse_builtin(preset_of.removeprefix("ref:")), data=data)
     spec, corp = req.spec, zoo.corpus(req)
     torch.set_num_threads(1)
     pretrain(model, join_documents(tok, corp.train), join_documents(tok, corp.validation),
              replace(spec, lr=spec.lr / 4, warmup=10), seed=1, steps=steps)
-    strength["after_finetune"] = outlier_strength(model, tok)
+    strength["after_finetune"] = outlier_strength(model, tok, data)
     meta = {"source": model_name, "method": f"outliers x{factor:g} on {channels} ch, fine-tuned {steps} steps"}
     return str(models.save(model, tok, out_dir, meta)), strength
 
 
-def outlier_strength(model, tok) -> float:
+def outlier_strength(model, tok, data: str) -> float:
     """Max over layers of (max / median) of the per-channel mean |x| (x after the conv) on a few windows."""
     import copy
 
@@ -91,7 +112,7 @@ def outlier_strength(model, tok) -> float:
         m.points["x"] = Observer()
         observers.append(m.points["x"])
     with torch.no_grad():
-        probe(input_ids=random_windows(tok, "stdlib", 4, 256, seed=3))
+        probe(input_ids=random_windows(tok, data, 4, 256, seed=3))
     return max(float(o.meanabs.max() / o.meanabs.median()) for o in observers)
 
 
@@ -128,32 +149,55 @@ def fp_file_bytes(model: str) -> int:
 
 
 def bench(model: str, label: str, arch: str, args) -> list[dict]:
-    evals = [{"method": "perplexity", "params": {"max_tokens": args.max_tokens, "seq_len": 256, "stride": 128}},
-             {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 16, "repeats": 2}}]
+    speed = {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 16, "repeats": 2}}
     calib = {"calib_samples": args.calib_samples, "calib_seq_len": 256}
     rows, fp_bytes = [], fp_file_bytes(model)
     for method, fmt, params in configs(arch, args.quick):
         if method == "quamba2":
             params = {**params, **calib}
-        quant = [] if method == "fp" else [{"method": method, "params": params}]
-        metrics = run_pipeline(model, quant + evals, threads=1)
-        q = metrics[0] if quant else {}
-        ppl, speed = metrics[-2], metrics[-1]
-        rows.append({"model": label, "method": method, "format": fmt, "perplexity": ppl["perplexity"],
-                     "stored_weight_bytes": q.get("stored_weight_bytes", fp_bytes),
-                     "vs_fp32_files": q.get("stored_weight_bytes", fp_bytes) / fp_bytes,
-                     "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
-                     "decode_tok_s": speed["decode_tokens_per_s"]})
-        print(rows[-1], flush=True)
+        for seed in args.seeds if method == "quamba2" else args.seeds[:1]:
+            quant = [] if method == "fp" else [{"method": method, "params": params}]
+            evals = [perplexity(max_tokens=args.max_tokens)] + ([speed] if seed == args.seeds[0] else [])
+            metrics = run_pipeline(model, quant + evals, threads=1, seed=seed, data={"source": args.data})
+            q = metrics[0] if quant else {}
+            ppl = metrics[len(quant)]
+            rows.append({"model": label, "method": method, "format": fmt,
+                         "seed": seed if method == "quamba2" else None, "perplexity": ppl["perplexity"],
+                         "stored_weight_bytes": q.get("stored_weight_bytes", fp_bytes),
+                         "vs_fp32_files": q.get("stored_weight_bytes", fp_bytes) / fp_bytes,
+                         "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
+                         "decode_tok_s": metrics[-1]["decode_tokens_per_s"] if len(metrics) > len(quant) + 1
+                         else None})
+            print(rows[-1], flush=True)
     for r in rows:
         r["ppl_increase_pct"] = 100 * (r["perplexity"] / rows[0]["perplexity"] - 1)
     return rows
 
 
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per model and format: the increase over seeds, and each recipe against the next weaker one judged against the
+    seed ranges (quamba2 vs quamba1, quamba1 vs naive)."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["method"], r["format"]), []).append(r["ppl_increase_pct"])
+    out = []
+    for (model, method, fmt), values in groups.items():
+        s = spread(values)
+        row = {"model": model, "method": method, "format": fmt, "runs": s["n"], "increase_mean_pct": s["mean"],
+               "increase_min_pct": s["min"], "increase_max_pct": s["max"], "vs_weaker_recipe": None}
+        for strong, weak in (("quamba2", "quamba1"), ("quamba1", "naive")):
+            if fmt.endswith(f" {strong}") and (model, method, fmt[: -len(strong)] + weak) in groups:
+                other = groups[(model, method, fmt[: -len(strong)] + weak)]
+                row["vs_weaker_recipe"] = f"vs {weak}: " + verdict(values, other).replace("a ahead", f"{strong} ahead") \
+                    .replace("b ahead", f"{weak} ahead")
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["ref:mamba2-bench", "ref:mamba-bench"])
-    ap.add_argument("--max-tokens", type=int, default=16384)
+    add_target_args(ap, ["ref:mamba2-bench", "ref:mamba-bench"], seeds=[0, 1, 2])
+    ap.add_argument("--max-tokens", type=int, default=EVAL["max_tokens"])
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--outlier-channels", type=int, default=6)
     ap.add_argument("--outlier-factor", type=float, default=25.0)
@@ -162,26 +206,31 @@ def main() -> None:
     args = ap.parse_args()
     from llmx.core.models import load
 
-    for model in args.models:
+    for (label, model), given in zip(targets(args), args.models, strict=True):
         arch = load(model)[0].config.model_type
-        rows, extra = bench(model, model, arch, args), {}
-        if arch == "mamba2":
+        rows, extra = bench(model, label, arch, args), {}
+        if arch == "mamba2" and given.startswith("ref:"):
             with tempfile.TemporaryDirectory() as tmp:
-                injected, strength = inject_outliers(model, args.outlier_channels, args.outlier_factor,
-                                                     args.outlier_steps, Path(tmp) / "m")
-                label = f"{model} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g}, {args.outlier_steps} steps)"
-                rows += bench(injected, label, arch, args)
-            extra["outlier_strength"] = {"reference": outlier_strength(*load(model)), **strength}
-        name = f"quamba2_{model.replace(':', '_')}"
-        columns = ["model", "method", "format", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
+                injected, strength = inject_outliers(model, given, args.data, args.outlier_channels,
+                                                     args.outlier_factor, args.outlier_steps, Path(tmp) / "m")
+                tag = f"{label} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g}, {args.outlier_steps} steps)"
+                rows += bench(injected, tag, arch, args)
+            extra["outlier_strength"] = {"reference": outlier_strength(*load(model), args.data), **strength}
+        name = result_name(f"quamba2_{file_label(label)}", args)
+        columns = ["model", "method", "format", "seed", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
                    "vs_fp32_files", "quantized_vs_fp16", "decode_tok_s"]
+        summary = summarise(rows)
         timing = linear_timing(model)
-        write(name, {"benchmark": "quamba2", "model": model, "eval_tokens": args.max_tokens,
-                     "calib_tokens": args.calib_samples * 256, "machine": machine(), "rows": rows, "linear_timing": timing,
-                     **extra})
-        (RESULTS / f"{name}.md").write_text(markdown(columns, rows) + "\n\nlinear timing (us/call): "
-                                            + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                                        for k, v in timing.items()) + "\n")
+        write(name, {"benchmark": "quamba2", "model": label, "model_path": model, "data": args.data,
+                     "eval": {**EVAL, "max_tokens": args.max_tokens}, "seeds": args.seeds,
+                     "calib_tokens": args.calib_samples * 256, "machine": machine(), "rows": rows, "summary": summary,
+                     "linear_timing": timing, **extra})
+        (RESULTS / f"{name}.md").write_text(
+            f"{label} on {args.data}; calibration seeds {args.seeds}\n\n"
+            + markdown(["model", "method", "format", "runs", "increase_mean_pct", "increase_min_pct",
+                        "increase_max_pct", "vs_weaker_recipe"], summary)
+            + "\n\nEvery run:\n\n" + markdown(columns, rows) + "\n\nlinear timing (us/call): "
+            + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in timing.items()) + "\n")
         print((RESULTS / f"{name}.md").read_text())
 
 
