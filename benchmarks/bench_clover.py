@@ -1,11 +1,13 @@
 """CLOVER against its baselines on trained reference models: pruning without training, and fine-tuning at equal
 trainable parameters.
 
-    python benchmarks/bench_clover.py [--models ref:gpt2 ref:qwen2] [--steps 100] [--lrs 3e-4 1e-3 3e-3]
+    python benchmarks/bench_clover.py [--models ref:gpt2 ref:qwen2] [--data stdlib] [--steps 100] [--seeds 1 2 3]
+    python benchmarks/bench_clover.py --only sweep        # recovery at every ratio -> clover_sweep_<model>.json/.md
 
-Per model (NLL in nats on held-out stdlib text, 16k tokens):
+Per model (NLL in nats on 16k held-out tokens of ``--data``, windows of 128 with stride 64):
 - ``prune``: every pair the architecture allows (Q-K and V-O without RoPE, V-O with RoPE) at each ratio, by
-  vanilla norm products, activation norms (16 windows of 128 tokens), CLOVER uniform and CLOVER global.
+  vanilla norm products, activation norms (16 windows of 128 tokens, one row per seed), CLOVER uniform and CLOVER
+  global (no randomness: one row).
 - ``qk`` (models without RoPE): Q-K pruning alone, the paper's GPT-2 curve; the vanilla ratio that costs what CLOVER
   costs at 45/64 (70%) is read off by linear interpolation.
 - ``finetune``: two settings, (a) recovery after pruning 70% of the pairs (vanilla-pruned + raw cores, and on the
@@ -14,9 +16,11 @@ Per model (NLL in nats on held-out stdlib text, 16k tokens):
   steps on the same windows, LoRA / PiSSA at the largest rank within the cores' parameter budget (alpha = 2r and the
   cores' dropout 0.05, as the official PiSSA script); each tuner's learning rate is picked from ``--lrs`` on
   the stage's 32 random held-out windows (seed 0; they may overlap the first 16k tokens the NLL is reported on; a
-  best rate at the grid's edge extends the grid that way by sqrt(10), twice at most), then 3 fresh seeds (1-3) give
-  the mean and range.
-Writes benchmarks/results/clover_<model>.json and .md.
+  best rate at the grid's edge extends the grid that way by sqrt(10), twice at most), then ``--seeds`` (fresh
+  windows and order) give the mean and range.
+- ``sweep``: recovery at every ratio, vanilla-pruned + raw cores against CLOVER-pruned + CLOVER cores, as above;
+  "ahead" only where the seed ranges do not overlap.
+Writes benchmarks/results/clover_<model>.json and .md (``--only``: clover_<sections>_<model>).
 """
 
 from __future__ import annotations
@@ -27,17 +31,30 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, machine, markdown, run_pipeline, write  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    add_target_args,
+    file_label,
+    machine,
+    markdown,
+    perplexity,
+    result_name,
+    run_pipeline,
+    targets,
+    verdict,
+    write,
+)
 
 TUNERS = {"raw cores": {"basis": "raw"}, "CLOVER cores": {}, "LoRA": {"tuner": "lora"}, "PiSSA": {"tuner": "pissa"}}
 RECOVERY = [("vanilla", "raw cores"), ("clover", "raw cores"), ("clover", "CLOVER cores"), ("clover", "LoRA"),
             ("clover", "PiSSA")]  # (pruning criterion, tuner)
+SWEEP = [("vanilla", "raw cores"), ("clover", "CLOVER cores")]
 
 
 def ppl(tokens: int, source: str) -> dict:
     """Held-out NLL at the reference models' training context (128): longer windows reach learned positions that
     never trained, and flattening attention there would pass for a gain."""
-    return {"method": "perplexity", "params": {"max_tokens": tokens, "seq_len": 128, "stride": 64, "source": source}}
+    return perplexity(source, max_tokens=tokens)
 
 
 def prune_stage(ratio: float, criterion: str = "clover", **params) -> dict:
@@ -54,27 +71,28 @@ def interpolate(xs: list[float], ys: list[float], y: float) -> float | None:
     return None
 
 
-def pruning(model: str, base: float, ratios: list[float], tokens: int) -> list[dict]:
+def pruning(model: str, base: float, ratios: list[float], tokens: int, data: str, seeds: list[int]) -> list[dict]:
     rows = []
     for ratio in ratios:
         for label, criterion, mode in (("vanilla", "vanilla", "uniform"), ("activation", "activation", "uniform"),
                                        ("CLOVER", "clover", "uniform"), ("CLOVER global", "clover", "global")):
-            prune, pruned = run_pipeline(model, [prune_stage(ratio, criterion, mode=mode), ppl(tokens, "stdlib")],
-                                         threads=1)
-            rows.append({"ratio": ratio, "criterion": label, "targets": prune["targets"],
-                         "nll_increase": pruned["nll"] - base, "params": prune["params_after"],
-                         "kv_bytes_per_token": prune["kv_bytes_per_token_after"]})
-            print(rows[-1], flush=True)
+            for seed in seeds if criterion == "activation" else seeds[:1]:  # only activation norms calibrate
+                prune, pruned = run_pipeline(model, [prune_stage(ratio, criterion, mode=mode), ppl(tokens, data)],
+                                             threads=1, seed=seed, data={"source": data})
+                rows.append({"ratio": ratio, "criterion": label, "seed": seed if criterion == "activation" else None,
+                             "targets": prune["targets"], "nll_increase": pruned["nll"] - base,
+                             "params": prune["params_after"], "kv_bytes_per_token": prune["kv_bytes_per_token_after"]})
+                print(rows[-1], flush=True)
     return rows
 
 
-def qk_curve(model: str, base: float, tokens: int) -> tuple[list[dict], dict]:
+def qk_curve(model: str, base: float, tokens: int, data: str) -> tuple[list[dict], dict]:
     ratios = [i / 64 for i in (5, 16, 32, 45, 56)]
     rows = []
     for criterion in ("vanilla", "clover"):
         for ratio in ratios:
-            _, pruned = run_pipeline(model, [prune_stage(ratio, criterion, targets=["qk"]), ppl(tokens, "stdlib")],
-                                     threads=1)
+            _, pruned = run_pipeline(model, [prune_stage(ratio, criterion, targets=["qk"]), ppl(tokens, data)],
+                                     threads=1, data={"source": data})
             rows.append({"qk_pruned": f"{round(ratio * 64)}/64", "criterion": criterion,
                          "nll_increase": pruned["nll"] - base})
             print(rows[-1], flush=True)
@@ -92,72 +110,109 @@ def tune_run(model: str, stages: list[dict], params: dict, lr: float, seed: int,
     return out[-2], out[-1]["nll"]
 
 
-def finetune(model: str, setting: str, steps: int, lrs: list[float], tokens: int) -> list[dict]:
-    source = "stdlib" if setting == "recovery" else "pydoc"
-    plan = RECOVERY if setting == "recovery" else [(None, t) for t in TUNERS]
+def finetune(model: str, setting: str, args, ratio: float = 0.7) -> list[dict]:
+    """Tuner rows for one setting: ``recovery`` (every tuner after pruning ``ratio``), ``sweep`` (vanilla + raw cores
+    and CLOVER + CLOVER cores after pruning ``ratio``) or ``transfer`` (unpruned, on ``--transfer-data``)."""
+    source = args.transfer_data if setting == "transfer" else args.data
+    plan = {"recovery": RECOVERY, "sweep": SWEEP, "transfer": [(None, t) for t in TUNERS]}[setting]
     rows = []
     for criterion, label in plan:
-        stages, params = ([prune_stage(0.7, criterion)] if criterion else []), TUNERS[label]
-        trials = {lr: tune_run(model, stages, params, lr, 0, steps, tokens, source) for lr in lrs}
+        stages, params = ([prune_stage(ratio, criterion)] if criterion else []), TUNERS[label]
+
+        def trial(lr: float, seed: int = 0, stages=stages, params=params) -> tuple[dict, float]:
+            return tune_run(model, stages, params, lr, seed, args.steps, args.max_tokens, source)
+
+        trials = {lr: trial(lr) for lr in args.lrs}
         lr = min(trials, key=lambda k: trials[k][0]["val_nll_after"])
         for _ in range(2):  # a best rate at the grid's edge: extend the grid that way (a factor sqrt(10)), twice at most
             edge = min(trials) if lr == min(trials) else max(trials) if lr == max(trials) else None
             if edge is None:
                 break
             nxt = edge / 10 ** 0.5 if edge == min(trials) else edge * 10 ** 0.5
-            trials[nxt] = tune_run(model, stages, params, nxt, 0, steps, tokens, source)
+            trials[nxt] = trial(nxt)
             lr = min(trials, key=lambda k: trials[k][0]["val_nll_after"])
-        runs = [tune_run(model, stages, params, lr, seed, steps, tokens, source) for seed in (1, 2, 3)]
+        runs = [trial(lr, seed) for seed in args.seeds]
         nlls = [nll for _, nll in runs]
         tune = runs[0][0]
-        rows.append({"setting": setting, "pruned": f"{criterion} 70%" if criterion else "-", "tuner": label,
-                     "lr": lr, "lr_at_grid_edge": lr in (min(trials), max(trials)),
+        rows.append({"setting": setting, "pruned": f"{criterion} {ratio:.0%}" if criterion else "-", "ratio": ratio,
+                     "tuner": label, "lr": lr, "lr_at_grid_edge": lr in (min(trials), max(trials)),
                      "trainable_params": tune["trainable_params"], "rank": tune.get("rank"),
-                     "nll": statistics.mean(nlls), "nll_min": min(nlls), "nll_max": max(nlls),
-                     "nll_before": runs[0][0]["val_nll_before"],
+                     "nll": statistics.mean(nlls), "nll_min": min(nlls), "nll_max": max(nlls), "nlls": nlls,
+                     "seeds": args.seeds, "nll_before": runs[0][0]["val_nll_before"],
                      "lr_sweep": {str(k): v[0]["val_nll_after"] for k, v in trials.items()}})
         print(rows[-1], flush=True)
     return rows
 
 
+def sweep_verdicts(rows: list[dict]) -> list[dict]:
+    """Per ratio: CLOVER + CLOVER cores against vanilla + raw cores after the same fine-tune, over the seeds."""
+    out = []
+    for ratio in sorted({r["ratio"] for r in rows}):
+        v = next(r for r in rows if r["ratio"] == ratio and r["pruned"].startswith("vanilla"))
+        c = next(r for r in rows if r["ratio"] == ratio and r["pruned"].startswith("clover")
+                 and r["tuner"] == "CLOVER cores")
+        out.append({"ratio": ratio, "vanilla_nll": v["nll"], "vanilla_range": f"[{v['nll_min']:.4f}, {v['nll_max']:.4f}]",
+                    "clover_nll": c["nll"], "clover_range": f"[{c['nll_min']:.4f}, {c['nll_max']:.4f}]",
+                    "difference": c["nll"] - v["nll"],
+                    "verdict": verdict(c["nlls"], v["nlls"]).replace("a ahead", "CLOVER ahead")
+                    .replace("b ahead", "vanilla ahead")})
+    return out
+
+
+SECTIONS = ("prune", "recovery", "sweep", "transfer")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["ref:gpt2", "ref:qwen2"])
+    add_target_args(ap, ["ref:gpt2", "ref:qwen2"], seeds=[1, 2, 3])
+    ap.add_argument("--transfer-data", default="pydoc", help="The other corpus of the transfer setting.")
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5, 0.7, 0.875])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lrs", nargs="+", type=float, default=[3e-4, 1e-3, 3e-3])
     ap.add_argument("--max-tokens", type=int, default=16384)
-    ap.add_argument("--skip-finetune", action="store_true", help="Pruning rows only.")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, help="Sections to run (default: all).")
     args = ap.parse_args()
-    for model in args.models:
-        base = run_pipeline(model, [ppl(args.max_tokens, "stdlib")], threads=1)[0]["nll"]
-        base_pydoc = run_pipeline(model, [ppl(args.max_tokens, "pydoc")], threads=1)[0]["nll"]
-        prune_rows = pruning(model, base, args.ratios, args.max_tokens)
-        rope = "qk" not in prune_rows[0]["targets"]
-        qk_rows, claim = ([], {}) if rope else qk_curve(model, base, args.max_tokens)
-        tune_rows = [] if args.skip_finetune else [
-            r for s in ("recovery", "transfer") for r in finetune(model, s, args.steps, args.lrs, args.max_tokens)]
-        name = model.replace(":", "_")
-        write(f"clover_{name}", {"benchmark": "clover", "model": model, "base_nll": base, "base_nll_pydoc": base_pydoc,
-                                 "eval_tokens": args.max_tokens, "finetune_steps": args.steps, "lrs": args.lrs,
-                                 "machine": machine(), "prune": prune_rows, "qk": qk_rows, "qk_claim": claim,
-                                 "finetune": tune_rows})
-        parts = [f"{model}: base NLL {base:.4f} (stdlib), {base_pydoc:.4f} (pydoc)",
-                 "## Pruning without training (NLL increase)",
-                 markdown(["ratio", "criterion", "targets", "nll_increase", "params", "kv_bytes_per_token"], prune_rows)]
+    only = args.only or list(SECTIONS)
+    for label, model in targets(args):
+        base = run_pipeline(model, [ppl(args.max_tokens, args.data)], threads=1, data={"source": args.data})[0]["nll"]
+        base_other = run_pipeline(model, [ppl(args.max_tokens, args.transfer_data)], threads=1)[0]["nll"]
+        prune_rows = pruning(model, base, args.ratios, args.max_tokens, args.data, args.seeds) if "prune" in only else []
+        rope = prune_rows and "qk" not in prune_rows[0]["targets"]
+        qk_rows, claim = ([], {}) if rope or not prune_rows else qk_curve(model, base, args.max_tokens, args.data)
+        tune_rows = [r for s in ("recovery", "transfer") if s in only for r in finetune(model, s, args)]
+        done = [r for r in tune_rows if r["setting"] == "recovery" and (r["pruned"], r["tuner"]) in
+                (("vanilla 70%", "raw cores"), ("clover 70%", "CLOVER cores"))]  # the sweep's 70% pair, already run
+        sweep_rows = [r for ratio in args.ratios if "sweep" in only and not (ratio == 0.7 and done)
+                      for r in finetune(model, "sweep", args, ratio)]
+        verdicts = sweep_verdicts(sweep_rows + done) if sweep_rows else []
+        stem = "clover" + ("" if args.only is None else "_" + "_".join(only))
+        name = result_name(f"{stem}_{file_label(label)}", args)
+        write(name, {"benchmark": "clover", "model": label, "model_path": model, "data": args.data,
+                     "transfer_data": args.transfer_data, "base_nll": base, "base_nll_transfer": base_other,
+                     "eval_tokens": args.max_tokens, "finetune_steps": args.steps, "lrs": args.lrs,
+                     "seeds": args.seeds, "sections": only, "machine": machine(), "prune": prune_rows, "qk": qk_rows,
+                     "qk_claim": claim, "finetune": tune_rows, "sweep": sweep_rows, "sweep_verdicts": verdicts})
+        parts = [f"{label}: base NLL {base:.4f} ({args.data}), {base_other:.4f} ({args.transfer_data})"]
+        if prune_rows:
+            parts += ["## Pruning without training (NLL increase)",
+                      markdown(["ratio", "criterion", "seed", "targets", "nll_increase", "params",
+                                "kv_bytes_per_token"], prune_rows)]
         if qk_rows:
             parts += ["## Q-K pruning alone (the paper's GPT-2 curve)",
                       markdown(["qk_pruned", "criterion", "nll_increase"], qk_rows),
                       f"CLOVER at 45/64 costs {claim['clover_45_of_64']:+.4f}; vanilla costs as much at "
                       + (f"{claim['vanilla_ratio_at_same_cost'] * 64:.1f}/64"
                          if claim["vanilla_ratio_at_same_cost"] is not None else "no measured ratio")]
+        columns = ["setting", "pruned", "tuner", "lr", "lr_at_grid_edge", "trainable_params", "rank", "nll", "nll_min",
+                   "nll_max"]
         if tune_rows:
-            parts += [f"## Fine-tuning, {args.steps} steps, equal trainable parameters (NLL, mean of 3 seeds [min, "
-                      "max] after the lr was picked on seed 0; recovery on stdlib after pruning 70%, transfer on "
-                      "pydoc unpruned)",
-                      markdown(["setting", "pruned", "tuner", "lr", "lr_at_grid_edge", "trainable_params", "rank",
-                                "nll", "nll_min", "nll_max"], tune_rows)]
-        (RESULTS / f"clover_{name}.md").write_text("\n\n".join(parts) + "\n")
+            parts += [f"## Fine-tuning, {args.steps} steps, equal trainable parameters (NLL, mean of seeds "
+                      f"{args.seeds} [min, max] after the lr was picked on seed 0; recovery on {args.data} after "
+                      f"pruning 70%, transfer on {args.transfer_data} unpruned)", markdown(columns, tune_rows)]
+        if sweep_rows:
+            parts += [f"## Recovery at every ratio ({args.steps} steps, seeds {args.seeds})",
+                      markdown(columns, sweep_rows), markdown(list(verdicts[0]), verdicts)]
+        (RESULTS / f"{name}.md").write_text("\n\n".join(parts) + "\n")
         print("\n\n".join(parts))
 
 

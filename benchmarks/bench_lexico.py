@@ -4,13 +4,18 @@ measured peak), quality (next-token accuracy on the text, recall of an early pas
 milliseconds per decode step; the
 dictionaries' error on held-out and foreign text (OMP throughput: bench_lexico_omp.py).
 
-    python benchmarks/bench_lexico.py [--contexts 1024 1984] [--buffers 128 32] [--sparsities 4 8 16]
+    python benchmarks/bench_lexico.py [--contexts 1024 1984] [--buffers 128 32] [--sparsities 4 8 16] [--seeds 0 1 2]
+    python benchmarks/bench_lexico.py --data notes.txt      # the same model shape trained on notes.txt
 
 The model (``ref:llama-2k``: the long preset at 2048 tokens, 300 steps) is built on first use. It runs in bfloat16,
 so the full cache is a 16-bit cache, measured like the others. Lexico's dictionaries (1024 atoms, one per sparsity
 as in the official code) are learned on the train split at 2048 tokens; the decode rows attend over the codes
 (``attention=codes``) and compress 32 tokens at a time (the official approximation_length). KIVI uses 32-token key
-groups and 32-channel value groups. Writes benchmarks/results/lexico.json and .md.
+groups and 32-channel value groups. Dictionaries are learned once per seed (the seed draws their training windows,
+initialisation and batch order) and every Lexico row is decoded with each seed's; KIVI and the full cache have no
+randomness and run once. ``--data`` other than stdlib trains the same model on that text and evaluates there (the
+transfer error then reads pydoc, or stdlib when the data is pydoc). Writes benchmarks/results/lexico.json and .md:
+a row per run, and per setting the KL's mean and range over seeds, judged against KIVI at equal stored bytes.
 """
 
 from __future__ import annotations
@@ -22,14 +27,26 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, run_pipeline, write  # noqa: E402
+from common import RESULTS, add_target_args, data_label, machine, markdown, result_name, run_pipeline, spread, write  # noqa: E402
 
 MODEL = "ref:llama-2k"
-BUILD = ["zoo", "build", "llama", "--preset", "long", "--seq-len", "2048", "--steps", "300", "--name", "llama-2k"]
+BUILD = ["zoo", "build", "llama", "--preset", "long", "--seq-len", "2048", "--steps", "300"]
+MATCHED = {"lexico s=8": "kivi 2-bit"}  # equal stored bytes per vector (24)
+
+
+def model_for(args) -> str:
+    """``ref:llama-2k`` (on ``--data``: the same build on that text, named ``llama-2k-<data>``), or the given model."""
+    if args.models[0] != MODEL:
+        return args.models[0]
+    name = "llama-2k" if args.data == "stdlib" or args.keep_ref else f"llama-2k-{data_label(args.data)}"
+    data = [] if name == "llama-2k" else ["--data", args.data]
+    subprocess.run([sys.executable, "-m", "llmx", *BUILD, *data, "--name", name], check=True, stdout=subprocess.DEVNULL)
+    return f"ref:{name}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_target_args(ap, [MODEL], seeds=[0, 1, 2])
     ap.add_argument("--contexts", nargs="+", type=int, default=[1024, 1984])
     ap.add_argument("--buffers", nargs="+", type=int, default=[128, 32])
     ap.add_argument("--sparsities", nargs="+", type=int, default=[4, 8, 16])
@@ -38,54 +55,83 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000, help="dictionary training steps")
     ap.add_argument("--lr", type=float, default=5e-3, help="dictionary learning rate (cosine-annealed)")
     args = ap.parse_args()
-    subprocess.run([sys.executable, "-m", "llmx", *BUILD], check=True, stdout=subprocess.DEVNULL)
-    run = {"threads": 1, "dtype": "bfloat16"}
-    rows, dictionaries, errors = [], {}, {}
+    model = model_for(args)
+    transfer = "stdlib" if args.data == "pydoc" else "pydoc"
+    run = {"threads": 1, "dtype": "bfloat16", "data": {"source": args.data}}
+    rows, errors = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        for s in args.sparsities:
-            m = run_pipeline(MODEL, [{"method": "lexico", "stage": "train",
-                                      "params": {"atoms": args.atoms, "sparsity": s, "steps": args.steps, "lr": args.lr,
-                                                 "windows": 16, "seq_len": 2048, "held_out_windows": 4,
-                                                 "transfer_data": "pydoc"}}], output_dir=tmp, **run)[0]
-            dictionaries[s] = m["dictionary"]
-            errors[s] = {k: round(v, 4) for k, v in m.items() if k.endswith("rel_error")}
-            print(s, errors[s], flush=True)
+        dictionaries = {}
+        for seed in args.seeds:
+            for s in args.sparsities:
+                m = run_pipeline(model, [{"method": "lexico", "stage": "train",
+                                          "params": {"atoms": args.atoms, "sparsity": s, "steps": args.steps,
+                                                     "lr": args.lr, "windows": 16, "seq_len": 2048,
+                                                     "held_out_windows": 4, "transfer_data": transfer}}],
+                                 output_dir=tmp, seed=seed, **run)[0]
+                dictionaries[seed, s] = m["dictionary"]
+                errors[f"seed{seed}_s{s}"] = {k: round(v, 4) for k, v in m.items() if k.endswith("rel_error")}
+                print(seed, s, errors[f"seed{seed}_s{s}"], flush=True)
         for context in args.contexts:
             for buffer in args.buffers:
                 evalp = {"windows": args.windows, "context_len": context, "continuation_len": 64,
                          "generate_tokens": 16, "recall_tokens": 16, "recall_cue": 32, "buffer_length": buffer,
                          "chunk": 32}
-                configs = [("kivi", {"bits": 2}), ("kivi", {"bits": 4})]
-                configs += [("lexico", {"dictionary": dictionaries[s], "sparsity": s}) for s in args.sparsities]
-                for method, params in configs:
-                    m = run_pipeline(MODEL, [{"method": method, "stage": "decode", "params": {**evalp, **params}}],
+                configs = [("kivi", None, {"bits": 2}), ("kivi", None, {"bits": 4})]
+                configs += [("lexico", seed, {"dictionary": dictionaries[seed, s], "sparsity": s})
+                            for seed in args.seeds for s in args.sparsities]
+                for method, seed, params in configs:
+                    m = run_pipeline(model, [{"method": method, "stage": "decode", "params": {**evalp, **params}}],
                                      **run)[0]
-                    m["buffer"] = buffer
+                    m["buffer"], m["seed"] = buffer, seed
                     rows.append(m)
-                    print({k: m[k] for k in ("method", "context_len", "buffer", "kv_memory_fraction",
+                    print({k: m[k] for k in ("method", "seed", "context_len", "buffer", "kv_memory_fraction",
                                              "kv_peak_fraction", "kl_to_full", "recall_accuracy", "ms_per_step",
                                              "ms_per_step_full_cache")}, flush=True)
-    full = [{"method": "full cache", "context_len": r["context_len"], "buffer": r["buffer"], "kv_memory_fraction": 1.0,
-             "kv_memory_fraction_with_dictionaries": 1.0, "kv_memory_fraction_amortised": 1.0,
-             "kv_peak_fraction": r["kv_peak_fraction_full_cache"],
+    full = [{"method": "full cache", "seed": None, "context_len": r["context_len"], "buffer": r["buffer"],
+             "kv_memory_fraction": 1.0, "kv_memory_fraction_with_dictionaries": 1.0,
+             "kv_memory_fraction_amortised": 1.0, "kv_peak_fraction": r["kv_peak_fraction_full_cache"],
              "kv_peak_fraction_amortised": r["kv_peak_fraction_full_cache"], "kl_to_full": 0.0,
              "next_token_accuracy": r["next_token_accuracy_full_cache"],
              "recall_accuracy": r["recall_accuracy_full_cache"], "perplexity": r["perplexity_full_cache"],
              "ms_per_step": r["ms_per_step_full_cache"]} for r in rows if r["method"] == "kivi 2-bit"]
-    columns = ["context_len", "buffer", "method", "kv_memory_fraction", "kv_memory_fraction_with_dictionaries",
+    columns = ["context_len", "buffer", "method", "seed", "kv_memory_fraction", "kv_memory_fraction_with_dictionaries",
                "kv_memory_fraction_amortised", "kv_peak_fraction", "kv_peak_fraction_amortised", "kl_to_full",
-               "next_token_accuracy",
-               "recall_accuracy", "perplexity", "ms_per_step"]
+               "next_token_accuracy", "recall_accuracy", "perplexity", "ms_per_step"]
     table = markdown(columns, sorted(full + rows, key=lambda r: (r["context_len"], -r["buffer"],
-                                                                 -r["kv_memory_fraction"])))
-    write("lexico", {"benchmark": "lexico", "model": MODEL, "atoms": args.atoms, "dictionary_errors": errors,
-                     "machine": machine(), "rows": rows})
-    err_rows = [{"sparsity": s, **{k.replace("_rel_error", ""): v for k, v in e.items()
-                                   if k.startswith(("layer0", "transfer_layer0"))}} for s, e in errors.items()]
-    (Path(__file__).resolve().parent / "results" / "lexico.md").write_text(
-        table + "\n\nDictionary relative error on held-out vectors (layer 0; transfer_: pydoc text, dictionaries "
-        "learned on stdlib code):\n\n" + markdown(list(err_rows[0]), err_rows) + "\n")
+                                                                 -r["kv_memory_fraction"], r["seed"] or 0)))
+    summary = summarise(rows)
+    name = result_name("lexico", args)
+    write(name, {"benchmark": "lexico", "model": model, "data": args.data, "atoms": args.atoms, "seeds": args.seeds,
+                 "dictionary_errors": errors, "machine": machine(), "rows": rows, "summary": summary})
+    err_rows = [{"dictionary": k, **{c.replace("_rel_error", ""): v for c, v in e.items()
+                                     if c.startswith(("layer0", "transfer_layer0"))}} for k, e in errors.items()]
+    (RESULTS / f"{name}.md").write_text(
+        f"{model} on {args.data}; dictionary seeds {args.seeds}\n\n" + markdown(list(summary[0]), summary)
+        + "\n\nEvery run:\n\n" + table + f"\n\nDictionary relative error on held-out vectors (layer 0; transfer_: "
+        f"{transfer} text, dictionaries learned on {args.data}):\n\n" + markdown(list(err_rows[0]), err_rows) + "\n")
     print(table)
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per (context, buffer, method): stored memory and KL over the seeds; Lexico against KIVI at equal stored bytes
+    is "ahead" only when every seed's KL is below KIVI's (which has no seed)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["context_len"], r["buffer"], r["method"]), []).append(r)
+    out = []
+    for (context, buffer, method), runs in groups.items():
+        kl = spread([r["kl_to_full"] for r in runs])
+        row = {"context_len": context, "buffer": buffer, "method": method, "runs": kl["n"],
+               "kv_memory_fraction": runs[0]["kv_memory_fraction"], "kl_mean": kl["mean"], "kl_min": kl["min"],
+               "kl_max": kl["max"], "vs_matched_kivi": None}
+        kivi = groups.get((context, buffer, MATCHED.get(method)))
+        if kivi:
+            ref = kivi[0]["kl_to_full"]
+            ratio = f"KL {ref / kl['max']:.2f}-{ref / kl['min']:.2f}x lower" if kl["min"] > 0 else ""
+            row["vs_matched_kivi"] = ("ahead, " + ratio if kl["max"] < ref else "behind" if kl["min"] > ref
+                                      else "within noise")
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":
