@@ -1,16 +1,16 @@
 """BlockDialect against MXFP4, NVFP4, INT4 blocks and bitsandbytes on trained reference models, in one run.
 
-    python benchmarks/bench_blockdialect.py [--models ref:llama-bench ref:opt-bench] [--max-tokens 16384] [--quick]
+    python benchmarks/bench_blockdialect.py [--models ref:llama-bench ref:opt-bench] [--data stdlib] [--quick]
 
 For each model and format, at W4A16 (linears, weights only), W4A4 (linears, weights and inputs) and the full path
-(W4A4 linears plus the attention QK^T and PV matmuls): perplexity increase over FP on held-out standard-library code
-(windows of the models' trained context, 128), KL(FP || quantized) per token, top-1 agreement with FP, the format's
-bits per element and the weight bits measured from the stored buffers, and relative MSE of every linear's weight and
-of its input on the model's own activations (mean over layers). Formats: MXFP4 (b32, 4.25 bits; b16, 4.5 bits:
-matched to NVFP4), NVFP4 (b16, 4.5), INT4 absmax (b32, fp16 scale, 4.5), BlockDialect (b32, 4.375) with two-stage
-activation selection (the lower error within the pair of the rounded max) and with exhaustive selection (the
-selector's oracle); bitsandbytes FP4/NF4 (blocks of 32 and 64) weight-only rows, their stored bits measured. Every
-format runs the same emulation (dequantize, float matmul) on the CPU.
+(W4A4 linears plus the attention QK^T and PV matmuls): perplexity increase over FP on 16k held-out tokens of
+``--data`` (non-overlapping windows of the models' trained context, 128), KL(FP || quantized) per token, top-1
+agreement with FP, the format's bits per element and the weight bits measured from the stored buffers, and relative
+MSE of every linear's weight and of its input on the model's own activations (mean over layers). Formats: MXFP4
+(b32, 4.25 bits; b16, 4.5 bits: matched to NVFP4), NVFP4 (b16, 4.5), INT4 absmax (b32, fp16 scale, 4.5),
+BlockDialect (b32, 4.375) with two-stage activation selection (the lower error within the pair of the rounded max)
+and with exhaustive selection (the selector's oracle); bitsandbytes FP4/NF4 (blocks of 32 and 64) weight-only rows,
+their stored bits measured. Every format runs the same emulation (dequantize, float matmul) on the CPU.
 Quantization here has no calibration and no randomness: one run is the whole distribution. Writes
 benchmarks/results/blockdialect.json and .md.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import heldout_scores, heldout_windows, publish  # noqa: E402
+from common import add_target_args, heldout_scores, heldout_windows, publish, result_name, targets  # noqa: E402
 
 SEQ = 128
 SETTINGS = {"W4A16": ("linear",), "W4A4": ("linear",), "full path": ("linear", "attn_qk", "attn_pv")}
@@ -80,7 +80,7 @@ def tensor_mse(model, inputs: dict[str, torch.Tensor], weight_fmt, act_fmt) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["ref:llama-bench", "ref:opt-bench"])
+    add_target_args(ap, ["ref:llama-bench", "ref:opt-bench"])
     ap.add_argument("--max-tokens", type=int, default=16384)
     ap.add_argument("--quick", action="store_true", help="MXFP4 and BD two-stage on 2k tokens (a smoke run).")
     args = ap.parse_args()
@@ -93,10 +93,10 @@ def main() -> None:
         fmts = {k: fmts[k] for k in ("MXFP4 b32", "BD two-stage (in-pair MSE)")}
         args.max_tokens = 2048
     rows = []
-    for name in args.models:
-        base, tok = llmx.load(name)
+    for name, path in targets(args):
+        base, tok = llmx.load(path)
         base.eval()
-        windows = heldout_windows(tok, args.max_tokens, SEQ)
+        windows = heldout_windows(tok, args.max_tokens, SEQ, args.data)
         fp, fp_logp = heldout_scores(base, windows, None)
         inputs = layer_inputs(base, windows)
         rows.append({"model": name, "format": "FP", "setting": "-", "ppl_increase": 0.0, "kl": 0.0,
@@ -104,12 +104,12 @@ def main() -> None:
                      "stored_weight_bits": 32, "weight_rel_mse": 0.0, "act_rel_mse": 0.0, "seconds": None})
         for fmt_name, (wf, af) in fmts.items():
             mse = tensor_mse(base, inputs, wf, af)
-            for setting, targets in SETTINGS.items():
+            for setting, points in SETTINGS.items():
                 if setting == "W4A16" and fmt_name == "BD exhaustive":
                     continue  # weights are exhaustive in both BD rows: W4A16 is the two-stage row
                 model = copy.deepcopy(base)
                 t0 = time.perf_counter()
-                stats = blockapply.quantize_blocks_(model, wf, None if setting == "W4A16" else af, targets)
+                stats = blockapply.quantize_blocks_(model, wf, None if setting == "W4A16" else af, points)
                 s, _ = heldout_scores(model, windows, fp_logp)
                 rows.append({"model": name, "format": fmt_name, "setting": setting,
                              "ppl_increase": s["perplexity"] - fp["perplexity"], "kl": s["kl"],
@@ -121,14 +121,15 @@ def main() -> None:
                 print(rows[-1], flush=True)
         for qt, block in (("fp4", 32), ("fp4", 64), ("nf4", 32), ("nf4", 64)):
             model, m = llmx.quantize(copy.deepcopy(base), tokenizer=tok, method="bnb", bits="w4a16", quant_type=qt,
-                                     blocksize=block, save=False)
+                                     blocksize=block, save=False, data=args.data)
             s, _ = heldout_scores(model.eval(), windows, fp_logp)
             rows.append({"model": name, "format": f"bnb {qt} b{block}", "setting": "W4A16",
                          "ppl_increase": s["perplexity"] - fp["perplexity"], "kl": s["kl"],
                          "top1_agreement": s["top1_agreement"], "perplexity": s["perplexity"],
                          "stored_weight_bits": 8 * m["quantized_bytes"] / m["quantized_params"]})
             print(rows[-1], flush=True)
-    publish("blockdialect" + ("_quick" if args.quick else ""), rows, tokens=args.max_tokens, seq_len=SEQ)
+    publish(result_name("blockdialect" + ("_quick" if args.quick else ""), args), rows, data=args.data,
+            tokens=args.max_tokens, seq_len=SEQ, split="validation")
 
 
 if __name__ == "__main__":

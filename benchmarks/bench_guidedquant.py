@@ -1,10 +1,10 @@
 """GuidedQuant and LNQ against RTN, GPTQ, SqueezeLLM and NF4 on trained reference models, at 2, 3 and 4 bits.
 
-    python benchmarks/bench_guidedquant.py [--models ref:llama-bench ref:opt-bench] [--calib 128] [--quick]
+    python benchmarks/bench_guidedquant.py [--models ref:llama-bench ref:opt-bench] [--data stdlib] [--calib 128] [--quick]
     python benchmarks/bench_guidedquant.py --bits w2a16 --seeds 1 2 3 --only LNQ "LNQ + GQ g=4" "GPTQ g64" "GPTQ g64 + GQ g=4"
 
-Per model and bit width: perplexity increase over FP and KL(FP || quantized) on 16k held-out standard-library tokens
-(windows of 128, the models' trained context), bits per weight as stored (scales, zero points and codebooks
+Per model and bit width: perplexity increase over FP and KL(FP || quantized) on 16k held-out tokens of ``--data``
+(non-overlapping windows of 128, the models' trained context), bits per weight as stored (scales, zero points and codebooks
 included), the summed layer objectives each method minimised (its own Hessian: X X^T or the guided H_g), and
 minutes. Calibration: ``--calib`` windows of 128 training tokens, the same for every method. RTN and GPTQ use
 groups of 128 (their bits count the fp16 scales), and GPTQ also groups that match LNQ's bits per weight (64, 32, 16
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import heldout_scores, heldout_windows, publish  # noqa: E402
+from common import add_target_args, heldout_scores, heldout_windows, publish, result_name, targets  # noqa: E402
 
 SEQ = 128
 
@@ -51,11 +51,10 @@ def methods(bits: str) -> list[tuple[str, str, dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["ref:llama-bench", "ref:opt-bench"])
+    add_target_args(ap, ["ref:llama-bench", "ref:opt-bench"], seeds=[0])
     ap.add_argument("--calib", type=int, default=128, help="Calibration windows of 128 tokens.")
     ap.add_argument("--max-tokens", type=int, default=16384)
     ap.add_argument("--bits", nargs="+", default=["w2a16", "w3a16", "w4a16"])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="Calibration seeds (windows drawn per seed).")
     ap.add_argument("--only", nargs="+", help="Method labels to run (default: all).")
     ap.add_argument("--quick", action="store_true", help="2 bits, 8 windows, 2k tokens (a smoke run).")
     args = ap.parse_args()
@@ -65,10 +64,10 @@ def main() -> None:
     if args.quick:
         args.calib, args.max_tokens, args.bits = 8, 2048, ["w2a16"]
     rows = []
-    for name in args.models:
-        base, tok = llmx.load(name)
+    for name, path in targets(args):
+        base, tok = llmx.load(path)
         base.eval()
-        windows = heldout_windows(tok, args.max_tokens, SEQ)
+        windows = heldout_windows(tok, args.max_tokens, SEQ, args.data)
         fp, fp_logp = heldout_scores(base, windows)
         rows.append({"model": name, "bits": "-", "method": "FP", "seed": None, "ppl_increase": 0.0, "kl": 0.0,
                      "perplexity": fp["perplexity"], "bits_per_weight": 32, "objective": None, "objective_kind": None,
@@ -79,7 +78,7 @@ def main() -> None:
             t0 = time.perf_counter()
             calib = {} if method == "bnb" else {"calib_samples": args.calib, "calib_seq_len": SEQ}
             model, m = llmx.quantize(copy.deepcopy(base), tokenizer=tok, method=method, bits=bits, save=False,
-                                     seed=seed, **calib, **params)
+                                     seed=seed, data=args.data, **calib, **params)
             minutes = (time.perf_counter() - t0) / 60
             s, _ = heldout_scores(model.eval(), windows, fp_logp)
             stored = m.get("bits_per_weight") or 8 * m["quantized_bytes"] / m["quantized_params"]
@@ -92,8 +91,8 @@ def main() -> None:
     suffix = "_quick" if args.quick else "_seeds" if len(args.seeds) > 1 else ""
     if len(args.models) == 1 and suffix == "_seeds":
         suffix += "_" + args.models[0].removeprefix("ref:")
-    publish("guidedquant" + suffix, rows, calib_windows=args.calib, seq_len=SEQ, tokens=args.max_tokens,
-            seeds=args.seeds)
+    publish(result_name("guidedquant" + suffix, args), rows, data=args.data, calib_windows=args.calib, seq_len=SEQ,
+            tokens=args.max_tokens, seeds=args.seeds, split="validation")
 
 
 if __name__ == "__main__":
