@@ -66,7 +66,8 @@ def result_name(base: str, args) -> str:
 
 
 def file_label(model_label: str) -> str:
-    return model_label.replace(":", "_").replace("@", "_on_").replace("/", "_")
+    """A model label as part of a file name (the ``@data`` part is left to ``result_name``)."""
+    return model_label.partition("@")[0].replace(":", "_").replace("/", "_")
 
 
 def spread(values: list[float]) -> dict[str, float]:
