@@ -1,6 +1,6 @@
 """CPU decode speed of packed models against FP, side by side and interleaved in one run, one thread, batch 1.
 
-    python benchmarks/bench_quant_decode.py [--model ref:llama-bench] [--rounds 5] [--new-tokens 64]
+    python benchmarks/bench_quant_decode.py [--model ref:llama-bench] [--data stdlib] [--rounds 5] [--new-tokens 64]
 
 Every configuration is quantized once in memory; then each round times greedy decoding of ``--new-tokens`` tokens
 after a 64-token prompt for every configuration in turn (so load on the machine hits all of them alike), and the
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import publish  # noqa: E402
+from common import add_target_args, publish, result_name, targets  # noqa: E402
 
 CONFIGS = [("fp", None, {}), ("rtn", "w4a16 g128", {"bits": "w4a16"}), ("gptq", "w4a16 g128", {"bits": "w4a16"}),
            ("rtn", "w4a16 per-channel", {"bits": "w4a16", "group_size": -1}),
@@ -44,14 +44,16 @@ def decode_rate(model, ids: torch.Tensor, new_tokens: int, exact: bool) -> float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="ref:llama-bench")
+    add_target_args(ap, ["ref:llama-bench"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=64)
     args = ap.parse_args()
     import llmx
+    from llmx.core.data import token_stream
 
     torch.set_num_threads(1)
-    base, tok = llmx.load(args.model)
+    label, model_path = targets(args)[0]
+    base, tok = llmx.load(model_path)
     models = {}
     for method, label, params in CONFIGS:
         name = "fp" if method == "fp" else f"{method} {label}"
@@ -59,7 +61,7 @@ def main() -> None:
                                                                   save=False, **params)[0]
     runs = [(name, model, False) for name, model in models.items()]
     runs.insert(2, ("rtn w4a16 g128 exact", models["rtn w4a16 g128"], True))
-    ids = torch.randint(3, len(tok), (1, 64), generator=torch.Generator().manual_seed(0))
+    ids = token_stream(tok, args.data, "validation", 64)[None]  # a 64-token prompt of held-out text
     rates: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     for _ in range(args.rounds):
         for name, model, exact in runs:
@@ -69,7 +71,8 @@ def main() -> None:
              "vs_fp": statistics.median(r) / fp} for name, r in rates.items()]
     for row in rows:
         print(row, flush=True)
-    publish("quant_decode", rows, model=args.model, rounds=args.rounds, new_tokens=args.new_tokens, rates=rates)
+    publish(result_name("quant_decode", args), rows, model=label, data=args.data,
+            rounds=args.rounds, new_tokens=args.new_tokens, rates=rates)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, write  # noqa: E402
+from common import RESULTS, data_label, machine, markdown, write  # noqa: E402
 
 FIGURES = ("name", "arch", "preset", "params", "vocab", "seq_len", "steps_run", "best_step", "tokens_seen",
            "train_seconds", "build_wall_seconds", "val_perplexity", "unigram_perplexity", "val_bits_per_byte",
@@ -50,13 +50,13 @@ def presets(args) -> None:
     rows = []
     for arch in args.arch:
         with tempfile.TemporaryDirectory() as fresh:
-            info = build(RefRequest(arch, args.preset), args.cache or fresh)
+            info = build(RefRequest(arch, args.preset, data=args.data), args.cache or fresh)
         rows.append({k: info.get(k) for k in FIGURES})
         print(rows[-1], flush=True)
-    write(f"zoo_{args.preset}", {"benchmark": "zoo", "preset": args.preset, "corpus": "stdlib (held-out files)",
-                                 "machine": machine(), "rows": rows})
-    (Path(__file__).resolve().parent / "results" / f"zoo_{args.preset}.md").write_text(
-        markdown(list(FIGURES), rows) + "\n")
+    name = f"zoo_{args.preset}" + ("" if args.data == "stdlib" else f"_on_{data_label(args.data)}")
+    write(name, {"benchmark": "zoo", "preset": args.preset, "corpus": f"{args.data} (its validation split)",
+                 "machine": machine(), "rows": rows})
+    (RESULTS / f"{name}.md").write_text(markdown(list(FIGURES), rows) + "\n")
 
 
 def bits_per_byte(model, tok, docs: list[str], seq_len: int) -> dict:
@@ -108,7 +108,7 @@ def domains(args) -> None:
                                   "token of the model's own tokenizer"})
     cols = ["trained_on", "params", "train_seconds", "val_perplexity", "unigram_perplexity",
             *[f"bpb_on_{d}" for d in args.domains]]
-    (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text(markdown(cols, rows) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(cols, rows) + "\n")
 
 
 def main() -> None:
@@ -117,6 +117,7 @@ def main() -> None:
     p = sub.add_parser("presets")
     p.add_argument("--arch", nargs="+", default=["llama", "qwen2", "gpt2", "mamba2"])
     p.add_argument("--preset", default="small")
+    p.add_argument("--data", default="stdlib", help="The corpus every preset trains on (a .txt/.jsonl file, pydoc, ...).")
     p.add_argument("--cache", help="Build into this cache (reused by a later `domains`) instead of a fresh one.")
     d = sub.add_parser("domains")
     d.add_argument("--arch", default="llama")
