@@ -26,7 +26,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_target_args, heldout_scores, heldout_windows, publish, result_name, targets  # noqa: E402
+from common import (  # noqa: E402
+    add_target_args,
+    data_config,
+    heldout_scores,
+    heldout_windows,
+    publish,
+    result_name,
+    splitting,
+    targets,
+)
 
 SEQ = 128
 SETTINGS = {"W4A16": ("linear",), "W4A4": ("linear",), "full path": ("linear", "attn_qk", "attn_pv")}
@@ -96,7 +105,7 @@ def main() -> None:
     for name, path in targets(args):
         base, tok = llmx.load(path)
         base.eval()
-        windows = heldout_windows(tok, args.max_tokens, SEQ, args.data)
+        windows = heldout_windows(tok, args.max_tokens, SEQ, args.data, splitting(args))
         fp, fp_logp = heldout_scores(base, windows, None)
         inputs = layer_inputs(base, windows)
         rows.append({"model": name, "format": "FP", "setting": "-", "ppl_increase": 0.0, "kl": 0.0,
@@ -121,7 +130,7 @@ def main() -> None:
                 print(rows[-1], flush=True)
         for qt, block in (("fp4", 32), ("fp4", 64), ("nf4", 32), ("nf4", 64)):
             model, m = llmx.quantize(copy.deepcopy(base), tokenizer=tok, method="bnb", bits="w4a16", quant_type=qt,
-                                     blocksize=block, save=False, data=args.data)
+                                     blocksize=block, save=False, data=data_config(args))
             s, _ = heldout_scores(model.eval(), windows, fp_logp)
             rows.append({"model": name, "format": f"bnb {qt} b{block}", "setting": "W4A16",
                          "ppl_increase": s["perplexity"] - fp["perplexity"], "kl": s["kl"],

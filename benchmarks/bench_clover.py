@@ -34,12 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     RESULTS,
     add_target_args,
+    data_config,
     file_label,
     machine,
     markdown,
     perplexity,
     result_name,
     run_pipeline,
+    spread,
     targets,
     verdict,
     write,
@@ -71,14 +73,15 @@ def interpolate(xs: list[float], ys: list[float], y: float) -> float | None:
     return None
 
 
-def pruning(model: str, base: float, ratios: list[float], tokens: int, data: str, seeds: list[int]) -> list[dict]:
+def pruning(model: str, base: float, args) -> list[dict]:
+    ratios, tokens, data, seeds = args.ratios, args.max_tokens, args.data, args.seeds
     rows = []
     for ratio in ratios:
         for label, criterion, mode in (("vanilla", "vanilla", "uniform"), ("activation", "activation", "uniform"),
                                        ("CLOVER", "clover", "uniform"), ("CLOVER global", "clover", "global")):
             for seed in seeds if criterion == "activation" else seeds[:1]:  # only activation norms calibrate
                 prune, pruned = run_pipeline(model, [prune_stage(ratio, criterion, mode=mode), ppl(tokens, data)],
-                                             threads=1, seed=seed, data={"source": data})
+                                             threads=1, seed=seed, data=data_config(args))
                 rows.append({"ratio": ratio, "criterion": label, "seed": seed if criterion == "activation" else None,
                              "targets": prune["targets"], "nll_increase": pruned["nll"] - base,
                              "params": prune["params_after"], "kv_bytes_per_token": prune["kv_bytes_per_token_after"]})
@@ -86,13 +89,14 @@ def pruning(model: str, base: float, ratios: list[float], tokens: int, data: str
     return rows
 
 
-def qk_curve(model: str, base: float, tokens: int, data: str) -> tuple[list[dict], dict]:
+def qk_curve(model: str, base: float, args) -> tuple[list[dict], dict]:
+    tokens, data = args.max_tokens, args.data
     ratios = [i / 64 for i in (5, 16, 32, 45, 56)]
     rows = []
     for criterion in ("vanilla", "clover"):
         for ratio in ratios:
             _, pruned = run_pipeline(model, [prune_stage(ratio, criterion, targets=["qk"]), ppl(tokens, data)],
-                                     threads=1, data={"source": data})
+                                     threads=1, data=data_config(args))
             rows.append({"qk_pruned": f"{round(ratio * 64)}/64", "criterion": criterion,
                          "nll_increase": pruned["nll"] - base})
             print(rows[-1], flush=True)
@@ -102,11 +106,12 @@ def qk_curve(model: str, base: float, tokens: int, data: str) -> tuple[list[dict
     return rows, {"clover_45_of_64": clover_70, "vanilla_ratio_at_same_cost": match}
 
 
-def tune_run(model: str, stages: list[dict], params: dict, lr: float, seed: int, steps: int, tokens: int,
+def tune_run(model: str, stages: list[dict], params: dict, lr: float, seed: int, args,
              source: str) -> tuple[dict, float]:
     """The train stage's metrics and the NLL after it."""
-    tune = {"method": "clover", "stage": "train", "params": {"steps": steps, "lr": lr, "save": False, **params}}
-    out = run_pipeline(model, [*stages, tune, ppl(tokens, source)], threads=1, seed=seed, data={"source": source})
+    tune = {"method": "clover", "stage": "train", "params": {"steps": args.steps, "lr": lr, "save": False, **params}}
+    out = run_pipeline(model, [*stages, tune, ppl(args.max_tokens, source)], threads=1, seed=seed,
+                       data={**data_config(args), "source": source})
     return out[-2], out[-1]["nll"]
 
 
@@ -120,7 +125,7 @@ def finetune(model: str, setting: str, args, ratio: float = 0.7) -> list[dict]:
         stages, params = ([prune_stage(ratio, criterion)] if criterion else []), TUNERS[label]
 
         def trial(lr: float, seed: int = 0, stages=stages, params=params) -> tuple[dict, float]:
-            return tune_run(model, stages, params, lr, seed, args.steps, args.max_tokens, source)
+            return tune_run(model, stages, params, lr, seed, args, source)
 
         trials = {lr: trial(lr) for lr in args.lrs}
         lr = min(trials, key=lambda k: trials[k][0]["val_nll_after"])
@@ -144,6 +149,19 @@ def finetune(model: str, setting: str, args, ratio: float = 0.7) -> list[dict]:
     return rows
 
 
+def prune_summary(rows: list[dict]) -> list[dict]:
+    """One row per ratio and criterion: the seeded activation-norm rows as their mean and range."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["ratio"], r["criterion"])
+        out.setdefault(key, {**r, "values": []})["values"].append(r["nll_increase"])
+    for r in out.values():
+        s = spread(r.pop("values"))
+        r.update(runs=s["n"], nll_increase=s["mean"], range=f"[{s['min']:+.4f}, {s['max']:+.4f}]" if s["n"] > 1 else None)
+        r.pop("seed")
+    return list(out.values())
+
+
 def sweep_verdicts(rows: list[dict]) -> list[dict]:
     """Per ratio: CLOVER + CLOVER cores against vanilla + raw cores after the same fine-tune, over the seeds."""
     out = []
@@ -154,8 +172,7 @@ def sweep_verdicts(rows: list[dict]) -> list[dict]:
         out.append({"ratio": ratio, "vanilla_nll": v["nll"], "vanilla_range": f"[{v['nll_min']:.4f}, {v['nll_max']:.4f}]",
                     "clover_nll": c["nll"], "clover_range": f"[{c['nll_min']:.4f}, {c['nll_max']:.4f}]",
                     "difference": c["nll"] - v["nll"],
-                    "verdict": verdict(c["nlls"], v["nlls"]).replace("a ahead", "CLOVER ahead")
-                    .replace("b ahead", "vanilla ahead")})
+                    "verdict": verdict(c["nlls"], v["nlls"], ("CLOVER", "vanilla"))})
     return out
 
 
@@ -165,7 +182,8 @@ SECTIONS = ("prune", "recovery", "sweep", "transfer")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_target_args(ap, ["ref:gpt2", "ref:qwen2"], seeds=[1, 2, 3])
-    ap.add_argument("--transfer-data", default="pydoc", help="The other corpus of the transfer setting.")
+    ap.add_argument("--transfer-data", help="The other corpus of the transfer setting (default: pydoc; stdlib when "
+                    "--data is pydoc).")
     ap.add_argument("--ratios", nargs="+", type=float, default=[0.25, 0.5, 0.7, 0.875])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lrs", nargs="+", type=float, default=[3e-4, 1e-3, 3e-3])
@@ -173,30 +191,33 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=SECTIONS, help="Sections to run (default: all).")
     args = ap.parse_args()
     only = args.only or list(SECTIONS)
+    args.transfer_data = args.transfer_data or ("stdlib" if args.data == "pydoc" else "pydoc")
     for label, model in targets(args):
-        base = run_pipeline(model, [ppl(args.max_tokens, args.data)], threads=1, data={"source": args.data})[0]["nll"]
+        base = run_pipeline(model, [ppl(args.max_tokens, args.data)], threads=1, data=data_config(args))[0]["nll"]
         base_other = run_pipeline(model, [ppl(args.max_tokens, args.transfer_data)], threads=1)[0]["nll"]
-        prune_rows = pruning(model, base, args.ratios, args.max_tokens, args.data, args.seeds) if "prune" in only else []
+        prune_rows = pruning(model, base, args) if "prune" in only else []
         rope = prune_rows and "qk" not in prune_rows[0]["targets"]
-        qk_rows, claim = ([], {}) if rope or not prune_rows else qk_curve(model, base, args.max_tokens, args.data)
+        qk_rows, claim = ([], {}) if rope or not prune_rows else qk_curve(model, base, args)
         tune_rows = [r for s in ("recovery", "transfer") if s in only for r in finetune(model, s, args)]
-        done = [r for r in tune_rows if r["setting"] == "recovery" and (r["pruned"], r["tuner"]) in
-                (("vanilla 70%", "raw cores"), ("clover 70%", "CLOVER cores"))]  # the sweep's 70% pair, already run
-        sweep_rows = [r for ratio in args.ratios if "sweep" in only and not (ratio == 0.7 and done)
-                      for r in finetune(model, "sweep", args, ratio)]
-        verdicts = sweep_verdicts(sweep_rows + done) if sweep_rows else []
+        done = [{**r, "setting": "sweep"} for r in tune_rows if r["setting"] == "recovery" and (r["pruned"], r["tuner"])
+                in (("vanilla 70%", "raw cores"), ("clover 70%", "CLOVER cores"))]  # the sweep's 70% pair, already run
+        sweep_rows = [] if "sweep" not in only else sorted(
+            [r for ratio in args.ratios if not (ratio == 0.7 and done) for r in finetune(model, "sweep", args, ratio)]
+            + (done if 0.7 in args.ratios else []), key=lambda r: r["ratio"])
+        verdicts = sweep_verdicts(sweep_rows) if sweep_rows else []
         stem = "clover" + ("" if args.only is None else "_" + "_".join(only))
         name = result_name(f"{stem}_{file_label(label)}", args)
         write(name, {"benchmark": "clover", "model": label, "model_path": model, "data": args.data,
                      "transfer_data": args.transfer_data, "base_nll": base, "base_nll_transfer": base_other,
                      "eval_tokens": args.max_tokens, "finetune_steps": args.steps, "lrs": args.lrs,
-                     "seeds": args.seeds, "sections": only, "machine": machine(), "prune": prune_rows, "qk": qk_rows,
+                     "seeds": args.seeds, "sections": only, "machine": machine(), "prune": prune_rows,
+                     "prune_summary": prune_summary(prune_rows) if prune_rows else [], "qk": qk_rows,
                      "qk_claim": claim, "finetune": tune_rows, "sweep": sweep_rows, "sweep_verdicts": verdicts})
         parts = [f"{label}: base NLL {base:.4f} ({args.data}), {base_other:.4f} ({args.transfer_data})"]
         if prune_rows:
-            parts += ["## Pruning without training (NLL increase)",
-                      markdown(["ratio", "criterion", "seed", "targets", "nll_increase", "params",
-                                "kv_bytes_per_token"], prune_rows)]
+            parts += ["## Pruning without training (NLL increase; activation norms: mean [min, max] over seeds "
+                      f"{args.seeds})", markdown(["ratio", "criterion", "runs", "targets", "nll_increase", "range",
+                                                   "params", "kv_bytes_per_token"], prune_summary(prune_rows))]
         if qk_rows:
             parts += ["## Q-K pruning alone (the paper's GPT-2 curve)",
                       markdown(["qk_pruned", "criterion", "nll_increase"], qk_rows),

@@ -24,7 +24,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_target_args, heldout_scores, heldout_windows, publish, result_name, targets  # noqa: E402
+from common import (  # noqa: E402
+    add_target_args,
+    data_config,
+    file_label,
+    heldout_scores,
+    heldout_windows,
+    publish,
+    result_name,
+    splitting,
+    targets,
+)
 
 SEQ = 128
 
@@ -67,7 +77,7 @@ def main() -> None:
     for name, path in targets(args):
         base, tok = llmx.load(path)
         base.eval()
-        windows = heldout_windows(tok, args.max_tokens, SEQ, args.data)
+        windows = heldout_windows(tok, args.max_tokens, SEQ, args.data, splitting(args))
         fp, fp_logp = heldout_scores(base, windows)
         rows.append({"model": name, "bits": "-", "method": "FP", "seed": None, "ppl_increase": 0.0, "kl": 0.0,
                      "perplexity": fp["perplexity"], "bits_per_weight": 32, "objective": None, "objective_kind": None,
@@ -78,7 +88,7 @@ def main() -> None:
             t0 = time.perf_counter()
             calib = {} if method == "bnb" else {"calib_samples": args.calib, "calib_seq_len": SEQ}
             model, m = llmx.quantize(copy.deepcopy(base), tokenizer=tok, method=method, bits=bits, save=False,
-                                     seed=seed, data=args.data, **calib, **params)
+                                     seed=seed, data=data_config(args), **calib, **params)
             minutes = (time.perf_counter() - t0) / 60
             s, _ = heldout_scores(model.eval(), windows, fp_logp)
             stored = m.get("bits_per_weight") or 8 * m["quantized_bytes"] / m["quantized_params"]
@@ -90,8 +100,9 @@ def main() -> None:
             print(rows[-1], flush=True)
     suffix = "_quick" if args.quick else "_seeds" if len(args.seeds) > 1 else ""
     if len(args.models) == 1 and suffix == "_seeds":
-        suffix += "_" + args.models[0].removeprefix("ref:")
-    publish(result_name("guidedquant" + suffix, args), rows, data=args.data, calib_windows=args.calib, seq_len=SEQ,
+        suffix += "_" + file_label(args.models[0]).removeprefix("ref_")
+    name = result_name("guidedquant" + suffix, args, names_model="_seeds_" in suffix)
+    publish(name, rows, data=args.data, calib_windows=args.calib, seq_len=SEQ,
             tokens=args.max_tokens, seeds=args.seeds, split="validation")
 
 

@@ -21,13 +21,27 @@ a row per run, and per setting the KL's mean and range over seeds, judged agains
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, add_target_args, data_label, machine, markdown, result_name, run_pipeline, spread, write  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    add_target_args,
+    data_config,
+    data_label,
+    machine,
+    markdown,
+    result_name,
+    run_pipeline,
+    spread,
+    targets,
+    verdict,
+    write,
+)
 
 MODEL = "ref:llama-2k"
 BUILD = ["zoo", "build", "llama", "--preset", "long", "--seq-len", "2048", "--steps", "300"]
@@ -35,12 +49,20 @@ MATCHED = {"lexico s=8": "kivi 2-bit"}  # equal stored bytes per vector (24)
 
 
 def model_for(args) -> str:
-    """``ref:llama-2k`` (on ``--data``: the same build on that text, named ``llama-2k-<data>``), or the given model."""
+    """``ref:llama-2k`` (on ``--data``: the same build on that text, named ``llama-2k-<data>``), or the given model
+    (a built-in ``ref:`` trained on ``--data`` as in the other benchmarks)."""
+    if len(args.models) != 1:
+        raise SystemExit("bench_lexico.py takes one --model")
     if args.models[0] != MODEL:
-        return args.models[0]
-    name = "llama-2k" if args.data == "stdlib" or args.keep_ref else f"llama-2k-{data_label(args.data)}"
-    data = [] if name == "llama-2k" else ["--data", args.data]
-    subprocess.run([sys.executable, "-m", "llmx", *BUILD, *data, "--name", name], check=True, stdout=subprocess.DEVNULL)
+        return targets(args)[0][1]
+    name = "llama-2k"
+    extra = []
+    if args.data != "stdlib" and not args.keep_ref:
+        name = f"llama-2k-{re.sub(r'[^A-Za-z0-9._-]', '-', data_label(args.data))}"[:64]
+        extra = ["--data", args.data, "--text-split", args.text_split,
+                 "--validation-percent", str(args.validation_percent)]
+    subprocess.run([sys.executable, "-m", "llmx", *BUILD, *extra, "--name", name], check=True,
+                   stdout=subprocess.DEVNULL)
     return f"ref:{name}"
 
 
@@ -57,7 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     model = model_for(args)
     transfer = "stdlib" if args.data == "pydoc" else "pydoc"
-    run = {"threads": 1, "dtype": "bfloat16", "data": {"source": args.data}}
+    run = {"threads": 1, "dtype": "bfloat16", "data": data_config(args)}
     rows, errors = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         dictionaries = {}
@@ -100,7 +122,7 @@ def main() -> None:
     table = markdown(columns, sorted(full + rows, key=lambda r: (r["context_len"], -r["buffer"],
                                                                  -r["kv_memory_fraction"], r["seed"] or 0)))
     summary = summarise(rows)
-    name = result_name("lexico", args)
+    name = result_name("lexico", args)  # names the model when it is not the default
     write(name, {"benchmark": "lexico", "model": model, "data": args.data, "atoms": args.atoms, "seeds": args.seeds,
                  "dictionary_errors": errors, "machine": machine(), "rows": rows, "summary": summary})
     err_rows = [{"dictionary": k, **{c.replace("_rel_error", ""): v for c, v in e.items()
@@ -123,13 +145,12 @@ def summarise(rows: list[dict]) -> list[dict]:
         kl = spread([r["kl_to_full"] for r in runs])
         row = {"context_len": context, "buffer": buffer, "method": method, "runs": kl["n"],
                "kv_memory_fraction": runs[0]["kv_memory_fraction"], "kl_mean": kl["mean"], "kl_min": kl["min"],
-               "kl_max": kl["max"], "vs_matched_kivi": None}
+               "kl_max": kl["max"], "vs_matched_kivi": None, "kl_ratio_range": None}
         kivi = groups.get((context, buffer, MATCHED.get(method)))
         if kivi:
             ref = kivi[0]["kl_to_full"]
-            ratio = f"KL {ref / kl['max']:.2f}-{ref / kl['min']:.2f}x lower" if kl["min"] > 0 else ""
-            row["vs_matched_kivi"] = ("ahead, " + ratio if kl["max"] < ref else "behind" if kl["min"] > ref
-                                      else "within noise")
+            row["vs_matched_kivi"] = verdict([r["kl_to_full"] for r in runs], [ref], ("Lexico", "KIVI"))
+            row["kl_ratio_range"] = f"{ref / kl['max']:.2f}-{ref / kl['min']:.2f}x" if kl["min"] > 0 else None
         out.append(row)
     return out
 

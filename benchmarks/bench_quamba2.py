@@ -32,12 +32,15 @@ from common import (  # noqa: E402
     EVAL,
     RESULTS,
     add_target_args,
+    data_config,
     file_label,
     machine,
     markdown,
+    model_folder,
     perplexity,
     result_name,
     run_pipeline,
+    splitting,
     spread,
     targets,
     timed,
@@ -62,12 +65,12 @@ def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
     return rows
 
 
-def inject_outliers(model_name: str, preset_of: str, data: str, channels: int, factor: float, steps: int,
-                    out_dir: Path) -> tuple[str, dict]:
-    """A copy of a Mamba2 whose x channels ``channels`` per layer come out of the conv ``factor`` times larger, then
-    fine-tuned ``steps`` steps on ``data`` (with the training settings of the built-in ``preset_of``) so that the rest
-    of the model adapts to them. Returns the
-    saved folder and the outlier strength (max / median channel mean |x|) before and after the fine-tune."""
+def inject_outliers(model_name: str, preset_of: str, args, out_dir: Path) -> tuple[str, dict]:
+    """A copy of a Mamba2 whose ``--outlier-channels`` x channels per layer come out of the conv ``--outlier-factor``
+    times larger, then fine-tuned ``--outlier-steps`` steps on ``--data`` (with the training settings of the
+    built-in ``preset_of``, or of ``ref:mamba2-bench`` for any other model) so that the rest of the model adapts to
+    them. Returns the saved folder and the outlier strength (max / median channel mean |x|) before and after the
+    fine-tune."""
     from dataclasses import replace
 
     import torch
@@ -78,6 +81,7 @@ def inject_outliers(model_name: str, preset_of: str, data: str, channels: int, f
     from llmx.core.zoo.train import pretrain
 
     model, tok = models.load(model_name)
+    channels, factor, steps = args.outlier_channels, args.outlier_factor, args.outlier_steps
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for layer in model.backbone.layers:
@@ -85,18 +89,19 @@ def inject_outliers(model_name: str, preset_of: str, data: str, channels: int, f
             idx = torch.randperm(m.intermediate_size, generator=gen)[:channels]
             m.conv1d.weight[idx] *= factor
             m.conv1d.bias[idx] *= factor
-    strength = {"injected": outlier_strength(model, tok, data)}
-    req = replace(parse_builtin(preset_of.removeprefix("ref:")), data=data)
+    strength = {"injected": outlier_strength(model, tok, args)}
+    req = replace(parse_builtin(preset_of.removeprefix("ref:")) or parse_builtin("mamba2-bench"), data=args.data,
+                  text_split=args.text_split, validation_percent=args.validation_percent)
     spec, corp = req.spec, zoo.corpus(req)
     torch.set_num_threads(1)
     pretrain(model, join_documents(tok, corp.train), join_documents(tok, corp.validation),
              replace(spec, lr=spec.lr / 4, warmup=10), seed=1, steps=steps)
-    strength["after_finetune"] = outlier_strength(model, tok, data)
+    strength["after_finetune"] = outlier_strength(model, tok, args)
     meta = {"source": model_name, "method": f"outliers x{factor:g} on {channels} ch, fine-tuned {steps} steps"}
     return str(models.save(model, tok, out_dir, meta)), strength
 
 
-def outlier_strength(model, tok, data: str) -> float:
+def outlier_strength(model, tok, args) -> float:
     """Max over layers of (max / median) of the per-channel mean |x| (x after the conv) on a few windows."""
     import copy
 
@@ -112,7 +117,7 @@ def outlier_strength(model, tok, data: str) -> float:
         m.points["x"] = Observer()
         observers.append(m.points["x"])
     with torch.no_grad():
-        probe(input_ids=random_windows(tok, data, 4, 256, seed=3))
+        probe(input_ids=random_windows(tok, args.data, 4, 256, seed=3, splitting=splitting(args)))
     return max(float(o.meanabs.max() / o.meanabs.median()) for o in observers)
 
 
@@ -140,12 +145,10 @@ def linear_timing(model_name: str) -> dict:
 
 
 def fp_file_bytes(model: str) -> int:
-    """Bytes of the FP model's weight files (a ``ref:`` model's cache folder, or a saved folder)."""
-    from llmx.core import zoo
+    """Bytes of the FP model's weight files (a ``ref:`` model's cache folder, a saved folder or a cached hub id)."""
     from llmx.core.models.storage import weight_file_bytes
 
-    folder = zoo.locate(model) if model.startswith("ref:") else Path(model)
-    return weight_file_bytes(folder)
+    return weight_file_bytes(model_folder(model))
 
 
 def bench(model: str, label: str, arch: str, args) -> list[dict]:
@@ -158,7 +161,7 @@ def bench(model: str, label: str, arch: str, args) -> list[dict]:
         for seed in args.seeds if method == "quamba2" else args.seeds[:1]:
             quant = [] if method == "fp" else [{"method": method, "params": params}]
             evals = [perplexity(max_tokens=args.max_tokens)] + ([speed] if seed == args.seeds[0] else [])
-            metrics = run_pipeline(model, quant + evals, threads=1, seed=seed, data={"source": args.data})
+            metrics = run_pipeline(model, quant + evals, threads=1, seed=seed, data=data_config(args))
             q = metrics[0] if quant else {}
             ppl = metrics[len(quant)]
             rows.append({"model": label, "method": method, "format": fmt,
@@ -188,8 +191,7 @@ def summarise(rows: list[dict]) -> list[dict]:
         for strong, weak in (("quamba2", "quamba1"), ("quamba1", "naive")):
             if fmt.endswith(f" {strong}") and (model, method, fmt[: -len(strong)] + weak) in groups:
                 other = groups[(model, method, fmt[: -len(strong)] + weak)]
-                row["vs_weaker_recipe"] = f"vs {weak}: " + verdict(values, other).replace("a ahead", f"{strong} ahead") \
-                    .replace("b ahead", f"{weak} ahead")
+                row["vs_weaker_recipe"] = f"vs {weak}: " + verdict(values, other, (strong, weak))
         out.append(row)
     return out
 
@@ -209,14 +211,13 @@ def main() -> None:
     for (label, model), given in zip(targets(args), args.models, strict=True):
         arch = load(model)[0].config.model_type
         rows, extra = bench(model, label, arch, args), {}
-        if arch == "mamba2" and given.startswith("ref:"):
+        if arch == "mamba2":
             with tempfile.TemporaryDirectory() as tmp:
-                injected, strength = inject_outliers(model, given, args.data, args.outlier_channels,
-                                                     args.outlier_factor, args.outlier_steps, Path(tmp) / "m")
+                injected, strength = inject_outliers(model, given, args, Path(tmp) / "m")
                 tag = f"{label} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g}, {args.outlier_steps} steps)"
                 rows += bench(injected, tag, arch, args)
-            extra["outlier_strength"] = {"reference": outlier_strength(*load(model), args.data), **strength}
-        name = result_name(f"quamba2_{file_label(label)}", args)
+            extra["outlier_strength"] = {"reference": outlier_strength(*load(model), args), **strength}
+        name = result_name(f"quamba2_{file_label(label)}", args, names_model=True)
         columns = ["model", "method", "format", "seed", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
                    "vs_fp32_files", "quantized_vs_fp16", "decode_tok_s"]
         summary = summarise(rows)

@@ -23,9 +23,11 @@ from common import (  # noqa: E402
     EVAL,
     RESULTS,
     add_target_args,
+    data_config,
     file_label,
     machine,
     markdown,
+    model_folder,
     perplexity,
     result_name,
     run_pipeline,
@@ -64,20 +66,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=EVAL["max_tokens"])
     ap.add_argument("--quick", action="store_true", help="A few rows only (a smoke run of this script).")
     args = ap.parse_args()
-    from llmx.core import zoo
     from llmx.core.models import load
     from llmx.core.models.storage import weight_file_bytes
 
     for label, model in targets(args):
         fp_params = sum(p.numel() for p in load(model)[0].parameters())
-        fp_bytes = weight_file_bytes(zoo.locate(model) if model.startswith("ref:") else Path(model))
+        fp_bytes = weight_file_bytes(model_folder(model))
         speed = {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 32, "repeats": 3}}
         rows = []
         for method, fmt, params in configs(args.quick):
             for seed in args.seeds if method in SEEDED else args.seeds[:1]:
                 quant = [] if method == "fp" else [{"method": method, "params": params}]
                 evals = [perplexity(max_tokens=args.max_tokens)] + ([speed] if seed == args.seeds[0] else [])
-                metrics = run_pipeline(model, quant + evals, threads=1, seed=seed, data={"source": args.data})
+                metrics = run_pipeline(model, quant + evals, threads=1, seed=seed, data=data_config(args))
                 q = metrics[0] if quant else {}
                 ppl = metrics[len(quant)]
                 stored = q.get("stored_weight_bytes", fp_bytes)
@@ -85,25 +86,31 @@ def main() -> None:
                              "perplexity": ppl["perplexity"], "stored_weight_bytes": stored,
                              "vs_fp_files": stored / fp_bytes, "quantized_vs_fp16": q.get("quantized_bytes_vs_fp16"),
                              "gptq_objective_vs_rtn": q.get("objective_vs_rtn_mean"),
-                             "decode_tok_s": metrics[-1]["decode_tokens_per_s"] if len(metrics) > len(quant) + 1
-                             else None})
+                             **speed_figures(metrics, len(quant))})
                 print(rows[-1], flush=True)
         fp = rows[0]["perplexity"]
         for r in rows:
             r["ppl_increase_pct"] = 100 * (r["perplexity"] / fp - 1)
         summary = summarise(rows)
-        name = result_name(f"quant_{file_label(label)}", args)
+        name = result_name(f"quant_{file_label(label)}", args, names_model=True)
         write(name, {"benchmark": "quant", "model": label, "model_path": model, "data": args.data,
                      "params": fp_params, "eval": {**EVAL, "max_tokens": args.max_tokens}, "seeds": args.seeds,
                      "machine": machine(), "rows": rows, "summary": summary})
         columns = ["method", "format", "seed", "perplexity", "ppl_increase_pct", "stored_weight_bytes", "vs_fp_files",
-                   "quantized_vs_fp16", "gptq_objective_vs_rtn", "decode_tok_s"]
+                   "quantized_vs_fp16", "gptq_objective_vs_rtn", "decode_tok_s", "prefill_tok_s"]
         text = (f"{label} on {args.data}: FP perplexity {fp:.4g} (windows of {EVAL['seq_len']}, stride "
                 f"{EVAL['stride']}, {args.max_tokens} tokens); GPTQ seeds {args.seeds}\n\n"
                 + markdown(["method", "format", "runs", "increase_mean_pct", "increase_min_pct", "increase_max_pct",
                             "gptq_vs_rtn"], summary) + "\n\nEvery run:\n\n" + markdown(columns, rows))
         (RESULTS / f"{name}.md").write_text(text + "\n")
         print(text)
+
+
+def speed_figures(metrics: list[dict], n_quant: int) -> dict:
+    """Decode and prefill tokens/s where the speed stage ran (the first seed), else None."""
+    ran = len(metrics) > n_quant + 1
+    return {"decode_tok_s": metrics[-1]["decode_tokens_per_s"] if ran else None,
+            "prefill_tok_s": metrics[-1]["prefill_tokens_per_s"] if ran else None}
 
 
 def summarise(rows: list[dict]) -> list[dict]:
@@ -118,8 +125,7 @@ def summarise(rows: list[dict]) -> list[dict]:
         rtn = groups.get(("rtn", fmt)) if method == "gptq" else None
         out.append({"method": method, "format": fmt, "runs": s["n"], "increase_mean_pct": s["mean"],
                     "increase_min_pct": s["min"], "increase_max_pct": s["max"],
-                    "gptq_vs_rtn": verdict(values, rtn).replace("a ahead", "GPTQ ahead").replace("b ahead", "RTN ahead")
-                    if rtn else None})
+                    "gptq_vs_rtn": verdict(values, rtn, ("GPTQ", "RTN")) if rtn else None})
     return out
 
 

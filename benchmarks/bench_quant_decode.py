@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_target_args, publish, result_name, targets  # noqa: E402
+from common import add_target_args, data_config, publish, result_name, splitting, targets  # noqa: E402
 
 CONFIGS = [("fp", None, {}), ("rtn", "w4a16 g128", {"bits": "w4a16"}), ("gptq", "w4a16 g128", {"bits": "w4a16"}),
            ("rtn", "w4a16 per-channel", {"bits": "w4a16", "group_size": -1}),
@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=64)
     args = ap.parse_args()
+    if len(args.models) != 1:
+        ap.error("one --model: the rounds interleave its configurations")
     import llmx
     from llmx.core.data import token_stream
 
@@ -55,13 +57,13 @@ def main() -> None:
     label, model_path = targets(args)[0]
     base, tok = llmx.load(model_path)
     models = {}
-    for method, label, params in CONFIGS:
-        name = "fp" if method == "fp" else f"{method} {label}"
+    for method, fmt, params in CONFIGS:
+        name = "fp" if method == "fp" else f"{method} {fmt}"
         models[name] = base if method == "fp" else llmx.quantize(copy.deepcopy(base), tokenizer=tok, method=method,
-                                                                  save=False, **params)[0]
+                                                                  save=False, data=data_config(args), **params)[0]
     runs = [(name, model, False) for name, model in models.items()]
     runs.insert(2, ("rtn w4a16 g128 exact", models["rtn w4a16 g128"], True))
-    ids = token_stream(tok, args.data, "validation", 64)[None]  # a 64-token prompt of held-out text
+    ids = token_stream(tok, args.data, "validation", 64, splitting(args))[None]  # a 64-token prompt of held-out text
     rates: dict[str, list[float]] = {name: [] for name, _, _ in runs}
     for _ in range(args.rounds):
         for name, model, exact in runs:

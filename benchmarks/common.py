@@ -12,31 +12,58 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(os.environ.get("LLMX_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
-EVAL = {"seq_len": 128, "stride": 64, "max_tokens": 16384}  # `llmx eval --method perplexity`'s defaults: one set
+MIN_SEEDS = 3  # fewer runs of a random method cannot call it ahead
+
+
+def _eval_defaults() -> dict[str, int]:
+    """`llmx eval --method perplexity`'s defaults, read from its config: one set for the CLI and the benchmarks."""
+    from llmx.core.config import DataConfig
+    from llmx.plugins.evals.config import PerplexityParams
+
+    seq = DataConfig.model_fields["seq_len"].default
+    return {"seq_len": seq, "stride": seq // 2, "max_tokens": PerplexityParams.model_fields["max_tokens"].default}
+
+
+EVAL = _eval_defaults()
 
 
 def perplexity(source: str | None = None, **params: Any) -> dict[str, Any]:
-    """The perplexity stage every benchmark evaluates with: the CLI's defaults (windows of 128, the zoo's training
-    length, stride 64, 16k held-out tokens) unless a script states otherwise."""
+    """The perplexity stage every benchmark evaluates with: the CLI's defaults (16k held-out tokens in windows of
+    128, the small and bench presets' training context, stride 64) unless a script states otherwise."""
     return {"method": "perplexity", "params": {**EVAL, **({"source": source} if source else {}), **params}}
 
 
 def add_target_args(ap, models: list[str], seeds: list[int] | None = None) -> None:
-    """``--model/--models``, ``--data`` and ``--keep-ref`` (and ``--seeds``): the same comparison on another corpus
-    and model with one command."""
+    """``--model/--models``, ``--data`` with its split, and ``--keep-ref`` (and ``--seeds``): the same comparison
+    on another corpus and model with one command."""
     ap.add_argument("--models", "--model", nargs="+", default=models, dest="models", metavar="MODEL",
                     help="ref:ARCH-PRESET (trained on --data when that is not stdlib), a model folder or a hub id.")
     ap.add_argument("--data", default="stdlib", help="Calibration and evaluation text: stdlib, pydoc, a .txt/.jsonl "
                     "file or hf:NAME (default: stdlib).")
+    ap.add_argument("--text-split", default="auto", help="How a local --data file splits (data.text_split).")
+    ap.add_argument("--validation-percent", type=int, default=10, help="Its held-out share (data.validation_percent).")
     ap.add_argument("--keep-ref", action="store_true", help="Use ref: models as built on stdlib even with --data.")
+    ap.set_defaults(default_models=models)
     if seeds is not None:
         ap.add_argument("--seeds", nargs="+", type=int, default=seeds, help="Seeds of the random parts (calibration "
                         "windows, initialisation, data order): a row per seed and their spread.")
 
 
+def data_config(args) -> dict[str, Any]:
+    """The run's ``data`` section for ``--data`` and its split."""
+    return {"source": args.data, "text_split": args.text_split, "validation_percent": args.validation_percent}
+
+
+def splitting(args):
+    from llmx.core.data import TextSplit
+
+    return TextSplit(args.text_split, args.validation_percent)
+
+
 def targets(args) -> list[tuple[str, str]]:
     """``(label, model)`` per ``--models`` entry. A built-in ``ref:ARCH[-PRESET]`` with ``--data`` other than stdlib
-    is that preset trained on the data (built once, cached by the zoo); anything else is used as given."""
+    is that preset trained on the data with the same split (built once, cached by the zoo); anything else is used
+    as given."""
     from dataclasses import replace
 
     from llmx.core import zoo
@@ -48,7 +75,8 @@ def targets(args) -> list[tuple[str, str]]:
         if req is None or args.data == "stdlib" or args.keep_ref:
             out.append((model, model))
             continue
-        path, _ = zoo.provide(replace(req, data=args.data), show_progress=True)
+        path, _ = zoo.provide(replace(req, data=args.data, text_split=args.text_split,
+                                      validation_percent=args.validation_percent), show_progress=True)
         out.append((f"{model}@{data_label(args.data)}", str(path)))
     return out
 
@@ -59,15 +87,33 @@ def data_label(data: str) -> str:
     return path.stem if path.is_file() else data.replace(":", "_").replace("/", "_")
 
 
-def result_name(base: str, args) -> str:
-    """``base`` for the default corpus, ``base_on_<data>`` otherwise, so a rerun on other data keeps the
+def result_name(base: str, args, names_model: bool = False) -> str:
+    """The result file's name: ``base``, then the models when they are not the script's defaults (unless ``base``
+    already names its model), ``_on_<data>`` for other data and ``_keepref``, so a rerun never overwrites the
     repository's results."""
-    return base if args.data == "stdlib" else f"{base}_on_{data_label(args.data)}"
+    if not names_model and args.models != args.default_models:
+        base += "_" + "_".join(file_label(m) for m in args.models)
+    if args.data != "stdlib":
+        base += f"_on_{data_label(args.data)}" + ("_keepref" if args.keep_ref else "")
+    return base
 
 
 def file_label(model_label: str) -> str:
     """A model label as part of a file name (the ``@data`` part is left to ``result_name``)."""
-    return model_label.partition("@")[0].replace(":", "_").replace("/", "_")
+    return model_label.partition("@")[0].replace(":", "_").replace("/", "_").strip("._") or "model"
+
+
+def model_folder(model: str) -> Path:
+    """The folder of a model's files: a ``ref:`` entry, a local folder, or a hub id from the local hub cache."""
+    from llmx.core import zoo
+
+    if model.startswith("ref:"):
+        return zoo.locate(model)
+    if Path(model).expanduser().is_dir():
+        return Path(model).expanduser()
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, local_files_only=True))
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -75,14 +121,17 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.mean(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def verdict(a: list[float], b: list[float], lower_is_better: bool = True) -> str:
-    """'a ahead' / 'b ahead' only when the seed ranges do not overlap, else 'within noise'."""
-    if lower_is_better:
-        a, b = [-x for x in a], [-x for x in b]
+def verdict(a: list[float], b: list[float], names: tuple[str, str] = ("a", "b"), lower_is_better: bool = True) -> str:
+    """'<a> ahead' / '<b> ahead' only when the ranges over seeds do not overlap, else 'within noise'; 'n/a (fewer
+    than 3 seeds)' when neither side has ``MIN_SEEDS`` runs (a side with one run is a method without randomness)."""
+    if max(len(a), len(b)) < MIN_SEEDS:
+        return f"n/a (fewer than {MIN_SEEDS} seeds)"
+    sign = -1 if lower_is_better else 1
+    a, b = [sign * x for x in a], [sign * x for x in b]
     if min(a) > max(b):
-        return "a ahead"
+        return f"{names[0]} ahead"
     if min(b) > max(a):
-        return "b ahead"
+        return f"{names[1]} ahead"
     return "within noise"
 
 
@@ -143,11 +192,11 @@ def markdown(columns: list[str], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def heldout_windows(tokenizer, max_tokens: int, seq_len: int, data: str = "stdlib"):
+def heldout_windows(tokenizer, max_tokens: int, seq_len: int, data: str = "stdlib", split_rule=None):
     """The first ``max_tokens`` held-out tokens of ``data`` as ``[n, seq_len]`` windows (no overlap)."""
     from llmx.core.data import token_stream
 
-    tokens = token_stream(tokenizer, data, "validation", max_tokens)
+    tokens = token_stream(tokenizer, data, "validation", max_tokens, split_rule)
     return tokens[: len(tokens) // seq_len * seq_len].reshape(-1, seq_len)
 
 

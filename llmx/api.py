@@ -57,11 +57,13 @@ def run(config: str | Path | dict[str, Any], *, set: list[str] | tuple[str, ...]
         return execute(resolved, show_progress=progress).as_dict()
 
 
-def apply(stage: str, model: Any, *, method: str, tokenizer: Any = None, data: str | None = None,
+def apply(stage: str, model: Any, *, method: str, tokenizer: Any = None, data: str | dict | None = None,
           device: str = "cpu", dtype: str = "float32", seed: int = 0, output_dir: str | Path | None = None,
           progress: bool = False, **params: Any) -> tuple[Any, dict[str, Any]]:
     """Run one ``stage`` with ``method`` on ``model`` (a loaded model with its ``tokenizer``, or any name ``load``
-    takes); ``params`` are the method's (``llmx methods METHOD``). Returns the resulting model and the metrics."""
+    takes); ``params`` are the method's (``llmx methods METHOD``); ``data`` is a source for the stage (as ``--data``)
+    or a whole ``data`` section (``{"source": "notes.txt", "validation_percent": 20}``). Returns the resulting model
+    and the metrics."""
     from llmx.core.config import resolve, route_data
     from llmx.core.pipeline import execute
     from llmx.core.plugins import host
@@ -77,7 +79,9 @@ def apply(stage: str, model: Any, *, method: str, tokenizer: Any = None, data: s
         raise UsageError("a loaded model needs its tokenizer: pass tokenizer=... (llmx.load returns both)")
     else:
         start = (model, tokenizer)
-    if data is not None:
+    if isinstance(data, dict):  # a whole ``data`` section: source, text_split, validation_percent, ...
+        raw["data"] = data
+    elif data is not None:
         raw = route_data(raw, Stage(stage), data, methods)
     with _folder(output_dir) as folder:
         raw["output_dir"] = folder

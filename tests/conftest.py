@@ -13,6 +13,22 @@ TESTKIT = FIXTURES / "plugins"
 
 
 @pytest.fixture(scope="session")
+def prose() -> str:
+    """English prose every Python ships (pydoc's topics), blank-line separated: text for user-file tests."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics.values())
+
+
+@pytest.fixture
+def notes(tmp_path, prose) -> Path:
+    """A user's text file: 120k characters of that prose."""
+    f = tmp_path / "notes.txt"
+    f.write_text(prose[:120_000], encoding="utf-8")
+    return f
+
+
+@pytest.fixture(scope="session")
 def zoo_cache(tmp_path_factory) -> Path:
     """One reference-model cache for the whole session: ``ref:*-test`` models are built once."""
     return tmp_path_factory.mktemp("llmx-cache")

@@ -73,13 +73,17 @@ def test_stdlib_split_is_stable_disjoint_and_skips_tests():
 def test_text_and_jsonl_files(tmp_path):
     txt = tmp_path / "a.txt"
     txt.write_text("x" * 90 + "y" * 10)
-    assert data.documents(str(txt), "validation", data.TextSplit("tail")) == ["y" * 10]
+    assert data.documents(str(txt), "validation", data.TextSplit("legacy")) == ["y" * 10]
     rows = tmp_path / "r.jsonl"
     rows.write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in range(50)) + "\n")
     train, val = data.documents(str(rows), "train"), data.documents(str(rows), "validation")
     assert len(train) + len(val) == 50 and val
     rows.write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in reversed(range(50))) + "\n")
     assert sorted(data.documents(str(rows), "validation")) == sorted(val)  # the split ignores row order
+    legacy = data.TextSplit("legacy")
+    old = [f"doc {i}" for i in range(50) if data.in_validation(f"r.jsonl:{i}")]  # rows by file name and index
+    rows.write_text("\n".join(json.dumps({"text": f"doc {i}"}) for i in range(50)) + "\n")
+    assert data.documents(str(rows), "validation", legacy) == old
     rows.write_text('{"text": "ok"}\n{"txt": "bad"}\n')
     with pytest.raises(UsageError, match=r"r.jsonl:2: expected an object with a string field 'text'"):
         data.documents(str(rows), "train")
@@ -124,11 +128,51 @@ def test_text_file_without_blank_lines_splits_by_line(tmp_path):
         [data.documents(str(path), split, data.TextSplit("blocks")) for split in ("train", "validation")]
 
 
-def test_text_units_restore_the_text():
-    text = "\n\na b\nc\n\n\n  \nd e\n\nf"
+def test_text_units_restore_the_text_and_keep_indentation():
+    text = "\n\na b\nc\n\n\n  \nd e\n\n    def f():\n        pass\n\nf"
     for mode in ("blocks", "lines"):
         assert "".join(data.text_units(text, mode)) == text
-    assert [u.strip() for u in data.text_units(text, "blocks")] == ["", "a b\nc", "d e", "f"]
+    blocks = data.text_units(text, "blocks")
+    assert [u.strip() for u in blocks] == ["a b\nc", "d e", "def f():\n        pass", "f"]
+    assert blocks[2].startswith("    def f():")  # a block keeps its first line's indentation
+
+
+def test_crlf_and_indented_blocks_come_back_whole(tmp_path):
+    blocks = [f"class C{i}:\r\n    def m{i}(self):\r\n        return {i}" for i in range(300)]
+    path = tmp_path / "code.txt"
+    path.write_bytes("\r\n\r\n".join(blocks).encode() + b"\r\n")
+    docs = data.documents(str(path), "validation") + data.documents(str(path), "train")
+    pieces = [b for d in docs for b in d.split("\r\n\r\n")]
+    assert sorted(pieces) == sorted(blocks)  # no stray \r, every block's indentation intact
+
+
+def test_auto_takes_blocks_only_when_enough_of_them_are_held_out():
+    per_block = 100 // 10 * data.EXPECTED_HELD_UNITS  # blocks needed at 10%
+    many = "\n\n".join(f"b{i}\nline" for i in range(per_block))
+    few = "\n\n".join(f"b{i}\nline" for i in range(per_block - 1))
+    assert len(data.text_units(many, "auto")) == per_block
+    assert len(data.text_units(few, "auto")) == 2 * (per_block - 1)  # lines
+    assert len(data.text_units(many, "auto", percent=5)) == 2 * per_block
+
+
+def test_the_run_config_split_reaches_evaluation(cli, tmp_path):
+    path = tmp_path / "prose.txt"
+    path.write_text("\n\n".join(f"paragraph {i}: " + "word " * (20 + i % 7) for i in range(400)))
+    args = ["--json", "eval", "--method", "perplexity", "--model", "tiny:llama", "--data", path, "-o", tmp_path / "r"]
+    default, wide = cli(*args), cli(*args, "--set", "data.validation_percent=40")
+    assert default.code == 0 and wide.code == 0, default.err + wide.err
+    tokens = [r.json()["stages"][0]["metrics"]["tokens"] for r in (default, wide)]
+    assert tokens[1] > 2 * tokens[0]
+    bad = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", path, "--set", "data.text_split=line",
+              "-o", tmp_path / "r")
+    assert bad.code == 2 and "text_split" in bad.err
+
+
+def test_text_split_rule_checks_its_fields():
+    with pytest.raises(UsageError, match="Did you mean 'lines'"):
+        data.TextSplit("line")
+    with pytest.raises(UsageError, match="between 1 and 50"):
+        data.TextSplit("auto", 0)
 
 
 def test_empty_or_missing_data_is_exit_2(cli, tmp_path):

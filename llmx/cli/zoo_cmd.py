@@ -26,7 +26,7 @@ def build(
                                       "plugin dataset.")] = "stdlib",
     text_split: Annotated[str, typer.Option("--text-split", help="How a local file splits into train and validation: "
                                             "auto (blank-line blocks, or lines), blocks, lines (each by a hash of "
-                                            "its text) or tail (the last percent).")] = "auto",
+                                            "its text) or legacy (a .txt's last percent).")] = "auto",
     validation_percent: Annotated[int, typer.Option("--validation-percent",
                                                     help="A local file's share held out.")] = 10,
     name: Annotated[Optional[str], typer.Option("--name", help="Make the entry addressable as ref:NAME.")] = None,

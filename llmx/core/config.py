@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from llmx.core.data import SplitMode
 from llmx.core.names import did_you_mean, normalize
 from llmx.core.refs import ModelRef, TextSource
 from llmx.core.registry import MethodRegistry
@@ -43,9 +44,9 @@ class DataConfig(_Strict):
     split: Literal["train", "validation"] = "validation"
     seq_len: int = Field(128, gt=0, description="Tokens per sequence.")
     max_tokens: int | None = Field(None, gt=0, description="Cap on the tokens read from the source.")
-    text_split: Literal["auto", "blocks", "lines", "tail"] = Field(
-        "auto", description="How a local .txt/.jsonl file splits: by a hash of each blank-line block (auto: or of "
-        "each line, when there are few blocks), or its last validation_percent (tail).")
+    text_split: SplitMode = Field(
+        "auto", description="How a local .txt/.jsonl file splits: by a hash of each blank-line block or line (auto "
+        "picks), or of each row; legacy: a .txt's last validation_percent, .jsonl rows by file name and index.")
     validation_percent: int = Field(10, ge=1, le=50, description="A local file's share held out for validation.")
 
     @property

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,19 +14,31 @@ from llmx.core.names import did_you_mean
 from llmx.errors import UsageError
 
 VALIDATION_PERCENT = 10
-MIN_BLOCKS = 20  # ``auto`` reads a .txt file by lines when it has fewer blank-line blocks than this
+SPLIT_MODES = ("auto", "blocks", "lines", "legacy")
+SplitMode = Literal["auto", "blocks", "lines", "legacy"]
+EXPECTED_HELD_UNITS = 10  # ``auto`` takes blocks when they put at least this many units in validation on average
+
+log = logging.getLogger("llmx.data")
 
 
 @dataclass(frozen=True)
 class TextSplit:
-    """How a local file is split into train and validation. ``auto`` (the default): blank-line blocks, or lines when
-    the file has fewer than ``MIN_BLOCKS`` blocks; ``blocks``; ``lines``; each unit goes to validation by a hash of
-    its text (``percent``), so sorting or shuffling the file keeps the split, and consecutive units of one side are
-    joined back with their separators. ``tail``: the last ``percent`` of the characters (of the rows, for .jsonl),
-    the behaviour before units existed. Named datasets split themselves (``stdlib`` by file path)."""
+    """How a local file splits into train and validation. Units: blank-line blocks of a .txt (``blocks``), its lines
+    (``lines``), or ``auto``: blocks when ``percent`` of them is at least ``EXPECTED_HELD_UNITS`` units, else lines;
+    the rows of a .jsonl. Each unit goes to validation by a hash of its text, so sorting or shuffling the file keeps
+    the split, and consecutive units of one side come back joined with their separators. ``legacy``: what llmx did
+    before units, the last ``percent`` of a .txt's characters and .jsonl rows by a hash of file name and index. Named
+    datasets split themselves (``stdlib`` by file path) and ignore this."""
 
-    mode: Literal["auto", "blocks", "lines", "tail"] = "auto"
+    mode: SplitMode = "auto"
     percent: int = VALIDATION_PERCENT
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPLIT_MODES:
+            raise UsageError(f"text split must be one of {', '.join(SPLIT_MODES)}, not '{self.mode}'."
+                             f"{did_you_mean(self.mode, SPLIT_MODES)}")
+        if not 1 <= self.percent <= 50:
+            raise UsageError(f"validation percent must be between 1 and 50, not {self.percent}")
 
 
 def in_validation(key: str, percent: int = VALIDATION_PERCENT) -> bool:
@@ -48,6 +62,7 @@ def documents(source: str, split: str, splitting: TextSplit | None = None) -> li
     if split not in ("train", "validation"):
         raise ValueError(f"split must be 'train' or 'validation', not {split!r}")
     specs = host().datasets
+    local = False
     if source.startswith("hf:"):
         docs = _hub_dataset(source.removeprefix("hf:"), split)
     elif source in specs:
@@ -60,10 +75,10 @@ def documents(source: str, split: str, splitting: TextSplit | None = None) -> li
             hint = did_you_mean(source, specs)
             raise UsageError(f"data source not found: '{source}' is neither a dataset ({', '.join(specs)}) "
                              f"nor a file.{hint}")
-        docs = _split_file(path, split, splitting or TextSplit())
+        docs, local = _split_file(path, split, splitting or TextSplit()), True
     if not any(d.strip() for d in docs):
-        hint = (" (raise data.validation_percent / --validation-percent, or split by tail)"
-                if path_like(source) and split == "validation" else "")
+        hint = (" (raise data.validation_percent or set data.text_split=legacy; in `llmx zoo build`: "
+                "--validation-percent, --text-split)" if local else "")
         raise UsageError(f"data source '{source}' has no text in its {split} split{hint}")
     return docs
 
@@ -79,17 +94,12 @@ def _hub_dataset(name: str, split: str) -> list[str]:
     import datasets
 
     path, _, config = name.partition(":")
-    hub_split = "validation" if split == "validation" else "train"
     try:
-        rows = datasets.load_dataset(path, config or None, split=hub_split)
+        rows = datasets.load_dataset(path, config or None, split=split)
     except Exception as exc:  # noqa: BLE001 - the hub raises many types; the user needs one line
-        raise UsageError(f"cannot load dataset 'hf:{name}' ({hub_split}): {exc}") from exc
+        raise UsageError(f"cannot load dataset 'hf:{name}' ({split}): {exc}") from exc
     column = "text" if "text" in rows.column_names else rows.column_names[0]
     return [r for r in rows[column] if isinstance(r, str)]
-
-
-def path_like(source: str) -> bool:
-    return source.endswith((".txt", ".jsonl")) or Path(source).expanduser().is_file()
 
 
 def _split_file(path: Path, split: str, rule: TextSplit) -> list[str]:
@@ -102,43 +112,67 @@ def _split_file(path: Path, split: str, rule: TextSplit) -> list[str]:
             if not isinstance(row.get("text"), str):
                 raise UsageError(f"{where}: expected an object with a string field 'text'")
             texts.append(row["text"])
-        if rule.mode == "tail":
-            cut = len(texts) * (100 - rule.percent) // 100
-            return texts[cut:] if want else texts[:cut]
-        return [t for t in texts if in_validation(t, rule.percent) == want]
+        keys = ([f"{path.name}:{i}" for i in range(len(texts))] if rule.mode == "legacy"
+                else [t.strip() for t in texts])
+        return [t for t, k in zip(texts, keys, strict=True) if in_validation(k, rule.percent) == want]
     text = read_text(path)
-    if rule.mode == "tail":
+    if rule.mode == "legacy":
         cut = len(text) * (100 - rule.percent) // 100
         return [text[cut:]] if want else [text[:cut]]
-    units = text_units(text, rule.mode)
+    units = text_units(text, rule.mode, rule.percent)
+    held = [in_validation(u.strip(), rule.percent) for u in units]
+    _check_share(str(path), units, held, rule.percent)
     docs, run = [], []
-    for unit in units:
-        if in_validation(unit.strip(), rule.percent) == want:
+    for unit, h in zip(units, held, strict=True):
+        if h == want:
             run.append(unit)
         elif run:
             docs.append("".join(run))
             run = []
     if run:
         docs.append("".join(run))
-    return [d.strip("\n") for d in docs if d.strip()]
+    return [d.strip("\r\n") for d in docs if d.strip()]
 
 
-def text_units(text: str, mode: str) -> list[str]:
-    """The text cut into blank-line blocks or lines, each keeping the separator after it and any blank lines (joining
-    them restores the text); ``auto`` takes lines when there are fewer than ``MIN_BLOCKS`` blocks."""
+def text_units(text: str, mode: str, percent: int = VALIDATION_PERCENT) -> list[str]:
+    """The text cut into blank-line blocks or lines, each keeping the line break and blank lines after it (joining
+    them restores the text; a block keeps its first line's indentation); ``auto`` takes blocks when ``percent`` of
+    them is at least ``EXPECTED_HELD_UNITS``."""
     if mode != "lines":
-        parts = re.split(r"(\n[ \t\r\f\v]*\n\s*)", text)
-        blocks = [parts[i] + (parts[i + 1] if i + 1 < len(parts) else "") for i in range(0, len(parts), 2)]
-        blocks = [b for b in blocks if b]
-        if mode == "blocks" or len(blocks) >= MIN_BLOCKS:
+        parts = re.split(r"(\n[ \t\r\f\v]*\n(?:[ \t\r\f\v]*\n)*)", text)
+        blocks = _attach_blank([parts[i] + (parts[i + 1] if i + 1 < len(parts) else "")
+                                for i in range(0, len(parts), 2)])
+        if mode == "blocks" or len(blocks) * percent >= 100 * EXPECTED_HELD_UNITS:
             return blocks
+    return _attach_blank(text.splitlines(keepends=True))
+
+
+def _attach_blank(pieces: list[str]) -> list[str]:
+    """Whitespace-only pieces joined to the unit before them (to the first unit when they lead the text)."""
     units: list[str] = []
-    for line in text.splitlines(keepends=True):
-        if units and not line.strip():
-            units[-1] += line
+    lead = ""
+    for piece in pieces:
+        if piece.strip():
+            units.append(lead + piece)
+            lead = ""
+        elif units:
+            units[-1] += piece
         else:
-            units.append(line)
-    return units
+            lead += piece
+    return units or ([lead] if lead else [])
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_share(path: str, share: float, percent: int) -> None:
+    log.warning("%s: validation holds %.1f%% of the characters, against %d%% asked: its units differ much in size "
+                "(data.text_split=lines, or a higher data.validation_percent, evens it out)", path, share, percent)
+
+
+def _check_share(path: str, units: list[str], held: list[bool], percent: int) -> None:
+    total = sum(map(len, units))
+    share = 100 * sum(len(u) for u, h in zip(units, held, strict=True) if h) / max(total, 1)
+    if 0 < share < percent / 3:
+        _warn_share(path, share, percent)
 
 
 def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None = None,

@@ -103,8 +103,9 @@ def locate(name: str) -> Path:
         path = cache_root() / bound["entry"]
         problem = verify(path)
         if problem is None:
+            _check_environment(path)
             return path
-        req = RefRequest(**bound["request"])
+        req = RefRequest(**{"text_split": "legacy", **bound["request"]})  # names bound before text splits had units
         if resolve(req)[2].name != bound["entry"]:
             raise UsageError(f"ref:{bare}: entry {bound['entry']}: {problem}, and its data or tokenizer has changed "
                              "since it was built, so it cannot be built again as it was",

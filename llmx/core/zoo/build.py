@@ -86,8 +86,9 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
 
 
 def environment() -> dict:
-    """What the bits of a build depend on beyond its key: the same key, versions and CPU kernels give the same bytes
-    in any process (training runs on one thread whatever the caller's thread count; tested)."""
+    """What the bits of a build depend on beyond its key, recorded rather than keyed (an upgrade would otherwise
+    rebuild every entry): the same key, versions and CPU kernels give the same bytes in any process, since training
+    runs on one thread whatever the caller's thread count (tested at one and two threads)."""
     import platform
 
     import tokenizers
@@ -95,8 +96,8 @@ def environment() -> dict:
     import transformers
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "device": "cpu", "threads": 1}
+            "tokenizers": tokenizers.__version__, "machine": platform.machine(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 CPU_FLOPS = 6e10  # one modern x86 thread on these shapes, measured on the presets (7.6e10 alone, 4.9e10 loaded)

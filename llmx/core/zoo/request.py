@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
 
+from llmx.core.data import TextSplit
 from llmx.core.models.archs import ATTENTION_FREE, check_shape, default_kv_heads
 from llmx.core.names import did_you_mean
 from llmx.core.zoo.cache import cache_root
@@ -22,7 +23,6 @@ from llmx.errors import UsageError
 ZOO_VERSION = 2  # 2: the key holds the resolved shape and length; entries of 1 are listed as stale
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MIN_VOCAB = 259  # the 256 bytes and 3 specials of a byte-level BPE
-TEXT_SPLITS = ("auto", "blocks", "lines", "tail")  # core.data.TextSplit's modes (no import of core.data here)
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
@@ -56,11 +56,7 @@ class RefRequest:
             value = getattr(self, field)
             if value is not None and value < (2 if field == "seq_len" else 1):
                 raise UsageError(f"--{field.replace('_', '-')} must be at least {2 if field == 'seq_len' else 1}")
-        if self.text_split not in TEXT_SPLITS:
-            raise UsageError(f"--text-split must be one of {', '.join(TEXT_SPLITS)}, not '{self.text_split}'"
-                             f"{did_you_mean(self.text_split, TEXT_SPLITS)}")
-        if not 1 <= self.validation_percent <= 50:
-            raise UsageError(f"--validation-percent must be between 1 and 50, not {self.validation_percent}")
+        TextSplit(self.text_split, self.validation_percent)  # checks both
         if self.steps and self.tokens:
             raise UsageError("--steps and --tokens both set the training length; give one")
         if self.arch in ATTENTION_FREE and (self.heads or self.kv_heads):
