@@ -136,7 +136,7 @@ def test_paths_in_a_recipe_resolve_from_its_folder(cli, tmp_path, monkeypatch):
     folder = tmp_path / "recipes"
     folder.mkdir()
     shutil.copy(ROOT / "configs/smoke/data/sft_rows.jsonl", folder / "rows.jsonl")
-    (folder / "notes.txt").write_text("def f(x):\n    return x + 1\n" * 200)
+    (folder / "notes.txt").write_text("".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(200)))
     (folder / "r.yaml").write_text("model: tiny:llama\ndata: {source: notes.txt, seq_len: 32}\npipeline:\n"
                                    "  - method: sft\n    params: {data: rows.jsonl, steps: 1, batch_size: 2, max_length: 64,"
                                    " max_prompt_length: 32, save: false}\n  - method: perplexity\n"
