@@ -17,7 +17,7 @@ have no randomness and run once; decode speed is measured on the first seed.
 The outlier rows: the same Mamba2 with ``--outlier-channels`` x channels per layer whose conv weights and bias are
 multiplied by ``--outlier-factor`` (persistent per-channel outliers, as in large SSMs), then fine-tuned
 ``--outlier-steps`` steps so the model works with them (its own FP perplexity is their reference).
-Writes benchmarks/results/quamba2_<model>.json and .md.
+Writes benchmarks/results/quamba2_<model>.json and .md (``--recipes-only``: quamba2_recipes_<model>).
 """
 
 from __future__ import annotations
@@ -49,12 +49,14 @@ from common import (  # noqa: E402
 )
 
 
-def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
+def configs(arch: str, quick: bool, recipes_only: bool = False) -> list[tuple[str, str, dict]]:
     skip = ["lm_head", "dt_proj"]  # transformers' Mamba1 reads dt_proj.weight directly
     rows = [("fp", "-", {})]
     recipes = ["naive", "quamba1"] + (["quamba2"] if arch == "mamba2" else [])
     for bits in (["w4a8"] if quick else ["w8a8", "w4a8"]):
         rows += [("quamba2", f"{bits} {r}", {"bits": bits, "recipe": r}) for r in recipes]
+    if recipes_only:
+        return rows
     rows.append(("quamba2", f"w4a8 {recipes[-1]} + int4 embedding", {"bits": "w4a8", "recipe": recipes[-1],
                                                                      "quantize_embedding": True}))
     rows.append(("quamba2", "w4a16 hadamard+gptq", {"bits": "w4a16"}))
@@ -155,7 +157,7 @@ def bench(model: str, label: str, arch: str, args) -> list[dict]:
     speed = {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 16, "repeats": 2}}
     calib = {"calib_samples": args.calib_samples, "calib_seq_len": 256}
     rows, fp_bytes = [], fp_file_bytes(model)
-    for method, fmt, params in configs(arch, args.quick):
+    for method, fmt, params in configs(arch, args.quick, args.recipes_only):
         if method == "quamba2":
             params = {**params, **calib}
         for seed in args.seeds if method == "quamba2" else args.seeds[:1]:
@@ -205,6 +207,8 @@ def main() -> None:
     ap.add_argument("--outlier-factor", type=float, default=25.0)
     ap.add_argument("--outlier-steps", type=int, default=150, help="Fine-tune steps after the injection.")
     ap.add_argument("--quick", action="store_true", help="A few rows only (a smoke run of this script).")
+    ap.add_argument("--recipes-only", action="store_true", help="The naive / quamba1 / quamba2 rows at W8A8 and W4A8 "
+                    "only (no embedding, W4A16, RTN or NF4 rows): the seeded comparison, in a third of the time.")
     args = ap.parse_args()
     from llmx.core.models import load
 
@@ -217,7 +221,8 @@ def main() -> None:
                 tag = f"{label} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g}, {args.outlier_steps} steps)"
                 rows += bench(injected, tag, arch, args)
             extra["outlier_strength"] = {"reference": outlier_strength(*load(model), args), **strength}
-        name = result_name(f"quamba2_{file_label(label)}", args, names_model=True)
+        stem = "quamba2_recipes" if args.recipes_only else "quamba2"
+        name = result_name(f"{stem}_{file_label(label)}", args, names_model=True)
         columns = ["model", "method", "format", "seed", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
                    "vs_fp32_files", "quantized_vs_fp16", "decode_tok_s"]
         summary = summarise(rows)
