@@ -17,7 +17,9 @@ zoo_app = typer.Typer(help="Build, list and remove the reference models trained 
     "llmx zoo build llama", "llmx zoo build mamba2 --preset bench", "llmx zoo build qwen2 --preset long",
     "llmx zoo build llama --data pydoc --name llama-prose",
     "llmx zoo build llama --data notes.txt --layers 6 --hidden 384 --heads 6 --seq-len 512 --tokens 2000000 --name notes",
-    "llmx zoo build gpt2 --data corpus.jsonl --tokenizer ref:llama --name mine", "llmx --json zoo build moe --force"))
+    "llmx zoo build gpt2 --data corpus.jsonl --tokenizer ref:llama --name mine",
+    "llmx zoo build llama --data sentences.txt --text-split lines --validation-percent 20 --name sentences",
+    "llmx --json zoo build moe --force"))
 def build(
     arch: Annotated[str, typer.Argument(help="gpt2, llama, mamba, mamba2, moe, opt or qwen2.")],
     preset: Annotated[str, typer.Option("--preset", help="small (default), bench, long (1024 tokens), medium or "
