@@ -14,8 +14,9 @@ as in the official code) are learned on the train split at 2048 tokens; the deco
 groups and 32-channel value groups. Dictionaries are learned once per seed (the seed draws their training windows,
 initialisation and batch order) and every Lexico row is decoded with each seed's; KIVI and the full cache have no
 randomness and run once. ``--data`` other than stdlib trains the same model on that text and evaluates there (the
-transfer error then reads pydoc, or stdlib when the data is pydoc). Writes benchmarks/results/lexico.json and .md:
-a row per run, and per setting the KL's mean and range over seeds, judged against KIVI at equal stored bytes.
+transfer error then reads pydoc, or stdlib when the data is pydoc). Writes benchmarks/results/lexico.json and .md
+(other ``--sparsities``: lexico_s<list>): a row per run, and per setting the KL's mean and range over seeds, judged
+against KIVI at equal stored bytes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from common import (  # noqa: E402
 
 MODEL = "ref:llama-2k"
 BUILD = ["zoo", "build", "llama", "--preset", "long", "--seq-len", "2048", "--steps", "300"]
+SPARSITIES = [4, 8, 16]
 MATCHED = {"lexico s=8": "kivi 2-bit"}  # equal stored bytes per vector (24)
 
 
@@ -71,7 +73,7 @@ def main() -> None:
     add_target_args(ap, [MODEL], seeds=[0, 1, 2])
     ap.add_argument("--contexts", nargs="+", type=int, default=[1024, 1984])
     ap.add_argument("--buffers", nargs="+", type=int, default=[128, 32])
-    ap.add_argument("--sparsities", nargs="+", type=int, default=[4, 8, 16])
+    ap.add_argument("--sparsities", nargs="+", type=int, default=SPARSITIES)
     ap.add_argument("--atoms", type=int, default=1024)
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3000, help="dictionary training steps")
@@ -122,7 +124,8 @@ def main() -> None:
     table = markdown(columns, sorted(full + rows, key=lambda r: (r["context_len"], -r["buffer"],
                                                                  -r["kv_memory_fraction"], r["seed"] or 0)))
     summary = summarise(rows)
-    name = result_name("lexico", args)  # names the model when it is not the default
+    subset = "" if args.sparsities == SPARSITIES else "_s" + "-".join(map(str, args.sparsities))
+    name = result_name("lexico" + subset, args)  # names the model when it is not the default
     write(name, {"benchmark": "lexico", "model": model, "data": args.data, "atoms": args.atoms, "seeds": args.seeds,
                  "dictionary_errors": errors, "machine": machine(), "rows": rows, "summary": summary})
     err_rows = [{"dictionary": k, **{c.replace("_rel_error", ""): v for c, v in e.items()
