@@ -147,6 +147,7 @@ def test_global_pruning_keeps_exactly_the_global_top_dims(name, target):
 
 def test_activation_scores_are_the_calibration_norms():
     from llmx.core.data import random_windows
+    from llmx.core.config import DataConfig
     from llmx.plugins.clover.config import CloverPruneParams
     from llmx.plugins.clover.method import activation_norms
 
@@ -156,7 +157,7 @@ def test_activation_scores_are_the_calibration_norms():
 
     class Ctx:
         progress = staticmethod(lambda xs, description=None: xs)
-        config = type("C", (), {"seed": 0, "data": type("D", (), {"source": "stdlib"})})
+        config = type("C", (), {"seed": 0, "data": DataConfig()})
 
     Ctx.model, Ctx.tokenizer = model, tok
     norms = activation_norms(Ctx, layers, p)[0]  # accumulated over micro-batches of windows
