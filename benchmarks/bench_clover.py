@@ -206,7 +206,7 @@ def main() -> None:
             + (done if 0.7 in args.ratios else []), key=lambda r: r["ratio"])
         verdicts = sweep_verdicts(sweep_rows) if sweep_rows else []
         stem = "clover" + ("" if args.only is None else "_" + "_".join(only))
-        name = result_name(f"{stem}_{file_label(label)}", args)
+        name = result_name(f"{stem}_{file_label(label)}", args, names_model=True)
         write(name, {"benchmark": "clover", "model": label, "model_path": model, "data": args.data,
                      "transfer_data": args.transfer_data, "base_nll": base, "base_nll_transfer": base_other,
                      "eval_tokens": args.max_tokens, "finetune_steps": args.steps, "lrs": args.lrs,
