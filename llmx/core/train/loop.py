@@ -115,14 +115,23 @@ def _metrics_log(path: Path | None, start: int, resume: Path | None):
     return path.open("a")
 
 
+def _groups(named: dict[str, torch.nn.Parameter], lr_scale: Callable[[str], float] | None) -> list[dict]:
+    """One optimiser group per rate multiplier, in the order the tensors come."""
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for name, p in named.items():
+        groups.setdefault(float(lr_scale(name)) if lr_scale else 1.0, []).append(p)
+    return [{"params": ps, "scale": scale} for scale, ps in groups.items()]
+
+
 def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[str, torch.nn.Parameter], loss: LossFn,
           c: TrainConfig, evaluate: Callable[[], float] | None = None, progress=None,
           metrics_file: Path | None = None, checkpoint_dir: Path | None = None, resume: Path | None = None,
           after_step: Callable[[StepState], None] | None = None,
           weight: Callable[[int], float] | None = None, identity: dict[str, Any] | None = None,
-          verify_resume: bool = True) -> TrainResult:
+          verify_resume: bool = True, lr_scale: Callable[[str], float] | None = None) -> TrainResult:
     """Optimise ``params`` on ``loss(i)`` (see the module docstring for its contract). ``identity`` goes into every
-    checkpoint; with ``verify_resume``, a ``resume`` checkpoint carrying another one is refused."""
+    checkpoint; with ``verify_resume``, a ``resume`` checkpoint carrying another one is refused. ``lr_scale(name)``
+    multiplies the schedule's rate for that tensor (a separate projector rate, say)."""
     named = dict(params) if isinstance(params, dict) else {str(i): p for i, p in enumerate(params)}
     named = {k: p for k, p in named.items() if p.requires_grad}
     trained = list(named.values())
@@ -130,7 +139,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
     if low:
         raise UsageError(f"training needs float32 master weights; the trained tensors are {', '.join(low)} "
                          "(load the model in float32; precision: bf16-mixed runs the forward in bfloat16)")
-    opt = torch.optim.AdamW(trained, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+    opt = torch.optim.AdamW(_groups(named, lr_scale), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
     rank, size = world()
     start = 0
     if resume is not None:
@@ -150,7 +159,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
         for step in (progress or (lambda r, **_: r))(range(start, c.steps), description="training"):
             lr = c.lr_at(step)
             for group in opt.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group["scale"]
             opt.zero_grad(set_to_none=True)
             totals: dict[str, torch.Tensor] = {}
             n = c.micro_batches(size)

@@ -71,7 +71,8 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
         config: TrainConfig | None = None, evaluate: Callable[[], float] | None = None,
         params: dict[str, torch.nn.Parameter] | None = None, resume: str | None = None,
         after_step: Callable[[StepState], None] | None = None,
-        weight: Callable[[int], float] | None = None) -> TrainResult:
+        weight: Callable[[int], float] | None = None,
+        lr_scale: Callable[[str], float] | None = None) -> TrainResult:
     """The shared loop with this stage's metrics file, checkpoint folder and resume point. A ``p.resume`` checkpoint
     must come from a run of the same model and params (a cooldown branch, ``resume`` passed here, changes the
     schedule by design and is not checked)."""
@@ -81,7 +82,8 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
     return train(model, params if params is not None else trainable(model), loss, config or p.loop_config(),
                  evaluate=evaluate, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
                  checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(resume) if resume else None,
-                 after_step=after_step, weight=weight, identity=identity, verify_resume=checked)
+                 after_step=after_step, weight=weight, identity=identity, verify_resume=checked,
+                 lr_scale=lr_scale)
 
 
 RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "checkpoint_every", "eval_every",
