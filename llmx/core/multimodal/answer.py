@@ -1,0 +1,85 @@
+"""Greedy answers of a (vision-)language model to one-turn conversations, scored against the scenes' ground truth:
+open answers parsed back to the value they name, multiple choice post-processed to one capital letter (MMMB's
+scoring), captions parsed to tuples and scored by F1. Accuracy is reported per language with a bootstrap interval."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+import torch
+
+from llmx.core.eval.stats import bootstrap_ci
+from llmx.core.multimodal import languages as L
+from llmx.core.multimodal.batch import pixel_values
+from llmx.core.multimodal.conversations import Conversation
+from llmx.core.multimodal.model import IMAGE_TOKEN, text_tokenizer
+
+LETTER = re.compile(r"[A-D]")
+
+
+@torch.no_grad()
+def generate(model, proc, convs: list[Conversation], image_tokens: int, max_new_tokens: int = 8, batch_size: int = 16,
+             context: Callable[[Conversation], str] | None = None, progress=lambda x, **_: x) -> list[str]:
+    """The greedy reply to each conversation's first user turn. ``context(conv)`` replaces ``<image>`` by text
+    (a caption, for a text-only model); otherwise the image goes in."""
+    tok = text_tokenizer(proc)
+    device = next(model.parameters()).device
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    out: list[str] = []
+    for s in progress(range(0, len(convs), batch_size), total=-(-len(convs) // batch_size), description="answering"):
+        chunk = convs[s:s + batch_size]
+        texts, images = [], []
+        for c in chunk:
+            user = c.messages[0]["content"]
+            user = user.replace(IMAGE_TOKEN, context(c) if context else IMAGE_TOKEN * image_tokens)
+            texts.append(tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                                 add_generation_prompt=True))
+            if context is None and c.image is not None:
+                images.append(c.pil())
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        width = max(map(len, ids))
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for i, row in enumerate(ids):  # left padding: every prompt ends where generation starts
+            input_ids[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
+        extra = {"pixel_values": pixel_values(proc, images).to(device)} if images else {}
+        gen = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+                             do_sample=False, pad_token_id=pad, eos_token_id=tok.eos_token_id, **extra)
+        out += [tok.decode(g[width:], skip_special_tokens=True).strip() for g in gen]
+    return out
+
+
+def judge(conv: Conversation, reply: str) -> float:
+    """1 for a right answer, 0 otherwise; a caption's F1 against its scene's tuples."""
+    m = conv.meta
+    lang, fmt = m["language"], m["format"]
+    if fmt == "choice":
+        hit = LETTER.search(reply)
+        return float(hit is not None and m["options"][ord(hit.group()) - ord("A")] == L.answer(lang, m["kind"], m["value"]))
+    if fmt == "open":
+        return float(L.parse_answer(lang, m["kind"], reply) == m["value"])
+    return f1(L.parse_caption(lang, reply), conv.image.truth())
+
+
+def f1(said: list[tuple], truth: list[tuple]) -> float:
+    said_set, true_set = set(said), set(truth)
+    if not said_set or not true_set:
+        return float(said_set == true_set)
+    hit = len(said_set & true_set)
+    return 2 * hit / (len(said_set) + len(true_set))
+
+
+def per_language(convs: list[Conversation], scores: list[float], seed: int = 0) -> dict[str, dict[str, float]]:
+    """Per language: the mean score with a 95% bootstrap interval and the number of questions."""
+    out: dict[str, dict[str, float]] = {}
+    for lang in L.LANGUAGES:
+        mine = [s for c, s in zip(convs, scores, strict=True) if c.meta["language"] == lang]
+        if mine:
+            low, high = bootstrap_ci(mine, 1000, seed=seed)
+            out[lang] = {"accuracy": sum(mine) / len(mine), "ci_low": low, "ci_high": high, "n": len(mine)}
+    return out
+
+
+def non_english_mean(table: dict[str, dict[str, float]]) -> float | None:
+    others = [v["accuracy"] for k, v in table.items() if k != "en"]
+    return sum(others) / len(others) if others else None

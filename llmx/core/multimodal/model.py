@@ -1,0 +1,110 @@
+"""The LLaVA layout llmx builds and loads: ``LlavaForConditionalGeneration`` (a CLIP vision tower read at layer -2,
+an ``mlp2x_gelu`` projector, a causal LM) with its ``LlavaProcessor``. ``vision_feature_select_strategy: full``
+keeps the CLS token, so an image is (size / patch)^2 + 1 tokens; ``default`` drops it, as LLaVA-1.5 does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+IMAGE_TOKEN = "<image>"
+# LLaVA-1.5's vicuna_v1 turns without the system line: "USER: <image>\n... ASSISTANT: ...</s>"
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}ASSISTANT: {{ m['content'] }}</s>"
+                 "{% else %}USER: {{ m['content'] }} {% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+
+
+def user_turn(content: str) -> str:
+    """A user turn as the chat template renders it, for text-only documents in the same format."""
+    return f"USER: {content} "
+
+
+def assistant_turn(content: str) -> str:
+    return f"ASSISTANT: {content}</s>"
+
+
+def is_vision_language(path: str | Path) -> bool:
+    """Whether a model folder holds a LLaVA-style vision-language model (its config's ``vision_config``)."""
+    import json
+
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        return False
+    try:
+        cfg = json.loads(f.read_text())
+    except json.JSONDecodeError:
+        return False
+    return "vision_config" in cfg and "text_config" in cfg
+
+
+def vision_config(image_size: int, patch: int, hidden: int, layers: int, heads: int):
+    from transformers import CLIPVisionConfig
+
+    return CLIPVisionConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                            num_attention_heads=heads, image_size=image_size, patch_size=patch, projection_dim=hidden)
+
+
+def llava_config(text_config, vision: Any, image_token_id: int):
+    from transformers import LlavaConfig
+
+    tokens = (vision.image_size // vision.patch_size) ** 2 + 1
+    return LlavaConfig(vision_config=vision, text_config=text_config, image_token_index=image_token_id,
+                       projector_hidden_act="gelu", vision_feature_select_strategy="full", vision_feature_layer=-2,
+                       image_seq_length=tokens, multimodal_projector_bias=True, tie_word_embeddings=False)
+
+
+def processor(tok, image_size: int, patch: int):
+    """A ``LlavaProcessor`` for a CLIP tower of this geometry (CLIP's normalisation; resize and centre crop to the
+    tower's size), expanding ``<image>`` to patches + CLS."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    images = CLIPImageProcessorPil(size={"shortest_edge": image_size}, crop_size={"height": image_size,
+                                                                                   "width": image_size})
+    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=patch, vision_feature_select_strategy="full",
+                          num_additional_image_tokens=1, image_token=IMAGE_TOKEN, chat_template=CHAT_TEMPLATE)
+
+
+def add_image_token(tok) -> int:
+    """Register ``<image>`` as a special token (and the chat template); returns its id."""
+    if IMAGE_TOKEN not in tok.get_vocab():
+        tok.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok.convert_tokens_to_ids(IMAGE_TOKEN)
+
+
+def image_tokens(model) -> int:
+    """How many ``<image>`` placeholders one image fills in ``model``."""
+    v = model.config.vision_config
+    grid = (v.image_size // v.patch_size) ** 2
+    return grid + (1 if model.config.vision_feature_select_strategy == "full" else 0)
+
+
+def load(path: str | Path, dtype, device: str, local: bool = True) -> tuple[Any, Any]:
+    """A LLaVA folder or hub id: the model and its processor."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=dtype, local_files_only=local)
+    return model.to(device), AutoProcessor.from_pretrained(str(path), local_files_only=local)
+
+
+def text_tokenizer(tok_or_processor) -> Any:
+    """The text tokenizer of a processor (or the tokenizer itself)."""
+    return getattr(tok_or_processor, "tokenizer", tok_or_processor)
+
+
+def embed(model, input_ids: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:
+    """Input embeddings with the projected image features scattered into the ``<image>`` positions: what LLaVA's
+    forward computes from pixels, exposed so a method can change the features (Parrot's MoE) before the LM."""
+    embeds = model.get_input_embeddings()(input_ids)
+    if pixel_values is None:
+        return embeds
+    feats = model.model.get_image_features(pixel_values=pixel_values.to(embeds.dtype),
+                                           vision_feature_layer=model.config.vision_feature_layer,
+                                           vision_feature_select_strategy=model.config.vision_feature_select_strategy)
+    feats = torch.cat(list(feats.pooler_output), 0).to(embeds.dtype)
+    mask = (input_ids == model.config.image_token_id).unsqueeze(-1).expand_as(embeds)
+    if int(mask[..., 0].sum()) != feats.shape[0]:
+        raise ValueError(f"{int(mask[..., 0].sum())} image tokens for {feats.shape[0]} image features")
+    return embeds.masked_scatter(mask, feats)
