@@ -16,12 +16,13 @@ zoo_app = typer.Typer(help="Build, list and remove the reference models trained 
 @zoo_app.command("build", epilog=examples(
     "llmx zoo build llama", "llmx zoo build mamba2 --preset bench", "llmx zoo build qwen2 --preset long",
     "llmx zoo build llama --data pydoc --name llama-prose",
+    "llmx zoo build llava",
     "llmx zoo build llama --data notes.txt --layers 6 --hidden 384 --heads 6 --seq-len 512 --tokens 2000000 --name notes",
     "llmx zoo build gpt2 --data corpus.jsonl --tokenizer ref:llama --name mine",
     "llmx zoo build llama --data sentences.txt --text-split lines --validation-percent 20 --name sentences",
     "llmx --json zoo build moe --force"))
 def build(
-    arch: Annotated[str, typer.Argument(help="gpt2, llama, mamba, mamba2, moe, opt or qwen2.")],
+    arch: Annotated[str, typer.Argument(help="gpt2, llama, llava, mamba, mamba2, moe, opt or qwen2.")],
     preset: Annotated[str, typer.Option("--preset", help="small (default), bench, long (1024 tokens), medium or "
                                         "test (seconds).")] = "small",
     data: Annotated[str, typer.Option("--data", help="stdlib (default), pydoc, a .txt/.jsonl file, hf:NAME or a "
@@ -55,10 +56,20 @@ def build(
                          tokenizer=tokenizer, name=name)
     path, built = zoo.provide(req, force=force, show_progress=state.show_progress)
     data_ = {"path": str(path), "built": built, **zoo.info(path), "name": req.ref_name}
-    keys = ("name", "arch", "preset", "params", "vocab", "steps_run", "best_step", "train_seconds", "val_perplexity",
-            "unigram_perplexity")
-    emit(data_, lambda: (table(None, ["figure", "value"], [[k, data_[k]] for k in keys]),
+    keys = (("name", "arch", "preset", "params", "vocab", "build_seconds", "text_val_perplexity", "text_qa_accuracy",
+             "probe_accuracy", "stage1_caption_loss_before", "stage1_caption_loss", "image_tokens")
+            if data_.get("arch") == "llava" else
+            ("name", "arch", "preset", "params", "vocab", "steps_run", "best_step", "train_seconds", "val_perplexity",
+             "unigram_perplexity"))
+    emit(data_, lambda: (table(None, ["figure", "value"], [[k, _cell(data_.get(k))] for k in keys]),
                          stdout().print(f"{'built' if built else 'reused'}: {path}", highlight=False)))
+
+
+def _cell(value):
+    """A figure for the table: nested figures (per language, per probe target) on one line."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_cell(v)}" for k, v in value.items())
+    return f"{value:.3f}" if isinstance(value, float) else value
 
 
 @zoo_app.command("list", epilog=examples("llmx zoo list", "llmx --json zoo list"))

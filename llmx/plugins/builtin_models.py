@@ -31,6 +31,10 @@ def llmx_models():
             if arch in PRESETS[preset]:
                 yield ModelSpec(f"ref:{arch}{'' if preset == DEFAULT_PRESET else '-' + preset}", "llmx.core.zoo:load",
                                 f"{summary}, {how}")
+    for preset in ("small", "test"):
+        yield ModelSpec(f"ref:llava{'' if preset == DEFAULT_PRESET else '-' + preset}", "llmx.core.zoo:load",
+                        f"tiny LLaVA (CLIP tower, mlp2x_gelu projector, Llama) on digit scenes in six languages, "
+                        f"{PRESET_SUMMARY[preset].split(', ')[-1] if preset == 'test' else 'minutes on a CPU'}")
     yield ModelSpec("ref:*", "llmx.core.zoo:load", "a reference model you built: llmx zoo build ARCH --name NAME")
 
 

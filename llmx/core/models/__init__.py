@@ -95,6 +95,10 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
 
         if storage.KEY in meta:
             model = storage.load(path, meta, torch_dtype(dtype), device)
+        elif _vision_language(path, name, local):
+            from llmx.core.multimodal import model as multimodal
+
+            return multimodal.load(str(path) if local else name, torch_dtype(dtype), device, local)
         else:
             model = AutoModelForCausalLM.from_pretrained(str(path) if local else name, dtype=torch_dtype(dtype),
                                                          local_files_only=local)
@@ -103,6 +107,18 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"cannot load model '{name}': {first}") from exc
     return model.to(device), tok
+
+
+def _vision_language(path: Path, name: str, local: bool) -> bool:
+    """A LLaVA-style model (``vision_config`` beside ``text_config``), loaded with its processor."""
+    from llmx.core.multimodal.model import is_vision_language
+
+    if local:
+        return is_vision_language(path)
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(name)
+    return hasattr(cfg, "vision_config") and hasattr(cfg, "text_config")
 
 
 METADATA = "llmx.json"

@@ -125,9 +125,12 @@ def load(name: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, A
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llmx.core.models import quiet_transformers, torch_dtype
+    from llmx.core.multimodal import model as multimodal
 
     quiet_transformers()
     path = locate(name)
+    if multimodal.is_vision_language(path):
+        return multimodal.load(path, torch_dtype(dtype), device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), local_files_only=True)
     return model.to(device), AutoTokenizer.from_pretrained(path, local_files_only=True)
 

@@ -23,54 +23,30 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
     """Train the reference model for ``req`` on ``corp`` and store it atomically at ``target``. ``tok`` is a named
     model's tokenizer, or None to train a BPE on the corpus."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from llmx.core.data import join_documents
-    from llmx.core.eval.lm import bits_per_byte, sequence_nll, unigram_nll
     from llmx.core.models import quiet_transformers
-    from llmx.core.models.archs import config
-    from llmx.core.progress import clock, note, track
-    from llmx.core.tokenizer import train_bpe
-    from llmx.core.zoo.train import pretrain
 
-    spec = req.spec
     show = True if show_progress is None else show_progress
     log.info("building %s (%s preset, seed %s) into %s", req.ref_name or req.arch, req.preset, req.seed, target)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # several times faster than 2 for models this small
     try:
-        foreign = tok is not None
-        tok = tok if foreign else train_bpe(corp.train, spec.vocab)
-        train_ids, val_ids = join_documents(tok, corp.train), join_documents(tok, corp.validation)
-        for split, ids in (("train", train_ids), ("validation", val_ids)):
-            if len(ids) <= spec.seq_len + 1:
-                raise UsageError(f"data '{corp.source}': its {split} split has {len(ids)} tokens, too few for one "
-                                 f"window of {spec.seq_len}; give more text or a smaller --seq-len")
-        torch.manual_seed(req.seed)
-        model = AutoModelForCausalLM.from_config(config(req.arch, len(tok), spec.hidden, spec.layers,
-                                                        max_positions=max(1024, 2 * spec.seq_len), heads=spec.heads,
-                                                        kv_heads=spec.kv_heads, special_ids=special_ids(tok)))
-        if show:
-            note(f"building {req.ref_name or req.arch} ({req.preset} preset), once: it is cached after; "
-                 f"{req.max_steps} steps of {spec.batch}x{spec.seq_len} tokens, about "
-                 f"{clock(estimate_seconds(model, spec, req.max_steps))} on one CPU thread")
-        result = pretrain(model, train_ids, val_ids, spec, req.seed, req.max_steps,
-                          progress=lambda r, **kw: track(r, enabled=show, **kw))
-        scored = val_ids[: 40_000 if spec.corpus_chars is None else 8_000]
-        total, count = sequence_nll(model, scored, spec.seq_len, spec.seq_len // 2, batch_size=16)
+        if req.arch == "llava":
+            from llmx.core.zoo import llava
+
+            model, proc, figures = llava.build(req, corp, tok, show)
+            tok = proc.tokenizer
+        else:
+            model, tok, figures = _causal(req, corp, tok, show)
+            proc = tok
         info = {
             "name": req.ref_name, "arch": req.arch, "preset": req.preset, "seed": req.seed, "steps": req.steps,
-            "options": req.options(), "preset_spec": spec.as_dict(),
-            "corpus": {"source": corp.source, "fingerprint": corp.fingerprint, "train_tokens": len(train_ids),
-                       "val_tokens": len(val_ids), "train_chars": sum(map(len, corp.train))},
+            "options": req.options(), "preset_spec": req.spec.as_dict(),
+            "corpus": {"source": corp.source, "fingerprint": corp.fingerprint, "train_tokens": figures.pop("train_tokens"),
+                       "val_tokens": figures.pop("val_tokens"), "train_chars": sum(map(len, corp.train))},
             "tokenizer": {"source": req.tokenizer or "bpe trained on the corpus",
                           "fingerprint": tokenizer_fingerprint(tok)},
-            "params": sum(p.numel() for p in model.parameters()), "vocab": len(tok),
-            "steps_run": result.steps, "best_step": result.best_step, "train_seconds": round(result.seconds, 1),
-            "tokens_seen": result.steps * spec.batch * spec.seq_len, "best_val_nll": result.best_eval,
-            "val_perplexity": math.exp(total / count), "val_tokens_scored": count,
-            "val_bits_per_byte": bits_per_byte(total, tok, scored),
-            "unigram_perplexity": math.exp(unigram_nll(train_ids, scored, len(tok))),
+            "params": sum(p.numel() for p in model.parameters()), "vocab": len(tok), **figures,
             "zoo_version": ZOO_VERSION, "torch": torch.__version__, "environment": environment(),
             "built_by": {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pid": os.getpid()},
         }
@@ -79,10 +55,50 @@ def build(req: RefRequest, corp: Corpus, tok, target: Path, show_progress: bool 
     quiet_transformers()
     with atomic.folder(target) as tmp:
         model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
+        proc.save_pretrained(tmp)
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n")
         manifest.write(tmp)
     return target
+
+
+def _causal(req: RefRequest, corp: Corpus, tok, show: bool):
+    """A causal LM pre-trained on the corpus, its tokenizer and its held-out figures."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmx.core.data import join_documents
+    from llmx.core.eval.lm import bits_per_byte, sequence_nll, unigram_nll
+    from llmx.core.models.archs import config
+    from llmx.core.progress import clock, note, track
+    from llmx.core.tokenizer import train_bpe
+    from llmx.core.zoo.train import pretrain
+
+    spec = req.spec
+    tok = tok if tok is not None else train_bpe(corp.train, spec.vocab)
+    train_ids, val_ids = join_documents(tok, corp.train), join_documents(tok, corp.validation)
+    for split, ids in (("train", train_ids), ("validation", val_ids)):
+        if len(ids) <= spec.seq_len + 1:
+            raise UsageError(f"data '{corp.source}': its {split} split has {len(ids)} tokens, too few for one "
+                             f"window of {spec.seq_len}; give more text or a smaller --seq-len")
+    torch.manual_seed(req.seed)
+    model = AutoModelForCausalLM.from_config(config(req.arch, len(tok), spec.hidden, spec.layers,
+                                                    max_positions=max(1024, 2 * spec.seq_len), heads=spec.heads,
+                                                    kv_heads=spec.kv_heads, special_ids=special_ids(tok)))
+    if show:
+        note(f"building {req.ref_name or req.arch} ({req.preset} preset), once: it is cached after; "
+             f"{req.max_steps} steps of {spec.batch}x{spec.seq_len} tokens, about "
+             f"{clock(estimate_seconds(model, spec, req.max_steps))} on one CPU thread")
+    result = pretrain(model, train_ids, val_ids, spec, req.seed, req.max_steps,
+                      progress=lambda r, **kw: track(r, enabled=show, **kw))
+    scored = val_ids[: 40_000 if spec.corpus_chars is None else 8_000]
+    total, count = sequence_nll(model, scored, spec.seq_len, spec.seq_len // 2, batch_size=16)
+    figures = {"train_tokens": len(train_ids), "val_tokens": len(val_ids),
+               "steps_run": result.steps, "best_step": result.best_step, "train_seconds": round(result.seconds, 1),
+               "tokens_seen": result.steps * spec.batch * spec.seq_len, "best_val_nll": result.best_eval,
+               "val_perplexity": math.exp(total / count), "val_tokens_scored": count,
+               "val_bits_per_byte": bits_per_byte(total, tok, scored),
+               "unigram_perplexity": math.exp(unigram_nll(train_ids, scored, len(tok)))}
+    return model, tok, figures
 
 
 def environment() -> dict:

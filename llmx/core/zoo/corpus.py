@@ -28,6 +28,12 @@ def corpus(req: RefRequest) -> Corpus:
     limit = req.spec.corpus_chars
     if limit:
         train, val = cap(train, limit), cap(val, limit // 5)
+    scene_docs = getattr(req.spec, "scene_docs", 0)
+    if scene_docs:  # a vision-language model's text: code plus scene descriptions and QA in six languages
+        from llmx.core.multimodal.qa import documents as scene_documents
+
+        train = train + scene_documents(scene_docs, "train", req.seed)
+        val = val + scene_documents(max(scene_docs // 10, 60), "test", req.seed)
     digest = hashlib.sha256()
     for doc in train + ["\0split\0"] + val:
         digest.update(doc.encode("utf-8", "replace"))

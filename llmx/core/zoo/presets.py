@@ -28,6 +28,25 @@ class Preset:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class LlavaPreset(Preset):
+    """A tiny LLaVA: the Llama text model's shape above, then a CLIP tower and stage 1 (``core/zoo/llava.py``)."""
+
+    scene_docs: int = 6000  # scene descriptions with QA in the text corpus, the six languages in turn
+    image_size: int = 32
+    patch: int = 4  # 64 patches + CLS = 65 image tokens
+    vision_hidden: int = 64
+    vision_layers: int = 3
+    vision_heads: int = 4
+    clip_steps: int = 400
+    clip_batch: int = 64
+    clip_lr: float = 1e-3
+    stage1_steps: int = 300
+    stage1_batch: int = 16
+    stage1_lr: float = 1e-3
+    probe_scenes: int = 800
+
+
 # ``small`` is the default ``ref:NAME``: minutes on one CPU thread. ``bench`` trains longer so that methods can be
 # told apart (3-bit RTN costs little on an under-trained model). ``test`` builds in seconds for the test suite.
 # ``long`` has 1024-token contexts (KV-cache and length-generalisation work); ``medium`` is wider and deeper.
@@ -40,6 +59,8 @@ PRESETS: dict[str, dict[str, Preset]] = {
         **{arch: _SMALL for arch in _TRANSFORMERS},
         "mamba2": replace(_SMALL, max_steps=400),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=300),  # mambapy scan: ~0.7 s a step at this width
+        "llava": LlavaPreset(hidden=128, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=800, lr=2e-3,
+                             corpus_chars=1_000_000),
     },
     "bench": {
         **{arch: replace(_SMALL, max_steps=1500, patience=6) for arch in _TRANSFORMERS},
@@ -52,6 +73,9 @@ PRESETS: dict[str, dict[str, Preset]] = {
         arch: Preset(hidden=64, layers=2, vocab=512, seq_len=64, batch=8, max_steps=60 if arch == "mamba" else 150,
                      lr=3e-3, warmup=10, eval_every=25, patience=2, eval_windows=16, corpus_chars=400_000)
         for arch in (*_TRANSFORMERS, "mamba2", "mamba")
-    },
+    } | {"llava": LlavaPreset(hidden=64, layers=2, vocab=768, seq_len=64, batch=8, max_steps=150, lr=3e-3, warmup=10,
+                               eval_every=25, patience=2, eval_windows=16, corpus_chars=200_000, scene_docs=1200,
+                               vision_hidden=32, vision_layers=2, vision_heads=2, clip_steps=40, clip_batch=32,
+                               stage1_steps=30, stage1_batch=8, probe_scenes=200)},
 }
 DEFAULT_PRESET = "small"
