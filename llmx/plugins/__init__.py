@@ -18,4 +18,5 @@ BUILTIN = (
     "llmx.plugins.quamba2.plugin",
     "llmx.plugins.evals.plugin",
     "llmx.plugins.export.plugin",
+    "llmx.plugins.llava.plugin",
 )

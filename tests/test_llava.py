@@ -1,0 +1,231 @@
+"""The multimodal stage: digit scenes, the tiny LLaVA reference model, LLaVA-format data and the llava / scenes-vqa
+methods."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmx.core.multimodal import languages as L
+from llmx.core.multimodal import qa, scenes
+from llmx.core.multimodal.answer import f1, judge
+
+
+def test_scenes_are_seeded_and_test_scenes_use_unseen_handwriting():
+    a, b = scenes.scenes(40, "train", 3), scenes.scenes(40, "train", 3)
+    assert a == b and a != scenes.scenes(40, "train", 4)
+    train_images = {o.image for s in scenes.scenes(400, "train", 0) for o in s.objects}
+    test_images = {o.image for s in scenes.scenes(400, "test", 0) for o in s.objects}
+    assert train_images and test_images and not train_images & test_images
+    labels = scenes._digits()[1]
+    for s in a:
+        digits = [o.digit for o in s.objects]
+        assert len(set(digits)) == len(digits) and all(labels[o.image] == o.digit for o in s.objects)
+        cells = [L.CELLS.index(o.cell) for o in s.objects]
+        assert cells == sorted(set(cells))
+
+
+def test_relations_follow_from_cells_and_pixels_carry_colour_and_size():
+    s = scenes.Scene((scenes.Obj(3, "red", "large", "top_left", 3), scenes.Obj(5, "blue", "small", "top_right", 5),
+                      scenes.Obj(7, "green", "small", "bottom_left", 7)), "train")
+    assert s.relations == [(3, "left_of", 5), (5, "above", 7)]
+    px = s.pixels().astype(int)
+    assert px.shape == (32, 32, 3)
+    top_left, top_right = px[:16, :16], px[:16, 16:]
+    assert top_left[..., 0].sum() > 5 * top_left[..., 2].sum() > 0  # red ink
+    assert top_right[..., 2].sum() > top_right[..., 0].sum()  # blue
+    assert (top_left.sum(-1) > 0).sum() > 2 * (top_right.sum(-1) > 0).sum()  # large covers more
+    assert px[16:, 16:].sum() == 0  # the empty cell stays black
+
+
+def test_questions_are_answerable_from_the_truth_in_every_language():
+    rng = random.Random(0)
+    for s in scenes.scenes(30, "test", 1):
+        for lang in L.LANGUAGES:
+            op = qa.question(s, rng, lang, "open")
+            assert L.parse_answer(lang, op.kind, op.answer) == op.value
+            ch = qa.question(s, rng, lang, "choice")
+            assert ch.options[ord(ch.answer) - ord("A")] == L.answer(lang, ch.kind, ch.value)
+            assert ch.question.endswith(L.TABLES[lang]["mc_instruction"])
+            cap = qa.question(s, rng, lang, "caption")
+            assert L.parse_caption(lang, cap.answer) == s.truth()
+
+
+def test_judge_scores_letters_words_and_caption_f1():
+    convs = qa.conversations(30, "test", 0, {"en": 1, "ru": 1}, {"open": 1, "choice": 1, "caption": 1})
+    for c in convs:
+        right = c.messages[1]["content"]
+        assert judge(c, right) == 1.0
+        if c.meta["format"] == "choice":
+            wrong = next(x for x in "ABCD"[:len(c.meta["options"])] if x != right)
+            assert judge(c, f"{wrong}.") == 0.0
+    truth = [("object", "3"), ("attribute", "3", "colour", "red")]
+    assert f1(truth, truth) == 1.0 and f1([], truth) == 0.0
+    assert f1([("object", "3"), ("object", "9")], truth) == pytest.approx(0.5)
+
+
+@pytest.fixture
+def llava_test():
+    from llmx.core import zoo
+
+    return zoo.locate("ref:llava-test")
+
+
+def test_ref_llava_loads_offline_as_plain_transformers(llava_test):
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(llava_test, local_files_only=True).eval()
+    proc = AutoProcessor.from_pretrained(llava_test, local_files_only=True)
+    info = json.loads((llava_test / "zoo.json").read_text())
+    assert set(info["text_qa_accuracy"]["open"]) == set(L.LANGUAGES)
+    assert set(info["probe_accuracy"]) == {"digit", "colour", "cell"}
+    assert info["stage1_caption_loss"] < info["stage1_caption_loss_before"]
+    assert model.config.vision_feature_layer == -2 and model.config.vision_feature_select_strategy == "full"
+    img = scenes.scenes(1, "test", 0)[0].image()
+    batch = proc(images=[img], text=["USER: <image>\nDescribe the image. ASSISTANT:"], return_tensors="pt")
+    assert int((batch["input_ids"] == model.config.image_token_id).sum()) == 65  # 64 patches + CLS
+    from llmx.core.multimodal.model import embed
+
+    with torch.no_grad():
+        pixel_path = model(**batch).logits
+        embeds = embed(model, batch["input_ids"], batch["pixel_values"])
+        scattered = model(inputs_embeds=embeds, attention_mask=batch["attention_mask"]).logits
+    assert torch.equal(pixel_path, scattered)
+
+
+def test_ref_llava_tokenizer_round_trips_and_covers_every_script(llava_test):
+    from transformers import AutoProcessor
+
+    tok = AutoProcessor.from_pretrained(llava_test, local_files_only=True).tokenizer
+    rng = random.Random(0)
+    lengths = {lang: 0 for lang in L.LANGUAGES}
+    for s in scenes.scenes(20, "test", 2):
+        for lang in L.LANGUAGES:
+            for fmt in ("open", "choice", "caption"):
+                q = qa.question(s, random.Random(rng.random()), lang, fmt)
+                for text in (q.question, q.answer):
+                    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+                lengths[lang] += len(tok(q.question, add_special_tokens=False)["input_ids"])
+    assert all(n <= 2 * lengths["en"] for n in lengths.values()), lengths
+
+
+def test_same_seed_same_llava_weights(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from llmx.core import zoo
+
+    folders = []
+    for k in range(2):
+        monkeypatch.setenv("LLMX_CACHE_DIR", str(tmp_path / f"c{k}"))
+        folders.append(zoo.ensure(zoo.RefRequest("llava", "test"), show_progress=False))
+    a, b = (load_file(f / "model.safetensors") for f in folders)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _tiny_llava_folder(path: Path, text_arch: str = "qwen2") -> Path:
+    """A random LLaVA in the llava-hf layout (model + processor), with a Qwen2 text model (GQA, biased q/k/v)."""
+    from transformers import LlavaForConditionalGeneration
+
+    from llmx.core.models.archs import config
+    from llmx.core.multimodal import model as M
+    from llmx.core.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    image_id = M.add_image_token(tok)
+    text = config(text_arch, len(tok), hidden=128, layers=2, heads=4, kv_heads=2)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(M.llava_config(text, M.vision_config(32, 8, 32, 2, 2), image_id))
+    model.save_pretrained(path)
+    M.processor(tok, 32, 8).save_pretrained(path)
+    return path
+
+
+def test_a_llava_hf_folder_trains_and_evaluates(cli, tmp_path):
+    model = _tiny_llava_folder(tmp_path / "tiny-llava")
+    r = cli("--json", "train", "--method", "llava", "--model", model, "--set", "steps=3", "--set", "batch_size=2",
+            "--set", "eval_rows=4", "--set", "scenes={\"count\": 8}", "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    out = r.json()["stages"][0]["metrics"]
+    assert out["image_tokens"] == 17 and out["train_rows"] == 8 and out["stage"] == 2
+    r = cli("--json", "eval", "--method", "scenes-vqa", "--model", model, "--set", "count=3", "--set",
+            "languages=[\"en\", \"ar\"]", "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    metrics = r.json()["stages"][0]["metrics"]
+    assert metrics["questions"] == 6 and {"accuracy_en", "accuracy_ar", "accuracy_non_english"} <= set(metrics)
+
+
+def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path):
+    from transformers import LlavaForConditionalGeneration
+
+    from llmx.core.multimodal import train as T
+    from llmx.core.multimodal.batch import examples
+    from llmx.core.multimodal.model import load
+    from llmx.core.train.loop import TrainConfig, train
+
+    folder = _tiny_llava_folder(tmp_path / "m", "llama")
+    convs = qa.conversations(16, "train", 0, {"en": 1}, {"open": 1})
+    for stage in (1, 2):
+        model, proc = load(folder, torch.float32, "cpu")
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        items = examples(proc, convs, 17, 128)
+        pad = proc.tokenizer.pad_token_id
+        before = T.heldout_loss(model, items, pad)
+        train(model, T.trainable(model, stage), T.loss_fn(model, items, 4, 0, pad),
+              TrainConfig(steps=25, lr=3e-3, warmup=0), weight=T.weights(items, 4, 0))
+        assert T.heldout_loss(model, items, pad) < before
+        changed = {k for k, v in model.state_dict().items() if not torch.equal(v, start[k])}
+        assert changed and not any(T.TOWER in k for k in changed)
+        if stage == 1:
+            assert all(T.PROJECTOR in k for k in changed)
+        else:
+            assert any("language_model" in k for k in changed) and any(T.PROJECTOR in k for k in changed)
+    assert isinstance(model, LlavaForConditionalGeneration)
+
+
+def test_projector_lr_is_its_own_param_group():
+    from llmx.core.multimodal.train import lr_scale
+    from llmx.core.train.loop import TrainConfig, train
+
+    net = torch.nn.ModuleDict({"multi_modal_projector": torch.nn.Linear(2, 2), "lm": torch.nn.Linear(2, 2)})
+    seen = []
+    x = torch.ones(1, 2)
+    train(net, dict(net.named_parameters()), lambda i: (net["multi_modal_projector"](x) + net["lm"](x)).sum(),
+          TrainConfig(steps=2, lr=1e-3, warmup=0, schedule="constant"),
+          after_step=lambda s: seen.append(sorted(g["lr"] for g in s.optimizer.param_groups)),
+          lr_scale=lr_scale(1e-3, 5e-3))
+    assert seen[-1] == pytest.approx([1e-3, 5e-3])
+
+
+def test_bad_conversation_files_are_one_line_errors_naming_the_row(cli, tmp_path):
+    model = _tiny_llava_folder(tmp_path / "m")
+    img = tmp_path / "a.png"
+    scenes.scenes(1, "train", 0)[0].image().save(img)
+    good = {"image": "a.png", "conversations": [{"from": "human", "value": "<image>\nWhat is it?"},
+                                                {"from": "gpt", "value": "a digit"}]}
+    missing = {**good, "image": "gone.png"}
+    twice = {**good, "conversations": [{"from": "human", "value": "<image>\n<image>\nWhat?"},
+                                       {"from": "gpt", "value": "x"}]}
+    none = {**good, "conversations": [{"from": "human", "value": "What?"}, {"from": "gpt", "value": "x"}]}
+    for bad, phrase in ((missing, "image file not found"), (twice, "2 <image> placeholders"),
+                        (none, "0 <image> placeholders")):
+        f = tmp_path / "rows.jsonl"
+        f.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        runs = tmp_path / "runs"
+        r = cli("train", "--method", "llava", "--model", model, "--data", f, "--set", "steps=1", "-o", runs)
+        assert r.code == 2, r.err
+        message = r.err.strip().splitlines()
+        assert len(message) <= 2 and f"{f}:2:" in message[0] and phrase in message[0], r.err
+        assert not list(runs.glob("*/artifacts/*/model"))
+    array = tmp_path / "rows.json"
+    array.write_text("[\n" + json.dumps(good) + ",\n" + json.dumps(missing) + "\n]\n")
+    from llmx.core.multimodal.conversations import load
+    from llmx.errors import UsageError
+
+    with pytest.raises(UsageError, match=rf"{array}:3: image file not found"):
+        load(array)
+    array.write_text("[\n" + json.dumps(good) + "\n]\n")
+    assert len(load(array)) == 1 and load(array)[0].pil().size == (32, 32)
