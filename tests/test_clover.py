@@ -146,8 +146,8 @@ def test_global_pruning_keeps_exactly_the_global_top_dims(name, target):
 
 
 def test_activation_scores_are_the_calibration_norms():
-    from llmx.core.data import random_windows
     from llmx.core.config import DataConfig
+    from llmx.core.data import random_windows
     from llmx.plugins.clover.config import CloverPruneParams
     from llmx.plugins.clover.method import activation_norms
 

@@ -53,6 +53,39 @@ def test_questions_are_answerable_from_the_truth_in_every_language():
             assert ch.question.endswith(L.TABLES[lang]["mc_instruction"])
             cap = qa.question(s, rng, lang, "caption")
             assert L.parse_caption(lang, cap.answer) == s.truth()
+        if len(s.objects) > 1:  # a false relation is false of the cells (a diagonal pair is above and left of)
+            for _ in range(10):
+                slots, value = qa._ask(s, rng, "relation")
+                assert qa._holds(s, slots["a"], slots["relation"], slots["b"]) == value
+
+
+def test_replies_are_parsed_as_mmmb_and_per_language():
+    from llmx.core.multimodal.answer import choice
+
+    opts = ["red", "blue", "green", "white"]
+    assert [choice(r, opts) for r in ("C", "(B)", "B. blue", "The answer is D.", "Correct answer: A", "green")] == \
+        [2, 1, 1, 3, 0, 2]
+    assert choice("Azul", opts) is None and choice("A or B", opts) == 0 and choice("", opts) is None
+    assert choice("C", ["small", "large"]) is None  # a letter past the options is wrong, not a crash
+    assert L.parse_answer("zh", "relation", "不是") is False and L.parse_answer("zh", "relation", "是") is True
+    assert L.parse_answer("zh", "digit_at", "右上角有一个数字七") == 7 and L.parse_answer("zh", "count", "一个") == 1
+    assert L.parse_answer("tr", "digit_at", "bir yedi rakamı") == 7 and L.parse_answer("tr", "count", "bir") == 1
+    assert L.parse_answer("pt", "digit_at", "um sete") == 7 and L.parse_answer("en", "colour", "Red.") == "red"
+
+
+def test_text_documents_use_the_chat_template_and_any_tokenizer_is_asked_in_it():
+    from llmx.core.multimodal import model as M
+    from llmx.core.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    M.add_image_token(tok)
+    msgs = [{"role": "user", "content": "<image>\nWhat?"}, {"role": "assistant", "content": "red"}]
+    assert tok.apply_chat_template(msgs, tokenize=False) == M.user_turn(msgs[0]["content"]) + M.assistant_turn("red")
+    parts = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}]
+    assert tok.apply_chat_template(parts, tokenize=False, add_generation_prompt=True) == "USER: <image>\nWhat? ASSISTANT:"
+    other = byte_tokenizer()
+    other.chat_template = "{{ 'a llava-hf template' }}"
+    assert M.text_tokenizer(other).chat_template == M.CHAT_TEMPLATE and other.chat_template != M.CHAT_TEMPLATE
 
 
 def test_judge_scores_letters_words_and_caption_f1():
@@ -219,7 +252,7 @@ def test_bad_conversation_files_are_one_line_errors_naming_the_row(cli, tmp_path
         assert r.code == 2, r.err
         message = r.err.strip().splitlines()
         assert len(message) <= 2 and f"{f}:2:" in message[0] and phrase in message[0], r.err
-        assert not list(runs.glob("*/artifacts/*/model"))
+        assert not list(runs.glob("*/artifacts/*/*"))
     array = tmp_path / "rows.json"
     array.write_text("[\n" + json.dumps(good) + ",\n" + json.dumps(missing) + "\n]\n")
     from llmx.core.multimodal.conversations import load

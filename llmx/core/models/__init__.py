@@ -110,15 +110,14 @@ def _load_pretrained(name: str, dtype: str, device: str) -> tuple[Any, Any]:
 
 
 def _vision_language(path: Path, name: str, local: bool) -> bool:
-    """A LLaVA-style model (``vision_config`` beside ``text_config``), loaded with its processor."""
+    """A LLaVA model (``model_type: llava``), loaded with its processor."""
     from llmx.core.multimodal.model import is_vision_language
 
     if local:
         return is_vision_language(path)
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(name)
-    return hasattr(cfg, "vision_config") and hasattr(cfg, "text_config")
+    return AutoConfig.from_pretrained(name).model_type == "llava"
 
 
 METADATA = "llmx.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+
 import torch
 
 from llmx.core.eval.stats import bootstrap_ci
@@ -14,7 +15,20 @@ from llmx.core.multimodal.batch import pixel_values
 from llmx.core.multimodal.conversations import Conversation
 from llmx.core.multimodal.model import IMAGE_TOKEN, text_tokenizer
 
-LETTER = re.compile(r"[A-D]")
+LEADING = re.compile(r"^\W*([A-D])(?![A-Za-z])")  # "B", "(B)", "B. red"
+STANDALONE = re.compile(r"(?<![A-Za-z])([A-D])(?![A-Za-z])")  # "The answer is B"
+
+
+def choice(reply: str, options: list[str]) -> int | None:
+    """The option a multiple-choice reply picks (MMMB's post-processing): a leading letter, else the only standalone
+    letter, else the only option text it contains; None when it picks none or several, or a letter past the options."""
+    lead = LEADING.match(reply)
+    letters = [lead.group(1)] if lead else STANDALONE.findall(reply)
+    if len(letters) == 1:
+        k = ord(letters[0]) - ord("A")
+        return k if k < len(options) else None
+    named = [k for k, o in enumerate(options) if o.lower() in reply.lower()]
+    return named[0] if len(named) == 1 else None
 
 
 @torch.no_grad()
@@ -54,8 +68,8 @@ def judge(conv: Conversation, reply: str) -> float:
     m = conv.meta
     lang, fmt = m["language"], m["format"]
     if fmt == "choice":
-        hit = LETTER.search(reply)
-        return float(hit is not None and m["options"][ord(hit.group()) - ord("A")] == L.answer(lang, m["kind"], m["value"]))
+        k = choice(reply, m["options"])
+        return float(k is not None and m["options"][k] == L.answer(lang, m["kind"], m["value"]))
     if fmt == "open":
         return float(L.parse_answer(lang, m["kind"], reply) == m["value"])
     return f1(L.parse_caption(lang, reply), conv.image.truth())

@@ -1,10 +1,12 @@
-"""Multimodal SFT rows: a conversation rendered by the model's chat template with ``<image>`` expanded to the
-image's token count, tokenised as the ``sft`` stage does (loss on the assistant turns only), and its image turned into
-pixel values once by the processor."""
+"""Multimodal SFT rows: a conversation rendered in LLaVA-1.5's format with ``<image>`` expanded to the image's token
+count, tokenised as the ``sft`` stage does (loss on the assistant turns only); images are read and preprocessed per
+micro-batch, so a large dataset's pixels are never all in memory."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +21,13 @@ from llmx.errors import UsageError
 @dataclass
 class Example:
     row: Encoded
-    pixels: torch.Tensor | None  # (3, H, W)
+    conv: Conversation
+    proc: Any
+
+    def pixels(self) -> torch.Tensor | None:
+        """(3, H, W), or None for a text-only row."""
+        image = self.conv.pil()
+        return None if image is None else pixel_values(self.proc, [image])[0]
 
 
 def pixel_values(proc, images: list) -> torch.Tensor:
@@ -36,19 +44,34 @@ def examples(proc, convs: list[Conversation], image_tokens: int, max_length: int
         msgs = [{**m, "content": m["content"].replace(IMAGE_TOKEN, IMAGE_TOKEN * image_tokens)} for m in c.messages]
         e = encode(tok, Row(c.where, messages=msgs), max_length, max_length - 1)
         if e.ids.count(image_id) != (image_tokens if c.image is not None else 0):
-            raise UsageError(f"{c.where}: the prompt does not fit max_length {max_length} with its {image_tokens} "
-                             "image tokens; raise max_length")
+            if e.prompt_cut:
+                raise UsageError(f"{c.where}: the prompt does not fit max_length {max_length} with its "
+                                 f"{image_tokens} image tokens; raise max_length")
+            raise UsageError(f"{c.where}: {e.ids.count(image_id)} image tokens where the model takes {image_tokens} "
+                             f"per image: the tokenizer does not keep {IMAGE_TOKEN} as one token")
         if not any(e.trained):
             raise UsageError(f"{c.where}: no response token fits max_length {max_length}; raise max_length")
-        image = c.pil()
-        out.append(Example(e, pixel_values(proc, [image])[0] if image is not None else None))
+        if isinstance(c.image, Path):
+            _check_image(c)
+        out.append(Example(e, c, proc))
     return out
+
+
+def _check_image(c: Conversation) -> None:
+    """An image file that does not decode stops the run before training, naming its row."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(c.image) as img:
+            img.verify()
+    except (OSError, UnidentifiedImageError) as exc:
+        raise UsageError(f"{c.where}: cannot read image {c.image}: {exc}") from exc
 
 
 def collate(items: list[Example], pad_id: int, device) -> dict[str, torch.Tensor]:
     """Right-padded ids, attention mask and response-only labels, with the batch's images stacked in row order."""
     t = padded([e.row for e in items], pad_id, device)
-    pixels = [e.pixels for e in items if e.pixels is not None]
+    pixels = [px for px in (e.pixels() for e in items) if px is not None]
     if pixels:
         t["pixel_values"] = torch.stack(pixels).to(device)
     return t

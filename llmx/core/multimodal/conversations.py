@@ -97,18 +97,3 @@ def _conversation(row: dict[str, Any], where: str, folder: Path) -> Conversation
                          f"one {IMAGE_TOKEN} in a human turn per image")
     return Conversation(where, messages, image, {k: v for k, v in row.items() if k not in ("conversations", "image")})
 
-
-def dump(conversations: list[Conversation], folder: Path) -> list[dict[str, Any]]:
-    """Rows of LLaVA's format for ``conversations``, writing each scene image as a PNG under ``folder``."""
-    out = []
-    for i, c in enumerate(conversations):
-        row: dict[str, Any] = {"id": str(i), **c.meta}
-        if c.image is not None:
-            name = f"images/{i:06d}.png"
-            (folder / "images").mkdir(parents=True, exist_ok=True)
-            c.pil().save(folder / name)
-            row["image"] = name
-        row["conversations"] = [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]}
-                                for m in c.messages]
-        out.append(row)
-    return out

@@ -310,12 +310,22 @@ def parse_caption(lang: str, text: str) -> list[tuple]:
     return _dedup(out)
 
 
+# Reply words that are not in the answer tables: negations that contain a "yes" word (zh 不是), and the measure
+# word 一个 ("one, a"). Articles that are also "one" (pt um/uma, tr bir, zh 一个) name the answer only when no
+# other answer word follows them ("bir yedi rakamı" is a seven).
+_EXTRA = {"zh": {"yes_no": {"不是": False, "没有": False}, "digit": {"一个": 1}, "count": {"一个": 1}}}
+_ARTICLES = {"pt": {"um", "uma"}, "tr": {"bir"}, "zh": {"一个"}}
+
+
 def parse_answer(lang: str, kind: str, text: str) -> object:
     """The key, int or bool that the first answer word of ``kind`` in ``text`` names, or None."""
     table = _table(lang)
     if kind not in _ANSWER_SLOT:
         raise ValueError(f"unknown answer kind {kind!r}; known: {', '.join(ANSWER_KINDS)}")
-    words = _WORDS[lang][_ANSWER_SLOT[kind]]
+    slot = _ANSWER_SLOT[kind]
+    words = {**_WORDS[lang][slot], **_EXTRA.get(lang, {}).get(slot, {})}
     pattern = _alternation(words) if not table["joiner"] else rf"(?<!\w)(?:{_alternation(words)})(?!\w)"  # zh: no word gaps
-    m = re.search(pattern, _squash(lang, text), re.IGNORECASE)
-    return None if m is None else _lookup(words, m.group())
+    hits = [m.group() for m in re.finditer(pattern, _squash(lang, text), re.IGNORECASE)]
+    if len(hits) > 1 and hits[0].lower() in _ARTICLES.get(lang, ()):
+        hits = hits[1:]
+    return _lookup(words, hits[0]) if hits else None

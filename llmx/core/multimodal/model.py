@@ -4,16 +4,20 @@ keeps the CLS token, so an image is (size / patch)^2 + 1 tokens; ``default`` dro
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import torch
 
 IMAGE_TOKEN = "<image>"
-# LLaVA-1.5's vicuna_v1 turns without the system line: "USER: <image>\n... ASSISTANT: ...</s>"
-CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}ASSISTANT: {{ m['content'] }}</s>"
-                 "{% else %}USER: {{ m['content'] }} {% endif %}{% endfor %}"
-                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+# LLaVA-1.5's vicuna_v1 turns without the system line: "USER: <image>\n... ASSISTANT: ...</s>". Content is a string
+# (llmx's rows) or a list of image/text parts (transformers' multimodal messages).
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['content'] is string %}{% set c = m['content'] %}{% else %}"
+                 "{% set c = namespace(t='') %}{% for p in m['content'] %}{% if p['type'] == 'image' %}"
+                 "{% set c.t = c.t + '<image>\n' %}{% else %}{% set c.t = c.t + p['text'] %}{% endif %}{% endfor %}"
+                 "{% set c = c.t %}{% endif %}{% if m['role'] == 'assistant' %}ASSISTANT: {{ c }}</s>"
+                 "{% else %}USER: {{ c }} {% endif %}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
 
 
 def user_turn(content: str) -> str:
@@ -26,17 +30,17 @@ def assistant_turn(content: str) -> str:
 
 
 def is_vision_language(path: str | Path) -> bool:
-    """Whether a model folder holds a LLaVA-style vision-language model (its config's ``vision_config``)."""
+    """Whether a model folder holds a LLaVA model (``model_type: llava``; other vision-language layouts such as
+    LLaVA-NeXT or Qwen2-VL are not loaded as LLaVA)."""
     import json
 
     f = Path(path) / "config.json"
     if not f.is_file():
         return False
     try:
-        cfg = json.loads(f.read_text())
-    except json.JSONDecodeError:
+        return json.loads(f.read_text()).get("model_type") == "llava"
+    except (json.JSONDecodeError, AttributeError):
         return False
-    return "vision_config" in cfg and "text_config" in cfg
 
 
 def vision_config(image_size: int, patch: int, hidden: int, layers: int, heads: int):
@@ -90,8 +94,15 @@ def load(path: str | Path, dtype, device: str, local: bool = True) -> tuple[Any,
 
 
 def text_tokenizer(tok_or_processor) -> Any:
-    """The text tokenizer of a processor (or the tokenizer itself)."""
-    return getattr(tok_or_processor, "tokenizer", tok_or_processor)
+    """The text tokenizer of a processor (or the tokenizer itself), rendering conversations in LLaVA-1.5's format.
+    A llava-hf folder's own template wants list content; llmx renders the vicuna_v1 turns itself, as LLaVA's
+    training code does (``conversation.py``), so every model is trained and asked in the same format."""
+    tok = getattr(tok_or_processor, "tokenizer", tok_or_processor)
+    if getattr(tok, "chat_template", None) == CHAT_TEMPLATE:
+        return tok
+    tok = copy.copy(tok)
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def embed(model, input_ids: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:

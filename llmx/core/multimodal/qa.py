@@ -44,9 +44,16 @@ def _ask(scene: Scene, rng: random.Random, kind: str) -> tuple[dict, Any]:
     a, rel, b = rng.choice(scene.relations)
     if rng.random() < 0.5:
         return {"a": a, "relation": rel, "b": b}, True
-    if rng.random() < 0.5:  # the other relation between the same pair, or the pair reversed: both false
-        return {"a": a, "relation": "above" if rel == "left_of" else "left_of", "b": b}, False
-    return {"a": b, "relation": rel, "b": a}, False
+    other = "above" if rel == "left_of" else "left_of"
+    if rng.random() < 0.5 and not _holds(scene, a, other, b):  # the other relation between the same pair
+        return {"a": a, "relation": other, "b": b}, False
+    return {"a": b, "relation": rel, "b": a}, False  # the pair reversed
+
+
+def _holds(scene: Scene, a: int, relation: str, b: int) -> bool:
+    """Whether ``a relation b`` is true of the cells (a diagonal pair is both above and left of)."""
+    (ra, ca), (rb, cb) = (divmod(L.CELLS.index(next(o.cell for o in scene.objects if o.digit == d)), 2) for d in (a, b))
+    return ca < cb if relation == "left_of" else ra < rb
 
 
 def question(scene: Scene, rng: random.Random, lang: str, fmt: str, kind: str | None = None) -> QA:
@@ -72,8 +79,8 @@ def conversations(count: int, split: str, seed: int, languages: dict[str, float]
                   objects: int | None = None) -> list[Conversation]:
     """``count`` one-turn image conversations, each language and format drawn by weight, from one seed."""
     rng = random.Random(f"qa:{split}:{seed}")
-    langs, lw = zip(*languages.items())
-    fmts, fw = zip(*formats.items())
+    langs, lw = zip(*languages.items(), strict=True)
+    fmts, fw = zip(*formats.items(), strict=True)
     out = []
     for i, s in enumerate(scenes(count, split, seed, objects)):
         lang, fmt = rng.choices(langs, lw)[0], rng.choices(fmts, fw)[0]

@@ -43,7 +43,7 @@ class Scene:
     @property
     def relations(self) -> list[tuple[int, str, int]]:
         out = []
-        for a, b in zip(self.objects, self.objects[1:]):
+        for a, b in zip(self.objects, self.objects[1:], strict=False):
             same_row = CELLS.index(a.cell) // 2 == CELLS.index(b.cell) // 2
             out.append((a.digit, "left_of" if same_row else "above", b.digit))
         return out
@@ -104,7 +104,7 @@ def scene(rng: random.Random, split: str, objects: int | None = None) -> Scene:
     pool = _pool(split)
     cells = sorted(rng.sample(range(len(CELLS)), n))
     objs = []
-    for digit, cell in zip(rng.sample(range(10), n), cells):
+    for digit, cell in zip(rng.sample(range(10), n), cells, strict=True):
         size = rng.choice(SIZES)
         room = CELL - (16 if size == "large" else 8)
         objs.append(Obj(digit, rng.choice(COLOURS), size, CELLS[cell], rng.choice(pool[digit]),

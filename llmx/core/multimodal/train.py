@@ -10,7 +10,7 @@ import torch
 
 from llmx.core.data.sampling import EpochOrder
 from llmx.core.multimodal.batch import Example, collate
-from llmx.core.train.sft.batch import IGNORE
+from llmx.core.train.sft.batch import labelled_nll
 
 PROJECTOR = "multi_modal_projector"
 TOWER = "vision_tower"
@@ -52,20 +52,8 @@ def weights(items: list[Example], batch_size: int, seed: int) -> Callable[[int],
     return lambda i: sum(counts[k] for k in order.batch(i, batch_size))
 
 
-@torch.no_grad()
 def heldout_loss(model, items: list[Example], pad_id: int, batch_size: int = 16) -> float:
     """Mean NLL per response token over ``items``."""
     device = next(model.parameters()).device
-    was = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for s in range(0, len(items), batch_size):
-        t = collate(items[s:s + batch_size], pad_id, device)
-        labels = t.pop("labels")
-        logits = model(**t).logits[:, :-1].float()
-        target = labels[:, 1:]
-        keep = target != IGNORE
-        total += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
-        count += int(keep.sum())
-    model.train(was)
-    return total / max(count, 1)
+    return labelled_nll(model, (collate(items[s:s + batch_size], pad_id, device)
+                                for s in range(0, len(items), batch_size)))

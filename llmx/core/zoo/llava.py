@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ def build(req: RefRequest, corp: Corpus, tok: Any, show: bool) -> tuple[Any, Any
                                                  kv_heads=spec.kv_heads, special_ids=special_ids(tok)))
     if show:
         note(f"building {req.ref_name or 'llava'} ({req.preset} preset), once: text model, CLIP tower, stage 1")
-    progress = (lambda r, **kw: track(r, enabled=show, **kw))
+    progress = partial(track, enabled=show)
     text = pretrain(lm, train_ids, val_ids, spec, req.seed, req.max_steps, progress=progress)
     text_qa = text_accuracy(lm, tok, spec, req.seed, progress)
     vision = M.vision_config(spec.image_size, spec.patch, spec.vision_hidden, spec.vision_layers, spec.vision_heads)
@@ -53,8 +54,7 @@ def build(req: RefRequest, corp: Corpus, tok: Any, show: bool) -> tuple[Any, Any
     model.model.vision_tower.load_state_dict(clip.vision_model.state_dict())
     proc = M.processor(tok, spec.image_size, spec.patch)
     before, after = stage1(model, proc, spec, req.seed, progress)
-    figures = {"text_steps_run": text.steps, "text_best_val_nll": text.best_eval,
-               "text_val_perplexity": math.exp(text.best_eval), "text_qa_accuracy": text_qa,
+    figures = {"text_val_perplexity": math.exp(text.best_eval), "text_qa_accuracy": text_qa,
                "clip_final_loss": clip_loss, "probe_accuracy": probe,
                "stage1_caption_loss_before": before, "stage1_caption_loss": after,
                "image_tokens": M.image_tokens(model), "train_tokens": len(train_ids), "val_tokens": len(val_ids),
@@ -71,7 +71,7 @@ def text_accuracy(lm, tok, spec, seed: int, progress) -> dict[str, Any]:
     from llmx.core.multimodal.answer import generate, judge, per_language
     from llmx.core.multimodal.qa import conversations
 
-    count = 100 if spec.probe_scenes >= 800 else 20
+    count = spec.qa_questions
     out = {}
     for fmt in ("open", "choice"):
         convs = [c for lang in L.LANGUAGES for c in conversations(count, "test", seed + 1, {lang: 1.0}, {fmt: 1.0})]
@@ -83,10 +83,10 @@ def text_accuracy(lm, tok, spec, seed: int, progress) -> dict[str, Any]:
     return out
 
 
-def _captions(count: int, split: str, seed: int) -> list:
+def _captions(count: int, split: str, seed: int, objects: int | None = None) -> list:
     from llmx.core.multimodal.qa import conversations
 
-    return conversations(count, split, seed, {"en": 1.0}, {"caption": 1.0})
+    return conversations(count, split, seed, {"en": 1.0}, {"caption": 1.0}, objects)
 
 
 def train_clip(tok, vision, spec, seed: int, progress) -> tuple[Any, float]:
@@ -94,6 +94,7 @@ def train_clip(tok, vision, spec, seed: int, progress) -> tuple[Any, float]:
     side pools the last real token itself (transformers' CLIP pools at ``argmax(input_ids)`` when eos is id 2)."""
     from transformers import CLIPConfig, CLIPModel, CLIPTextConfig
 
+    from llmx.core.data.sampling import EpochOrder
     from llmx.core.multimodal.batch import pixel_values
     from llmx.core.multimodal.model import processor
     from llmx.core.train.loop import TrainConfig, train
@@ -105,14 +106,14 @@ def train_clip(tok, vision, spec, seed: int, progress) -> tuple[Any, float]:
     clip = CLIPModel(CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
                                 projection_dim=spec.vision_hidden))
     proc = processor(tok, spec.image_size, spec.patch)
-    rows = _captions(spec.clip_batch * 40, "train", seed)
+    rows = _captions(spec.clip_batch * 100, "train", seed, spec.clip_objects)
     pixels = pixel_values(proc, [c.pil() for c in rows])
     ids = [tok(c.messages[1]["content"], add_special_tokens=False)["input_ids"][:255] + [tok.eos_token_id]
            for c in rows]
-    gen = torch.Generator().manual_seed(seed)
+    order = EpochOrder(len(rows), seed)
 
-    def loss(i: int) -> torch.Tensor:
-        pick = torch.randint(0, len(rows), (spec.clip_batch,), generator=gen).tolist()
+    def loss(i: int) -> torch.Tensor:  # batches without repeats (a repeat is a contradictory InfoNCE target)
+        pick = order.batch(i, spec.clip_batch)
         width = max(len(ids[k]) for k in pick)
         x = torch.zeros(len(pick), width, dtype=torch.long)
         mask = torch.zeros_like(x)
@@ -177,7 +178,8 @@ def stage1(model, proc, spec, seed: int, progress) -> tuple[float, float]:
     params = T.trainable(model, 1)
     before = T.heldout_loss(model, held, pad)
     train(model, params, T.loss_fn(model, items, spec.stage1_batch, seed, pad),
-          TrainConfig(steps=spec.stage1_steps, lr=spec.stage1_lr, warmup=10), progress=progress,
+          TrainConfig(steps=spec.stage1_steps, lr=spec.stage1_lr, warmup=max(1, round(0.03 * spec.stage1_steps)),
+                      min_lr_ratio=0.0, betas=(0.9, 0.999)), progress=progress,
           weight=T.weights(items, spec.stage1_batch, seed))
     for p in model.parameters():
         p.requires_grad_(False)

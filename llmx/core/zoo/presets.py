@@ -38,13 +38,15 @@ class LlavaPreset(Preset):
     vision_hidden: int = 64
     vision_layers: int = 3
     vision_heads: int = 4
-    clip_steps: int = 400
+    clip_steps: int = 1000
     clip_batch: int = 64
+    clip_objects: int | None = 1  # the tower learns from one-digit scenes (digit, colour, size, cell in one caption)
     clip_lr: float = 1e-3
     stage1_steps: int = 300
     stage1_batch: int = 16
     stage1_lr: float = 1e-3
     probe_scenes: int = 800
+    qa_questions: int = 100  # held-out text-only questions per language and format
 
 
 # ``small`` is the default ``ref:NAME``: minutes on one CPU thread. ``bench`` trains longer so that methods can be
@@ -76,6 +78,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
     } | {"llava": LlavaPreset(hidden=64, layers=2, vocab=768, seq_len=64, batch=8, max_steps=150, lr=3e-3, warmup=10,
                                eval_every=25, patience=2, eval_windows=16, corpus_chars=200_000, scene_docs=1200,
                                vision_hidden=32, vision_layers=2, vision_heads=2, clip_steps=40, clip_batch=32,
-                               stage1_steps=30, stage1_batch=8, probe_scenes=200)},
+                               stage1_steps=30, stage1_batch=8, probe_scenes=200,
+                               qa_questions=20)},
 }
 DEFAULT_PRESET = "small"

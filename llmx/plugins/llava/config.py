@@ -30,15 +30,22 @@ class LlavaTrainParams(TrainParams):
                              "rates at 7B; a toy model trains in a few hundred steps only at higher rates.")
     mm_projector_lr: float | None = Field(None, gt=0, description="The projector's own rate (LLaVA-1.5's "
                                           "mm_projector_lr); default: lr.")
-    max_length: int = Field(256, gt=2, description="Tokens per conversation, image tokens included; a prompt that "
+    max_length: int = Field(2048, gt=2, description="Tokens per conversation, image tokens included; a prompt that "
                             "does not fit is an error naming its row.")
     batch_size: int = 16
     steps: int = 300
-    warmup: int = Field(9, ge=0, description="Linear warmup steps (LLaVA: 3% of the steps).")
+    warmup: int | None = Field(None, ge=0, description="Linear warmup steps; default: 3% of the steps (LLaVA-1.5's "
+                               "warmup_ratio), at least one.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final rate of the cosine, as a fraction (LLaVA-1.5: 0).")
 
     @property
     def rate(self) -> float:
         return self.lr if self.lr is not None else STAGE_LR[self.stage]
+
+    def llava_loop(self):
+        """The loop as LLaVA-1.5's Trainer runs it: the stage's rate, 3% warmup, cosine to 0, AdamW betas (0.9, 0.999)."""
+        warmup = self.warmup if self.warmup is not None else max(1, round(0.03 * self.steps))
+        return self.loop_config(lr=self.rate, warmup=warmup, betas=(0.9, 0.999))
 
     @model_validator(mode="after")
     def _full_weights(self) -> LlavaTrainParams:

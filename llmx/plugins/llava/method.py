@@ -47,19 +47,22 @@ def train(ctx: RunContext, p: LlavaTrainParams) -> dict[str, Any]:
     n = image_tokens(model)
     items = examples(proc, train_rows, n, p.max_length)
     held = examples(proc, held_rows, n, p.max_length) if held_rows else []
+    if cut := sum(e.row.completion_cut for e in items):
+        ctx.log.warning("%d of %d responses cut at max_length %d (they lose their EOS)", cut, len(items), p.max_length)
     pad = proc.tokenizer.pad_token_id if proc.tokenizer.pad_token_id is not None else proc.tokenizer.eos_token_id
+    params = T.trainable(model, p.stage)  # frozen first, so prepare() upcasts only what trains
     model = prepare(ctx, model, p)
-    params = T.trainable(model, p.stage)
     before = T.heldout_loss(model, held, pad, p.batch_size) if held else None
     result = fit(ctx, model, T.loss_fn(model, items, p.batch_size, ctx.config.seed, pad), p,
-                 p.loop_config(lr=p.rate), params=params,
+                 p.llava_loop(), params=params,
                  weight=T.weights(items, p.batch_size, ctx.config.seed), lr_scale=T.lr_scale(p.rate, p.mm_projector_lr))
     out: dict[str, Any] = {"stage": p.stage, "lr": p.rate, "mm_projector_lr": p.mm_projector_lr or p.rate,
                            "train_rows": len(items), "eval_rows": len(held), "image_tokens": n,
+                           "responses_cut": cut,
                            "trained_tokens_per_epoch": sum(sum(e.row.trained) for e in items)}
     if held:
         out.update(heldout_loss_before=before, heldout_loss=T.heldout_loss(model, held, pad, p.batch_size))
-    for q in model.parameters():
+    for q in model.parameters():  # the next stage of a pipeline gets the model as loaded, every tensor trainable
         q.requires_grad_(True)
     out.update(finish(ctx, model, p, "llava", result))
     out["trainable_params"] = sum(t.numel() for t in params.values())

@@ -18,22 +18,11 @@ from llmx.core.train.sft.params import SFTParams
 from llmx.core.train.stage import finish, fit, prepare
 
 
-@torch.no_grad()
 def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int) -> float:
     """Mean NLL per trained token over the held-out rows (each row padded on its own batch, no packing)."""
     device = next(model.parameters()).device
-    was = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for s in range(0, len(items), batch_size):
-        t = B.padded(items[s:s + batch_size], pad_id, device)
-        logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits[:, :-1].float()
-        target = t["labels"][:, 1:]
-        keep = target != B.IGNORE
-        nll = torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum")
-        total, count = total + float(nll), count + int(keep.sum())
-    model.train(was)
-    return total / max(count, 1)
+    return B.labelled_nll(model, (B.padded(items[s:s + batch_size], pad_id, device)
+                                  for s in range(0, len(items), batch_size)))
 
 
 def run(ctx: RunContext, p: SFTParams) -> dict[str, Any]:
