@@ -5,7 +5,6 @@ scoring), captions parsed to tuples and scored by F1. Accuracy is reported per l
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import torch
 
@@ -33,9 +32,8 @@ def choice(reply: str, options: list[str]) -> int | None:
 
 @torch.no_grad()
 def generate(model, proc, convs: list[Conversation], image_tokens: int, max_new_tokens: int = 8, batch_size: int = 16,
-             context: Callable[[Conversation], str] | None = None, progress=lambda x, **_: x) -> list[str]:
-    """The greedy reply to each conversation's first user turn. ``context(conv)`` replaces ``<image>`` by text
-    (a caption, for a text-only model); otherwise the image goes in."""
+             progress=lambda x, **_: x) -> list[str]:
+    """The greedy reply to each conversation's first user turn, its image (if any) as ``image_tokens`` features."""
     tok = text_tokenizer(proc)
     device = next(model.parameters()).device
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -45,10 +43,10 @@ def generate(model, proc, convs: list[Conversation], image_tokens: int, max_new_
         texts, images = [], []
         for c in chunk:
             user = c.messages[0]["content"]
-            user = user.replace(IMAGE_TOKEN, context(c) if context else IMAGE_TOKEN * image_tokens)
+            user = user.replace(IMAGE_TOKEN, IMAGE_TOKEN * image_tokens)
             texts.append(tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                                  add_generation_prompt=True))
-            if context is None and c.image is not None:
+            if c.image is not None:
                 images.append(c.pil())
         ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         width = max(map(len, ids))

@@ -93,6 +93,13 @@ def conversations(count: int, split: str, seed: int, languages: dict[str, float]
     return out
 
 
+def as_text(conv: Conversation) -> Conversation:
+    """The conversation for a text-only model: the scene's caption (in the question's language) in place of the image."""
+    cap = L.caption(conv.meta["language"], [o.key() for o in conv.image.objects], conv.image.relations)
+    first = {**conv.messages[0], "content": conv.messages[0]["content"].replace(IMAGE_TOKEN, cap)}
+    return Conversation(conv.where, [first, *conv.messages[1:]], None, conv.meta)
+
+
 def documents(count: int, split: str, seed: int, questions: int = 4) -> list[str]:
     """Text-only documents, languages in turn (balanced): a scene's caption, then ``questions`` open and
     multiple-choice turns about it, in the chat format the vision-language model is trained in."""

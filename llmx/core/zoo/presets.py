@@ -45,6 +45,8 @@ class LlavaPreset(Preset):
     stage1_steps: int = 300
     stage1_batch: int = 16
     stage1_lr: float = 1e-3
+    instruct_steps: int = 1200  # text-only instruction tuning on captioned scene QA (``core/zoo/llava.py``)
+    instruct_rows: int = 8000
     probe_scenes: int = 800
     qa_questions: int = 100  # held-out text-only questions per language and format
 
@@ -61,7 +63,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
         **{arch: _SMALL for arch in _TRANSFORMERS},
         "mamba2": replace(_SMALL, max_steps=400),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=300),  # mambapy scan: ~0.7 s a step at this width
-        "llava": LlavaPreset(hidden=128, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=800, lr=2e-3,
+        "llava": LlavaPreset(hidden=128, layers=4, vocab=2048, seq_len=256, batch=8, max_steps=800, lr=2e-3,
                              corpus_chars=1_000_000),
     },
     "bench": {
@@ -75,10 +77,10 @@ PRESETS: dict[str, dict[str, Preset]] = {
         arch: Preset(hidden=64, layers=2, vocab=512, seq_len=64, batch=8, max_steps=60 if arch == "mamba" else 150,
                      lr=3e-3, warmup=10, eval_every=25, patience=2, eval_windows=16, corpus_chars=400_000)
         for arch in (*_TRANSFORMERS, "mamba2", "mamba")
-    } | {"llava": LlavaPreset(hidden=64, layers=2, vocab=768, seq_len=64, batch=8, max_steps=150, lr=3e-3, warmup=10,
+    } | {"llava": LlavaPreset(hidden=64, layers=2, vocab=768, seq_len=128, batch=8, max_steps=150, lr=3e-3, warmup=10,
                                eval_every=25, patience=2, eval_windows=16, corpus_chars=200_000, scene_docs=1200,
                                vision_hidden=32, vision_layers=2, vision_heads=2, clip_steps=40, clip_batch=32,
                                stage1_steps=30, stage1_batch=8, probe_scenes=200,
-                               qa_questions=20)},
+                               qa_questions=20, instruct_steps=30, instruct_rows=240)},
 }
 DEFAULT_PRESET = "small"
