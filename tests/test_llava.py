@@ -65,7 +65,8 @@ def test_replies_are_parsed_as_mmmb_and_per_language():
     opts = ["red", "blue", "green", "white"]
     assert [choice(r, opts) for r in ("C", "(B)", "B. blue", "The answer is D.", "Correct answer: A", "green")] == \
         [2, 1, 1, 3, 0, 2]
-    assert choice("Azul", opts) is None and choice("A or B", opts) == 0 and choice("", opts) is None
+    assert choice("Azul", opts) is None and choice("A resposta é B.", opts) is None and choice("", opts) is None
+    assert choice("Büyük", ["büyük", "küçük"]) == 0 and choice("Dört", ["dört", "bir", "iki"]) == 0
     assert choice("C", ["small", "large"]) is None  # a letter past the options is wrong, not a crash
     assert L.parse_answer("zh", "relation", "不是") is False and L.parse_answer("zh", "relation", "是") is True
     assert L.parse_answer("zh", "digit_at", "右上角有一个数字七") == 7 and L.parse_answer("zh", "count", "一个") == 1
@@ -219,6 +220,16 @@ def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path)
     assert isinstance(model, LlavaForConditionalGeneration)
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_bfloat16_llava_trains_with_its_tower_frozen_in_bfloat16(cli, tmp_path, stage):
+    model = _tiny_llava_folder(tmp_path / "m")
+    r = cli("--json", "train", "--method", "llava", "--model", model, "--dtype", "bfloat16", "--set", f"stage={stage}",
+            "--set", "steps=2", "--set", "batch_size=2", "--set", "eval_rows=2", "--set", "scenes={\"count\": 4}",
+            "--set", "save=false", "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    assert r.json()["stages"][0]["metrics"]["heldout_loss"] > 0
+
+
 def test_projector_lr_is_its_own_param_group():
     from llmx.core.multimodal.train import lr_scale
     from llmx.core.train.loop import TrainConfig, train
@@ -253,6 +264,11 @@ def test_bad_conversation_files_are_one_line_errors_naming_the_row(cli, tmp_path
         message = r.err.strip().splitlines()
         assert len(message) <= 2 and f"{f}:2:" in message[0] and phrase in message[0], r.err
         assert not list(runs.glob("*/artifacts/*/*"))
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(img.read_bytes()[:60])  # a PNG header and no image data
+    f.write_text(json.dumps(good) + "\n" + json.dumps({**good, "image": "broken.png"}) + "\n")
+    r = cli("train", "--method", "llava", "--model", model, "--data", f, "--set", "steps=1", "-o", runs)
+    assert r.code == 2 and f"{f}:2: cannot read image" in r.err.strip().splitlines()[0], r.err
     array = tmp_path / "rows.json"
     array.write_text("[\n" + json.dumps(good) + ",\n" + json.dumps(missing) + "\n]\n")
     from llmx.core.multimodal.conversations import load

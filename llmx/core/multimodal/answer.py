@@ -14,8 +14,8 @@ from llmx.core.multimodal.batch import pixel_values
 from llmx.core.multimodal.conversations import Conversation
 from llmx.core.multimodal.model import IMAGE_TOKEN, text_tokenizer
 
-LEADING = re.compile(r"^\W*([A-D])(?![A-Za-z])")  # "B", "(B)", "B. red"
-STANDALONE = re.compile(r"(?<![A-Za-z])([A-D])(?![A-Za-z])")  # "The answer is B"
+LEADING = re.compile(r"^\W*([A-D])(?:$|[.):\]])")  # "B", "(B)", "B. red" (not pt's article "A resposta")
+STANDALONE = re.compile(r"(?<!\w)([A-D])(?!\w)")  # "The answer is B" (not "Büyük")
 
 
 def choice(reply: str, options: list[str]) -> int | None:

@@ -26,7 +26,10 @@ class Example:
 
     def pixels(self) -> torch.Tensor | None:
         """(3, H, W), or None for a text-only row."""
-        image = self.conv.pil()
+        try:
+            image = self.conv.pil()
+        except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError... for damaged files
+            raise UsageError(f"{self.conv.where}: cannot read image {self.conv.image}: {exc}") from exc
         return None if image is None else pixel_values(self.proc, [image])[0]
 
 
@@ -58,13 +61,13 @@ def examples(proc, convs: list[Conversation], image_tokens: int, max_length: int
 
 
 def _check_image(c: Conversation) -> None:
-    """An image file that does not decode stops the run before training, naming its row."""
-    from PIL import Image, UnidentifiedImageError
+    """An image file that does not decode stops the run before training, naming its row (decoded once, dropped)."""
+    from PIL import Image
 
     try:
         with Image.open(c.image) as img:
-            img.verify()
-    except (OSError, UnidentifiedImageError) as exc:
+            img.load()
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError... for damaged files
         raise UsageError(f"{c.where}: cannot read image {c.image}: {exc}") from exc
 
 

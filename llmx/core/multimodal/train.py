@@ -27,6 +27,17 @@ def trainable(model: torch.nn.Module, stage: int) -> dict[str, torch.nn.Paramete
     return out
 
 
+def cast_projector_input(model: torch.nn.Module) -> None:
+    """A frozen half-precision tower feeds a projector upcast to float32 master weights: cast its input (the
+    language model takes the projector's output in its own dtype, as LLaVA's forward does)."""
+    proj = getattr(model.model, PROJECTOR, None) if hasattr(model, "model") else None
+    if proj is None or getattr(proj, "_llmx_cast", False):
+        return
+    dtype = next(proj.parameters()).dtype
+    proj.register_forward_pre_hook(lambda _m, args: tuple(a.to(dtype) if torch.is_tensor(a) else a for a in args))
+    proj._llmx_cast = True
+
+
 def lr_scale(lr: float, projector_lr: float | None) -> Callable[[str], float] | None:
     """LLaVA-1.5's ``mm_projector_lr``: the projector's rate as a multiple of the stage's."""
     if projector_lr is None:

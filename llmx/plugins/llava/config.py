@@ -16,7 +16,7 @@ class LlavaTrainParams(TrainParams):
     """LLaVA training (``llmx train --method llava``): stage 1 trains the projector, stage 2 the projector and the
     language model; the vision tower is frozen in both. Loss on the responses (gpt turns) only."""
 
-    stage: Literal[1, 2] = Field(2, description="1: projector only (feature alignment); 2: projector and language "
+    stage: int = Field(2, ge=1, le=2, description="1: projector only (feature alignment); 2: projector and language "
                                  "model (visual instruction tuning).")
     data: DataFile | None = Field(None, description="LLaVA-format conversations (.json array or .jsonl): {image, "
                                   "conversations: [{from: human|gpt, value}]} with <image> in a human turn; default: "

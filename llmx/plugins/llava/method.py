@@ -3,8 +3,8 @@
 Training follows LLaVA-1.5's recipe on the shared loop: the conversation rendered by the model's chat template
 (``USER: <image>\\n... ASSISTANT: ...</s>``), labels on the assistant turns only, the vision tower frozen; stage 1
 trains ``multi_modal_projector`` alone, stage 2 also the language model (and its head), with an optional separate
-projector rate. Rows are encoded (and every image preprocessed) before the first step, so a bad row fails the run
-before anything trains or is written."""
+projector rate. Rows are encoded and every image file decoded once before the first step, so a bad row fails the
+run before anything trains or is written; pixels are computed per micro-batch."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ def train(ctx: RunContext, p: LlavaTrainParams) -> dict[str, Any]:
     pad = proc.tokenizer.pad_token_id if proc.tokenizer.pad_token_id is not None else proc.tokenizer.eos_token_id
     params = T.trainable(model, p.stage)  # frozen first, so prepare() upcasts only what trains
     model = prepare(ctx, model, p)
+    T.cast_projector_input(model)
     before = T.heldout_loss(model, held, pad, p.batch_size) if held else None
     result = fit(ctx, model, T.loss_fn(model, items, p.batch_size, ctx.config.seed, pad), p,
                  p.llava_loop(), params=params,
