@@ -114,8 +114,9 @@ def _captions(count: int, split: str, seed: int, objects: int | None = None) -> 
 
 
 def train_clip(tok, vision, spec, seed: int, progress) -> tuple[Any, float]:
-    """A tiny ``CLIPModel`` trained with the symmetric InfoNCE loss on English captions of train scenes. The text
-    side pools the last real token itself (transformers' CLIP pools at ``argmax(input_ids)`` when eos is id 2)."""
+    """A tiny ``CLIPModel`` trained with the symmetric InfoNCE loss on English captions of train scenes (rows with
+    the same caption are all positives of each other). The text side pools the last real token itself
+    (transformers' CLIP pools at ``argmax(input_ids)`` when eos is id 2)."""
     from transformers import CLIPConfig, CLIPModel, CLIPTextConfig
 
     from llmx.core.data.sampling import EpochOrder
@@ -134,9 +135,10 @@ def train_clip(tok, vision, spec, seed: int, progress) -> tuple[Any, float]:
     pixels = pixel_values(proc, [c.pil() for c in rows])
     ids = [tok(c.messages[1]["content"], add_special_tokens=False)["input_ids"][:255] + [tok.eos_token_id]
            for c in rows]
+    captions = [c.messages[1]["content"] for c in rows]
     order = EpochOrder(len(rows), seed)
 
-    def loss(i: int) -> torch.Tensor:  # batches without repeats (a repeat is a contradictory InfoNCE target)
+    def loss(i: int) -> torch.Tensor:  # each row once per epoch; rows with equal captions are positives
         pick = order.batch(i, spec.clip_batch)
         width = max(len(ids[k]) for k in pick)
         x = torch.zeros(len(pick), width, dtype=torch.long)
@@ -148,7 +150,8 @@ def train_clip(tok, vision, spec, seed: int, progress) -> tuple[Any, float]:
         v = clip.visual_projection(clip.vision_model(pixel_values=pixels[pick]).pooler_output)
         t, v = torch.nn.functional.normalize(t, dim=-1), torch.nn.functional.normalize(v, dim=-1)
         logits = clip.logit_scale.exp() * v @ t.T
-        target = torch.arange(len(pick))
+        same = torch.tensor([[captions[a] == captions[b] for b in pick] for a in pick], dtype=logits.dtype)
+        target = same / same.sum(1, keepdim=True)  # one-digit scenes share captions (480 distinct): all positives
         return (torch.nn.functional.cross_entropy(logits, target) + torch.nn.functional.cross_entropy(logits.T, target)) / 2
 
     result = train(clip, clip.parameters(), loss, TrainConfig(steps=spec.clip_steps, lr=spec.clip_lr, warmup=10,
