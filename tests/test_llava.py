@@ -278,3 +278,17 @@ def test_bad_conversation_files_are_one_line_errors_naming_the_row(cli, tmp_path
         load(array)
     array.write_text("[\n" + json.dumps(good) + "\n]\n")
     assert len(load(array)) == 1 and load(array)[0].pil().size == (32, 32)
+
+
+def test_replies_do_not_depend_on_the_batch_and_long_prompts_are_refused(llava_test):
+    from llmx.core.eval.generate import generate as complete
+    from llmx.core.multimodal.answer import generate
+    from llmx.core.multimodal.model import image_tokens, load
+    from llmx.errors import UsageError
+
+    model, proc = load(llava_test, torch.float32, "cpu")
+    convs = qa.conversations(6, "test", 3, {"en": 1, "ar": 1}, {"open": 1, "caption": 1})  # prompts of several lengths
+    n = image_tokens(model)
+    assert generate(model, proc, convs, n, 6, batch_size=4) == [generate(model, proc, [c], n, 6)[0] for c in convs]
+    with pytest.raises(UsageError, match="over this model's context"):
+        complete(model, proc.tokenizer, ["x " * 2000], max_new_tokens=4, truncate=False)

@@ -120,8 +120,12 @@ def _config(model, max_new_tokens: int, pad: int, eos: set[int]):
 @torch.inference_mode()
 def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples: int = 1, temperature: float = 0.0,
              top_p: float = 1.0, stop: Sequence[str] = (), include_stop: bool = False, seed: int = 0, batch_size: int = 8,
-             progress: Callable = lambda x, **_: x) -> list[list[Completion]]:
-    """``samples`` completions of each prompt, ``[prompt][sample]``; ``temperature == 0`` is greedy decoding."""
+             progress: Callable = lambda x, **_: x, inputs: Callable[[list[int]], dict] | None = None,
+             special_tokens: bool = True, truncate: bool = True) -> list[list[Completion]]:
+    """``samples`` completions of each prompt, ``[prompt][sample]``; ``temperature == 0`` is greedy decoding.
+    ``inputs(prompt indices)`` gives a batch's other model inputs in row order (a vision model's pixel values);
+    ``special_tokens: False`` leaves the tokenizer's own specials out (a chat template already holds them);
+    ``truncate: False`` refuses a prompt over the context instead of keeping its last tokens (image tokens)."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     if temperature == 0 and samples > 1:
@@ -135,8 +139,12 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
         raise UsageError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in this model's context of "
                          f"{limit} tokens")
     budget = limit - max_new_tokens if limit else None
-    encoded = [tok(p)["input_ids"] for p in prompts]
+    encoded = [tok(p, add_special_tokens=special_tokens)["input_ids"] for p in prompts]
     truncated = [budget is not None and len(ids) > budget for ids in encoded]
+    if not truncate and any(truncated):
+        i = truncated.index(True)
+        raise UsageError(f"prompt {i} has {len(encoded[i])} tokens: over this model's context of {limit} less "
+                         f"max_new_tokens {max_new_tokens}")
     encoded = [ids[-budget:] if cut_ else ids for ids, cut_ in zip(encoded, truncated, strict=True)]
     rows = [(i, j) for i in range(len(prompts)) for j in range(samples)]
     equal_only = bool(getattr(model, "_is_stateful", False))
@@ -154,8 +162,9 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
             gens = [torch.Generator(device=device).manual_seed(row_seed(seed, *rows[r])) for r in batch]
             processors.append(_Draw(gens, temperature, top_p))
         criteria = StoppingCriteriaList([_Stop(tok, width, stop)] if any(stop) else [])
+        extra = inputs([rows[r][0] for r in batch]) if inputs else {}
         gen = model.generate(input_ids=ids, attention_mask=mask, generation_config=_config(model, max_new_tokens, pad, eos),
-                             logits_processor=processors, stopping_criteria=criteria)
+                             logits_processor=processors, stopping_criteria=criteria, **extra)
         for b, r in enumerate(batch):
             new = gen[b, width:].tolist()
             ended = next((k for k, t in enumerate(new) if t in eos), None)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 from llmx.core.eval.stats import bootstrap_ci
 from llmx.core.multimodal import languages as L
 from llmx.core.multimodal.batch import pixel_values
@@ -30,35 +28,24 @@ def choice(reply: str, options: list[str]) -> int | None:
     return named[0] if len(named) == 1 else None
 
 
-@torch.no_grad()
 def generate(model, proc, convs: list[Conversation], image_tokens: int, max_new_tokens: int = 8, batch_size: int = 16,
              progress=lambda x, **_: x) -> list[str]:
-    """The greedy reply to each conversation's first user turn, its image (if any) as ``image_tokens`` features."""
+    """The greedy reply to each conversation's first user turn, its image (if any) as ``image_tokens`` features:
+    the shared batched generator, the prompt rendered by the chat template and the batch's images as pixel values."""
+    from llmx.core.eval.generate import generate as complete
+
     tok = text_tokenizer(proc)
     device = next(model.parameters()).device
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    out: list[str] = []
-    for s in progress(range(0, len(convs), batch_size), total=-(-len(convs) // batch_size), description="answering"):
-        chunk = convs[s:s + batch_size]
-        texts, images = [], []
-        for c in chunk:
-            user = c.messages[0]["content"]
-            user = user.replace(IMAGE_TOKEN, IMAGE_TOKEN * image_tokens)
-            texts.append(tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                                 add_generation_prompt=True))
-            if c.image is not None:
-                images.append(c.pil())
-        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-        width = max(map(len, ids))
-        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(input_ids)
-        for i, row in enumerate(ids):  # left padding: every prompt ends where generation starts
-            input_ids[i, width - len(row):], mask[i, width - len(row):] = torch.tensor(row), 1
-        extra = {"pixel_values": pixel_values(proc, images).to(device)} if images else {}
-        gen = model.generate(input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=pad, eos_token_id=tok.eos_token_id, **extra)
-        out += [tok.decode(g[width:], skip_special_tokens=True).strip() for g in gen]
-    return out
+    prompts = [tok.apply_chat_template([{"role": "user", "content": c.messages[0]["content"].replace(
+        IMAGE_TOKEN, IMAGE_TOKEN * image_tokens)}], tokenize=False, add_generation_prompt=True) for c in convs]
+
+    def pixels(rows: list[int]) -> dict:
+        images = [convs[i].pil() for i in rows if convs[i].image is not None]
+        return {"pixel_values": pixel_values(proc, images).to(device)} if images else {}
+
+    done = complete(model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress,
+                    inputs=pixels, special_tokens=False, truncate=False)
+    return [c[0].text.strip() for c in done]
 
 
 def judge(conv: Conversation, reply: str) -> float:

@@ -141,16 +141,17 @@ def train_clip(tok, vision, spec, seed: int, progress) -> tuple[Any, float]:
     def loss(i: int) -> torch.Tensor:  # each row once per epoch; rows with equal captions are positives
         pick = order.batch(i, spec.clip_batch)
         width = max(len(ids[k]) for k in pick)
-        x = torch.zeros(len(pick), width, dtype=torch.long)
+        x = torch.zeros(len(pick), width, dtype=torch.long, device=pixels.device)
         mask = torch.zeros_like(x)
         for r, k in enumerate(pick):
-            x[r, :len(ids[k])], mask[r, :len(ids[k])] = torch.tensor(ids[k]), 1
+            x[r, :len(ids[k])], mask[r, :len(ids[k])] = torch.tensor(ids[k], device=x.device), 1
         hidden = clip.text_model(input_ids=x, attention_mask=mask).last_hidden_state
-        t = clip.text_projection(hidden[torch.arange(len(pick)), mask.sum(1) - 1])
+        t = clip.text_projection(hidden[torch.arange(len(pick), device=hidden.device), mask.sum(1) - 1])
         v = clip.visual_projection(clip.vision_model(pixel_values=pixels[pick]).pooler_output)
         t, v = torch.nn.functional.normalize(t, dim=-1), torch.nn.functional.normalize(v, dim=-1)
         logits = clip.logit_scale.exp() * v @ t.T
-        same = torch.tensor([[captions[a] == captions[b] for b in pick] for a in pick], dtype=logits.dtype)
+        same = torch.tensor([[captions[a] == captions[b] for b in pick] for a in pick], dtype=logits.dtype,
+                            device=logits.device)
         target = same / same.sum(1, keepdim=True)  # one-digit scenes share captions (480 distinct): all positives
         return (torch.nn.functional.cross_entropy(logits, target) + torch.nn.functional.cross_entropy(logits.T, target)) / 2
 
