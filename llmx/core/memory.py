@@ -67,3 +67,12 @@ class PeakMemory:
             else:
                 peak = max(peak, held)
         self.peak_bytes = max(peak - base, 0)
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (``ru_maxrss``), in bytes."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024

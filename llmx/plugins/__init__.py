@@ -19,4 +19,5 @@ BUILTIN = (
     "llmx.plugins.evals.plugin",
     "llmx.plugins.export.plugin",
     "llmx.plugins.llava.plugin",
+    "llmx.plugins.lift.plugin",
 )

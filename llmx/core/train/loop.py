@@ -92,6 +92,12 @@ class StepState:
 
 
 LossFn = Callable[[int], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
+OptimizerFactory = Callable[[list[dict], "TrainConfig"], torch.optim.Optimizer]
+
+
+def adamw(groups: list[dict], c: TrainConfig) -> torch.optim.Optimizer:
+    """The loop's default optimiser: ``torch.optim.AdamW`` over the rate groups."""
+    return torch.optim.AdamW(groups, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
 
 
 def micro_index(step: int, micro: int, c: TrainConfig, rank: int, size: int) -> int:
@@ -117,10 +123,10 @@ def _metrics_log(path: Path | None, start: int, resume: Path | None):
 
 def _groups(named: dict[str, torch.nn.Parameter], lr_scale: Callable[[str], float] | None) -> list[dict]:
     """One optimiser group per rate multiplier, in the order the tensors come."""
-    groups: dict[float, list[torch.nn.Parameter]] = {}
+    groups: dict[float, dict[str, torch.nn.Parameter]] = {}
     for name, p in named.items():
-        groups.setdefault(float(lr_scale(name)) if lr_scale else 1.0, []).append(p)
-    return [{"params": ps, "scale": scale} for scale, ps in groups.items()]
+        groups.setdefault(float(lr_scale(name)) if lr_scale else 1.0, {})[name] = p
+    return [{"params": list(ps.values()), "names": list(ps), "scale": scale} for scale, ps in groups.items()]
 
 
 def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[str, torch.nn.Parameter], loss: LossFn,
@@ -128,10 +134,12 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
           metrics_file: Path | None = None, checkpoint_dir: Path | None = None, resume: Path | None = None,
           after_step: Callable[[StepState], None] | None = None,
           weight: Callable[[int], float] | None = None, identity: dict[str, Any] | None = None,
-          verify_resume: bool = True, lr_scale: Callable[[str], float] | None = None) -> TrainResult:
+          verify_resume: bool = True, lr_scale: Callable[[str], float] | None = None,
+          optimizer: OptimizerFactory = adamw) -> TrainResult:
     """Optimise ``params`` on ``loss(i)`` (see the module docstring for its contract). ``identity`` goes into every
     checkpoint; with ``verify_resume``, a ``resume`` checkpoint carrying another one is refused. ``lr_scale(name)``
-    multiplies the schedule's rate for that tensor (a separate projector rate, say)."""
+    multiplies the schedule's rate for that tensor (a separate projector rate, say). ``optimizer(groups, c)`` builds
+    the optimiser (default AdamW); each group carries its tensors' ``names`` and rate ``scale``."""
     named = dict(params) if isinstance(params, dict) else {str(i): p for i, p in enumerate(params)}
     named = {k: p for k, p in named.items() if p.requires_grad}
     trained = list(named.values())
@@ -139,7 +147,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
     if low:
         raise UsageError(f"training needs float32 master weights; the trained tensors are {', '.join(low)} "
                          "(load the model in float32; precision: bf16-mixed runs the forward in bfloat16)")
-    opt = torch.optim.AdamW(_groups(named, lr_scale), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
+    opt = optimizer(_groups(named, lr_scale), c)
     rank, size = world()
     start = 0
     if resume is not None:

@@ -13,7 +13,7 @@ import torch
 from llmx.core.context import RunContext
 from llmx.core.train import adapters
 from llmx.core.train.distributed import is_main
-from llmx.core.train.loop import StepState, TrainConfig, TrainResult, train
+from llmx.core.train.loop import OptimizerFactory, StepState, TrainConfig, TrainResult, adamw, train
 from llmx.core.train.params import LoopParams, TrainParams
 
 
@@ -72,7 +72,7 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
         params: dict[str, torch.nn.Parameter] | None = None, resume: str | None = None,
         after_step: Callable[[StepState], None] | None = None,
         weight: Callable[[int], float] | None = None,
-        lr_scale: Callable[[str], float] | None = None) -> TrainResult:
+        lr_scale: Callable[[str], float] | None = None, optimizer: OptimizerFactory = adamw) -> TrainResult:
     """The shared loop with this stage's metrics file, checkpoint folder and resume point. A ``p.resume`` checkpoint
     must come from a run of the same model and params (a cooldown branch, ``resume`` passed here, changes the
     schedule by design and is not checked)."""
@@ -83,7 +83,7 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
                  evaluate=evaluate, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
                  checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(resume) if resume else None,
                  after_step=after_step, weight=weight, identity=identity, verify_resume=checked,
-                 lr_scale=lr_scale)
+                 lr_scale=lr_scale, optimizer=optimizer)
 
 
 RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "checkpoint_every", "eval_every",

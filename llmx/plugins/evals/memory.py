@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import resource
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +9,7 @@ import torch
 
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
+from llmx.core.memory import peak_rss_bytes
 from llmx.plugins.evals.config import MemoryParams
 
 
@@ -38,11 +37,6 @@ def stored_bytes(source: str | None) -> int | None:
     if not source or not Path(source).is_dir():
         return None
     return weight_file_bytes(source) or None
-
-
-def peak_rss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024
 
 
 @torch.inference_mode()

@@ -83,6 +83,17 @@ class TaskDataParams(TaskSource):
     temperature: float = Field(1.0, gt=0)
 
 
+class TracingEvalParams(TaskEvalParams):
+    task: str | None = Field("tracing", description="The tracing task (a file of rows replaces it: task=null).")
+
+
+class TracingDataParams(Params):
+    train: int = Field(2000, ge=0, description="Training programs (the split has 10,000).")
+    validation: int = Field(200, ge=0, description="Validation programs (of 500).")
+    test: int = Field(500, ge=0, description="Test programs (of 1,000).")
+    rows_seed: int = Field(0, description="Which programs of each split, in which order.")
+
+
 class LmEvalParams(Params):
     tasks: list[str] = Field(..., min_length=1, description="lm-evaluation-harness task names (or groups).")
     include_path: ExistingPath | None = Field(None, description="A folder of your own task YAML files.")

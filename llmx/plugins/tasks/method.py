@@ -11,7 +11,7 @@ from llmx.core.context import RunContext
 from llmx.core.eval import stats, tasks
 from llmx.core.spec import TaskSpec
 from llmx.errors import UsageError
-from llmx.plugins.tasks.config import TaskDataParams, TaskEvalParams, TaskSource
+from llmx.plugins.tasks.config import TaskDataParams, TaskEvalParams, TaskSource, TracingDataParams
 
 
 def _spec(p: TaskSource) -> TaskSpec:
@@ -113,3 +113,20 @@ def training_rows(rows: list[dict], records: list[dict]) -> dict[str, list[dict]
                 paired.append({"prompt": rec["prompt"], "chosen": good, "rejected": bad})
     sft = [{"prompt": r["prompt"], "completion": r["reference"]} for r in rows if r.get("reference")]
     return {"paired": paired, "unpaired": unpaired, "chosen": chosen, "sft": sft}
+
+
+def tracing_data(ctx: RunContext, p: TracingDataParams) -> dict:
+    """The tracing task's splits as SFT rows (``{prompt, completion}``, the answer line as the completion)."""
+    from llmx.plugins.tasks import tracing
+
+    out: dict = {"task": "tracing"}
+    for split in tracing.SIZES:
+        count = getattr(p, split)
+        if count > tracing.SIZES[split]:
+            raise UsageError(f"tracing has {tracing.SIZES[split]} {split} programs; {count} asked")
+        rows = [{"prompt": r["prompt"], "completion": r["reference"], "answer": r["answer"]}
+                for r in tracing.rows(split, p.rows_seed)[:count]]
+        atomic.write_text(ctx.artifact(f"{split}.jsonl"), _jsonl(rows))
+        out[f"{split}_rows"] = count
+    out["data_dir"] = str(ctx.artifact("train.jsonl").parent)
+    return out

