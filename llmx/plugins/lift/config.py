@@ -26,8 +26,8 @@ class LiftParams(SFTParams):
         "random: k uniform entries, drawn again at each refresh (random sparse FT). Only the selection differs.")
     svd: Literal["full", "lowrank"] = Field("full", description="full: exact fp32 SVD; lowrank: torch.svd_lowrank "
                                             "with q = 2f (the official lift_rand_sparse variant).")
-    update_interval: int | None = Field(400, gt=0, description="Select the supports again every N optimiser steps "
-                                        "(after gradient accumulation; official 400); null: never.")
+    update_interval: int = Field(400, ge=0, description="Select the supports again every N optimiser steps (after "
+                                 "gradient accumulation; official 400); 0: never.")
     eps: float = Field(1e-6, gt=0, description="Adam's epsilon (official 1e-6).")
     shira: bool = Field(False, description="Also save the final support and the update on it as a PEFT SHiRA "
                         "adapter (a static mask: SHiRA has no refresh; updates made on entries that left the support "

@@ -27,7 +27,7 @@ from llmx.core.train import sparse
 
 class LiftSparseAdamW(torch.optim.Optimizer):
     def __init__(self, params: Any, lr: float, rank: int, filter_rank: int, mask: sparse.MaskKind = "lift",
-                 svd: sparse.SVDKind = "full", update_interval: int | None = 400, betas=(0.9, 0.95),
+                 svd: sparse.SVDKind = "full", update_interval: int = 400, betas=(0.9, 0.95),
                  eps: float = 1e-6, seed: int = 0):
         defaults = {"lr": lr, "betas": betas, "eps": eps, "steps_done": 0, "refreshes": 0}
         super().__init__(params, defaults)
