@@ -10,7 +10,6 @@ import torch
 from llmx.core.context import RunContext
 from llmx.core.memory import peak_rss_bytes
 from llmx.core.models.blocks import decoder_blocks
-from llmx.core.train import sparse
 from llmx.core.train.sft.run import run as sft
 from llmx.errors import UsageError
 from llmx.plugins.lift.config import LiftParams

@@ -12,11 +12,11 @@ import torch
 from llmx.core.context import RunContext
 from llmx.core.data import holdout
 from llmx.core.data.sampling import EpochOrder
+from llmx.core.train.loop import OptimizerFactory, adamw
 from llmx.core.train.sft import batch as B
 from llmx.core.train.sft import data as D
 from llmx.core.train.sft.encode import Encoded, encode
 from llmx.core.train.sft.params import SFTParams
-from llmx.core.train.loop import OptimizerFactory, adamw
 from llmx.core.train.stage import finish, fit, prepare, trainable
 
 Optimise = Callable[[torch.nn.Module], tuple[dict[str, torch.nn.Parameter], OptimizerFactory]]
