@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown, perplexity, write  # noqa: E402
 
 RANK = 8
-SPARSE_LRS = [3e-4, 1e-3, 3e-3]
+SPARSE_LRS = [1e-3, 3e-3, 1e-2]
 METHODS = {
     "full": {"method": "sft", "params": {}, "lrs": [1e-4, 3e-4, 1e-3]},
     "lora": {"method": "sft", "params": {"adapter": "lora", "lora": {"r": RANK, "alpha": 2 * RANK,
