@@ -4,7 +4,9 @@
   quantization before it in its run; none before is FP, drawn at 16; a pruned or trained model is labelled by what
   changed it), with the front of points no other run on that model beats on both;
 - ``loss``: training-loss curves from the ``metrics.jsonl`` of training stages;
-- ``bars``: one bar per stage for a metric (default: the most common headline metric).
+- ``bars``: one bar per stage for a metric (default: the most common headline metric);
+- ``series``: a checkpoint-series study (``analyze --method overtraining``): sensitivity S against tokens per gamma,
+  and forgetting after fine-tuning against tokens per rate, one pair of panels per stage.
 
 Needs matplotlib (``pip install 'llmx[plot]'``).
 """
@@ -104,6 +106,9 @@ def plot(rows: list[StageRow], folder: Path, metric: str | None = None) -> list[
         ax.legend(fontsize=7)
         written.append(_save(fig, plt, folder / "loss.png"))
         _write_csv(folder / "loss.csv", table)
+    studies = [r for r in rows if r.metrics.get("sensitivity") and r.metrics.get("checkpoints")]
+    if studies:
+        written.append(_series(plt, studies[:MAX_PANELS], folder))
     metric = metric or _common_metric(rows)
     bars = [r for r in rows if isinstance(r.metrics.get(metric), (int, float)) and not isinstance(r.metrics.get(metric), bool)]
     if bars:
@@ -115,6 +120,34 @@ def plot(rows: list[StageRow], folder: Path, metric: str | None = None) -> list[
         written.append(_save(fig, plt, folder / "bars.png"))
         _write_csv(folder / "bars.csv", [{"run": r.run, "stage": r.label, metric: r.metrics[metric]} for r in bars])
     return written
+
+
+def _series(plt, rows: list[StageRow], folder: Path) -> Path:
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.8 * len(rows)), squeeze=False)
+    table = []
+    for (left, right), r in zip(axes, rows, strict=True):
+        sens, ft = r.metrics["sensitivity"], r.metrics.get("finetune") or []
+        for gamma in dict.fromkeys(x["gamma"] for x in sens):
+            mine = [x for x in sens if x["gamma"] == gamma]
+            left.plot([x["T"] for x in mine], [x["S"] for x in mine], "o-", label=f"gamma {gamma:g}")
+            table += [{"run": r.run, "stage": r.label, "curve": "S", "gamma": gamma, "T": x["T"], "value": x["S"]}
+                      for x in mine]
+        left.set(xscale="log", xlabel="pre-training tokens T", ylabel="S(T, gamma)",
+                 title=f"{short_run(r.run)} {r.label}: sensitivity")
+        left.legend(fontsize=8)
+        for lr in dict.fromkeys(x["lr"] for x in ft):
+            ts = sorted({x["T"] for x in ft if x["lr"] == lr})
+            mean = [sum(x["forgetting"] for x in ft if x["lr"] == lr and x["T"] == t)
+                    / sum(1 for x in ft if x["lr"] == lr and x["T"] == t) for t in ts]
+            right.plot(ts, mean, "o-", label=f"lr {lr:g}")
+            table += [{"run": r.run, "stage": r.label, "curve": "forgetting", "lr": lr, "T": t, "value": v}
+                      for t, v in zip(ts, mean, strict=True)]
+        right.set(xscale="log", xlabel="pre-training tokens T", ylabel="L_pre(FT) - L_pre",
+                  title="forgetting after fine-tuning")
+        if ft:
+            right.legend(fontsize=8)
+    _write_csv(folder / "series.csv", table)
+    return _save(fig, plt, folder / "series.png")
 
 
 def _common_metric(rows: list[StageRow]) -> str:

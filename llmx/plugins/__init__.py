@@ -20,4 +20,5 @@ BUILTIN = (
     "llmx.plugins.export.plugin",
     "llmx.plugins.llava.plugin",
     "llmx.plugins.lift.plugin",
+    "llmx.plugins.overtraining.plugin",
 )
