@@ -39,7 +39,7 @@ def test_support_holds_the_lora_budget_exactly(shape, r):
     opt = LiftSparseAdamW([w], lr=1e-3, rank=r, filter_rank=2)
     index = opt.supports()[w]
     assert index.numel() == min(r * sum(shape), shape[0] * shape[1])
-    assert index.unique().numel() == index.numel() and index.dtype == torch.long
+    assert index.unique().numel() == index.numel() and index.dtype == torch.int32
 
 
 def test_lift_support_is_the_top_k_of_the_filtered_weight_not_of_the_weight():
@@ -54,7 +54,7 @@ def test_lift_support_is_the_top_k_of_the_filtered_weight_not_of_the_weight():
 
 
 def test_full_rank_filter_is_the_magnitude_mask_and_ties_go_to_the_lower_index():
-    weight = torch.randn(24, 16, dtype=torch.float64).float()
+    weight = torch.randn(24, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64).float()
     k = sparse.budget(24, 16, 2)
     assert torch.equal(sparse.select(weight, k, "lift", filter_rank=16), sparse.select(weight, k, "magnitude"))
     ties = torch.tensor([3.0, 1.0, 3.0, 2.0, 3.0, 3.0])
@@ -135,15 +135,42 @@ def test_the_refresh_counts_optimiser_steps_not_micro_batches():
     assert held["opt"].param_groups[0]["steps_done"] == 7 and held["opt"].param_groups[0]["refreshes"] == 2
 
 
-def test_state_dict_round_trip_keeps_long_supports_and_the_moments():
-    w = torch.nn.Parameter(torch.randn(16, 12))
-    opt = LiftSparseAdamW([w], lr=1e-2, rank=2, filter_rank=2)
+def test_no_refresh_after_the_last_step_and_a_due_one_runs_before_the_next():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(20, 16))
+    opt = LiftSparseAdamW([w], lr=0.5, rank=2, filter_rank=2, update_interval=3)
+    for _ in range(3):
+        w.grad = torch.randn_like(w)
+        opt.step()
+    before = opt.state[w]["index"].clone()
+    assert opt.param_groups[0]["refreshes"] == 0 and opt.param_groups[0]["refresh_due"]
     w.grad = torch.randn_like(w)
     opt.step()
-    other = LiftSparseAdamW([torch.nn.Parameter(w.detach().clone() * -1)], lr=1e-2, rank=2, filter_rank=2)
+    assert opt.param_groups[0]["refreshes"] == 1 and not torch.equal(before, opt.state[w]["index"])
+
+
+def test_random_supports_differ_between_matrices_of_one_shape():
+    ws = [torch.nn.Parameter(torch.randn(32, 32)) for _ in range(3)]
+    opt = LiftSparseAdamW(ws, lr=1e-3, rank=2, filter_rank=2, mask="random")
+    supports = [opt.state[w]["index"] for w in ws]
+    assert not torch.equal(supports[0], supports[1]) and not torch.equal(supports[1], supports[2])
+
+
+def test_state_dict_round_trip_keeps_integer_supports_past_2_24_and_the_moments():
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4100, 4100, generator=g))  # 16.8M entries: indices past float32's 2^24
+    with torch.no_grad():
+        w[-1, -3:] = 100.0
+    opt = LiftSparseAdamW([w], lr=1e-2, rank=1, filter_rank=1, mask="magnitude")
+    w.grad = torch.randn_like(w)
+    opt.step()
+    unrelated = torch.nn.Parameter(torch.randn(4100, 4100, generator=g))
+    other = LiftSparseAdamW([unrelated], lr=1e-2, rank=1, filter_rank=1, mask="magnitude")
+    assert not torch.equal(other.state[unrelated]["index"], opt.state[w]["index"])
     other.load_state_dict(opt.state_dict())
     (a,), (b,) = opt.state.values(), other.state.values()
-    assert b["index"].dtype == torch.long and torch.equal(a["index"], b["index"])
+    assert b["index"].dtype == torch.int32 and torch.equal(a["index"], b["index"])
+    assert int(b["index"][-1]) == 4100 * 4100 - 1 and int(b["index"][-1]) > 2**24
     assert torch.equal(a["exp_avg"], b["exp_avg"]) and b["step"] == 1
 
 
@@ -225,7 +252,7 @@ def test_cli_lift_trains_its_support_only_and_exports_shira(cli, tmp_path):
         else:
             assert torch.equal(a, b), name  # embeddings, head, norms untouched
     assert 0 < changed <= m["trainable_params"] and m["refreshes"] == 0 and m["shira_kept"] == pytest.approx(1.0)
-    assert m["optimizer_bytes"] == m["trainable_params"] * (8 + 4 + 4)  # support, exp_avg, exp_avg_sq
+    assert m["optimizer_bytes"] == m["trainable_params"] * (4 + 4 + 4)  # int32 support, exp_avg, exp_avg_sq
     shira, _ = models.load(m["shira_dir"])
     ids = torch.arange(1, 40)[None]
     with torch.no_grad():
@@ -278,7 +305,9 @@ def test_optimizer_on_cuda_matches_cpu(kind, svd):
             opt.step()
         out[device] = (p.detach().cpu(), opt.supports()[p].cpu())
     assert out["cpu"][1].numel() == out["cuda"][1].numel() == 8 * (2048 + 512)
-    if kind != "lift" or svd == "full":
-        overlap = np.intersect1d(out["cpu"][1].numpy(), out["cuda"][1].numpy()).size / out["cpu"][1].numel()
-        assert overlap > 0.99  # SVDs differ in the last bits across devices: ties at the cut may flip
-    assert (out["cpu"][0] - out["cuda"][0]).abs().max() < 1e-2
+    overlap = np.intersect1d(out["cpu"][1].numpy(), out["cuda"][1].numpy()).size / out["cpu"][1].numel()
+    assert overlap > (0.99 if kind != "lift" or svd == "full" else 0.8)  # SVDs differ in the last bits: ties flip
+    moved = {d: (out[d][0] - w).abs() > 0 for d in out}
+    both = moved["cpu"] & moved["cuda"]
+    assert (out["cpu"][0] - w).abs().max() > 1e-3 and both.float().mean() > 0.8 * moved["cpu"].float().mean()
+    assert (out["cpu"][0] - out["cuda"][0])[both].abs().max() < 1e-5

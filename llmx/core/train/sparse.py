@@ -31,7 +31,8 @@ def low_rank(weight: torch.Tensor, rank: int, svd: SVDKind = "full", seed: int =
     w = weight.detach().float()
     if svd == "lowrank":
         q = min(2 * rank, min(w.shape))
-        with torch.random.fork_rng(devices=[w.device] if w.device.type == "cuda" else []):
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seed)
             u, s, v = torch.svd_lowrank(w, q=q)
         return (u[:, :rank] * s[:rank]) @ v[:, :rank].T

@@ -17,6 +17,8 @@ class LiftParams(SFTParams):
     warmup: int = Field(10, ge=0, description="Linear warmup steps (official: 3% of the steps).")
     schedule: Literal["cosine", "linear", "constant", "wsd"] = Field(
         "linear", description="After warmup (official: linear decay).")
+    grad_clip: float | None = Field(None, gt=0, description="Clip the dense gradient's global norm (official: no "
+                                    "clipping, an accelerate loop).")
     rank: int = Field(8, gt=0, description="Budget: each matrix trains min(rank (m + n), m n) entries, a rank-`rank` "
                       "LoRA's parameter count (official 128 at width 4096, about 5%; 8 is about 6% at width 256).")
     filter_rank: int = Field(8, ge=1, description="Rank f of the SVD filter whose largest entries are the principal "
