@@ -6,13 +6,15 @@
 warmup (the official schedule), loss on the answer only. Every sparse method trains ``r(m + n)`` entries of each
 decoder linear weight with r = 8, LoRA's parameter count at rank 8 (PEFT, alpha 16, all linear layers: the official
 LoRA ratio); Full FT trains everything. The supports refresh every 100 steps (the official 400 over MATH10K's 1,875
-steps is about five refreshes a run; 100 gives three). Each method's rate is the best of three on 200 validation
+steps is about five refreshes a run; 100 gives three). Each method's rate is the best of three on 500 validation
 programs (greedy exact match, then validation loss), then 3 seeds at that rate are scored on 500 test programs.
 Source retention: the standard-library held-out NLL (16k tokens) and the brackets task's preferred rate (100
-prompts, 2 samples at T 1). Each run is its own process (its peak RSS is its own).
+prompts, 2 samples at T 1); the sweep records the stdlib NLL too (accuracy against forgetting at every rate).
+``random-static`` keeps its first random support (SHiRA's static mask).
 
 Diagnostics: the overlap of the LIFT (f 8) and magnitude supports on the base weights, and the share of Full FT's
-update energy (seed 0) that each support of the base weights holds: whether principal weights exist at this scale.
+update energy (seed 0) that each support of the base weights holds, against the top-k of |delta W| itself (the
+ceiling; the density is the share a blind support holds): whether principal weights exist at this scale.
 Writes benchmarks/results/lift_<model>.json and .md.
 """
 
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, markdown, perplexity, write  # noqa: E402
 
 RANK = 8
-SPARSE_LRS = [1e-3, 3e-3, 1e-2]
+SPARSE_LRS = [3e-3, 1e-2, 3e-2]
 METHODS = {
     "full": {"method": "sft", "params": {}, "lrs": [1e-4, 3e-4, 1e-3]},
     "lora": {"method": "sft", "params": {"adapter": "lora", "lora": {"r": RANK, "alpha": 2 * RANK,
@@ -41,6 +43,7 @@ METHODS = {
     **{f"lift-f{f}": {"method": "lift", "params": {"filter_rank": f}, "lrs": SPARSE_LRS} for f in (4, 8, 32)},
     "magnitude": {"method": "lift", "params": {"mask": "magnitude"}, "lrs": SPARSE_LRS},
     "random": {"method": "lift", "params": {"mask": "random"}, "lrs": SPARSE_LRS},
+    "random-static": {"method": "lift", "params": {"mask": "random", "update_interval": 0}, "lrs": SPARSE_LRS},
 }
 EPOCHS, BATCH, ROWS = 3, 16, 2000
 
@@ -57,21 +60,20 @@ def child(spec: dict) -> None:
                   "min_lr_ratio": 0.0, "lr": spec["lr"], "max_length": 64, "max_prompt_length": 60,
                   "save": spec.get("save", False), **cfg["params"]}
         if cfg["method"] == "lift":
-            params.update(rank=RANK, update_interval=100)
+            params = {"rank": RANK, "update_interval": 100, **params}
         stages.append({"method": cfg["method"], "params": params})
     stages.append({"method": "tracing", "stage": "eval", "params": {
-        "split": spec["split"], "limit": 200 if spec["split"] == "validation" else 500, "resamples": 200}})
+        "split": spec["split"], "limit": 500, "resamples": 200}}, perplexity())
     if spec["split"] == "test":
-        stages += [perplexity(), {"method": "task", "stage": "eval", "params": {
-            "task": "brackets", "limit": 100, "samples": 2, "resamples": 200}}]
+        stages.append({"method": "task", "stage": "eval", "params": {
+            "task": "brackets", "limit": 100, "samples": 2, "resamples": 200}})
     metrics = run_pipeline(spec["model"], stages, output_dir=spec.get("out"), threads=1, seed=spec["seed"])
-    from llmx.core.memory import peak_rss_bytes
-
-    out = {"eval": metrics[-1 if spec["split"] == "validation" else -3], "peak_rss_mb": peak_rss_bytes() / 2**20}
+    test = spec["split"] == "test"
+    out = {"eval": metrics[-3 if test else -2], "nll": metrics[-2 if test else -1]["nll"]}
     if cfg is not None:
         out["train"] = metrics[0]
-    if spec["split"] == "test":
-        out["nll"], out["brackets"] = metrics[-2]["nll"], metrics[-1]["score"]
+    if test:
+        out["brackets"] = metrics[-1]["score"]
     print(json.dumps(out, default=str))
 
 
@@ -95,13 +97,14 @@ def diagnostics(model: str, tuned: str) -> dict:
     base, _ = models.load(model)
     after = dict(models.load(tuned)[0].named_parameters())
     kinds = {"lift-f4": ("lift", 4), "lift-f8": ("lift", 8), "lift-f32": ("lift", 32), "magnitude": ("magnitude", 0),
-             "random": ("random", 0)}
+             "random": ("random", 0), "top_delta_ceiling": ("delta", 0)}
     held = {k: 0.0 for k in kinds}
     total, overlap, count = 0.0, 0.0, 0
     for i, (name, w) in enumerate(linear_weights(base).items()):
         delta = (after[name] - w).detach().reshape(-1)
         k = sparse.budget(*w.shape, RANK)
-        supports = {key: sparse.select(w, k, kind, f or 1, generator=torch.Generator().manual_seed(i))
+        supports = {key: sparse.top_k(delta.abs(), k) if kind == "delta" else
+                    sparse.select(w, k, kind, f or 1, generator=torch.Generator().manual_seed(i))
                     for key, (kind, f) in kinds.items()}
         for key, index in supports.items():
             held[key] += float(delta[index].square().sum())
@@ -119,7 +122,6 @@ def summary(name: str, lr: float, runs: list[dict]) -> dict:
             "stdlib_nll": statistics.mean(r["nll"] for r in runs), "brackets": statistics.mean(r["brackets"] for r in runs),
             "trainable_params": train.get("trainable_params"),
             "optimizer_mb": train["optimizer_bytes"] / 2**20 if train else None,
-            "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
             "train_s": statistics.median(r["train"]["train_seconds"] for r in runs) if train else None}
 
 
@@ -138,11 +140,12 @@ def main() -> None:
     names = args.only or list(METHODS)
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.workers) as pool:
         data = run_pipeline("tiny:llama", [{"method": "tracing", "stage": "analyze", "params": {
-            "train": ROWS, "validation": 200, "test": 500}}], output_dir=tmp)[0]["data_dir"]
+            "train": ROWS, "validation": 500, "test": 500}}], output_dir=tmp)[0]["data_dir"]
         base = {"model": args.model, "data": data}
         jobs = {(n, lr): pool.submit(run, {**base, "name": n, "lr": lr, "split": "validation", "seed": args.seeds[0]})
                 for n in names for lr in METHODS[n]["lrs"]}
-        sweeps = {n: {lr: jobs[n, lr].result()["eval"] for lr in METHODS[n]["lrs"]} for n in names}
+        sweeps = {n: {lr: {**jobs[n, lr].result()["eval"], "nll": jobs[n, lr].result()["nll"]}
+                      for lr in METHODS[n]["lrs"]} for n in names}
         best = {n: max(s, key=lambda lr: (s[lr]["score"], -s[lr]["reference_nll_per_token"])) for n, s in sweeps.items()}
         print({n: (lr, sweeps[n][lr]["score"]) for n, lr in best.items()}, flush=True)
         finals = {(n, s): pool.submit(run, {**base, "name": n, "lr": best[n], "split": "test", "seed": s,
@@ -161,7 +164,8 @@ def main() -> None:
     write(f"lift_{slug}", {"model": args.model, "rank": RANK, "epochs": EPOCHS, "rows_train": ROWS, "batch": BATCH,
                            "seeds": args.seeds, "machine": machine(), "diagnostics": diag,
                            "lr_sweeps_validation": {n: {f"{lr:g}": {"exact_match": e["score"],
-                                                                   "loss": e["reference_nll_per_token"]}
+                                                                   "loss": e["reference_nll_per_token"],
+                                                                   "stdlib_nll": e["nll"]}
                                                         for lr, e in s.items()} for n, s in sweeps.items()},
                            "rows": rows})
     (Path(__file__).parent / "results" / f"lift_{slug}.md").write_text(
