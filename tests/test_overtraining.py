@@ -245,3 +245,20 @@ def test_bad_input_is_exit_2_with_no_run_folder(cli, tmp_path, series_run, case,
     assert r.code == 2 and words in r.err, r.err
     assert len(r.err.strip().splitlines()) <= 3
     assert not out.exists() or list(out.iterdir()) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_noise_is_made_there_restored_exactly_and_shared_by_checkpoints():
+    a, b = small(0).cuda(), small(1).cuda()
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    da, saved = noise_of(a, 1.0, 0)
+    db, _ = noise_of(b, 1.0, 0)
+    assert all(d.device.type == "cuda" for d in da.values())
+    assert all(torch.allclose(da[k], db[k], rtol=0, atol=1e-7) for k in da)
+    assert abs(float(da["lm_head.weight"].std()) / 0.02 - 1) < 0.05
+    assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
+    x = torch.randint(48, (4, 16), device="cuda")
+    _, rows = noise.sensitivity(a, lambda: loss_on(a, x), [0.5, 2.0], 2, 0, "init_std", "all", 0.02)
+    assert rows[1]["S"] > rows[0]["S"]
+    assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
