@@ -62,8 +62,8 @@ def child(spec: dict) -> None:
         if cfg["method"] == "lift":
             params = {"rank": RANK, "update_interval": 100, **params}
         stages.append({"method": cfg["method"], "params": params})
-    stages.append({"method": "tracing", "stage": "eval", "params": {
-        "split": spec["split"], "limit": 500, "resamples": 200}}, perplexity())
+    stages += [{"method": "tracing", "stage": "eval", "params": {
+        "split": spec["split"], "limit": 500, "resamples": 200}}, perplexity()]
     if spec["split"] == "test":
         stages.append({"method": "task", "stage": "eval", "params": {
             "task": "brackets", "limit": 100, "samples": 2, "resamples": 200}})
