@@ -38,18 +38,19 @@ def finetune(model: torch.nn.Module, windows: TokenWindows, f: Any, lr: float, p
     return seen.hexdigest()[:16]
 
 
-def degradation(load: Callable[[], torch.nn.Module], pre: Callable[[torch.nn.Module], float],
+def degradation(model: torch.nn.Module, pre: Callable[[torch.nn.Module], float],
                 target: Callable[[torch.nn.Module], float], windows: Callable[[int], TokenWindows], f: Any,
                 l_pre: float, progress=None) -> list[dict[str, Any]]:
-    """One row per (lr, seed) for a checkpoint: a fresh load each time, so every run starts from theta_T."""
+    """One row per (lr, seed) for a checkpoint; every run starts from theta_T, restored from a copy."""
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    before = target(model)
     rows = []
     for lr in f.lrs:
         for seed in f.seeds:
-            model = load()
-            before = target(model)
+            model.load_state_dict(start)
             digest = finetune(model, windows(seed), f, lr, progress)
             after = pre(model)
             rows.append({"lr": lr, "seed": seed, "target_before": before, "target": target(model),
                          "L_pre_after": after, "forgetting": after - l_pre, "batches": digest})
-            del model
+    model.load_state_dict(start)
     return rows

@@ -75,15 +75,15 @@ def run(ctx: RunContext, p: OvertrainingParams) -> dict[str, Any]:
         model, _ = load(e["path"])
         l_pre, rows = noise.sensitivity(model, lambda m=model: mean_nll(m, held), p.gammas, p.draws,
                                         ctx.config.seed, p.noise_scale, p.perturb, init_std or 0.0)
-        del model
         points.append({"T": e["tokens"], "step": e["step"], "lr": e["lr"], "annealed": e["annealed"],
                        "tokens_per_param": e["tokens"] / n_params,
                        "epochs": e["tokens"] / corpus if corpus else None, "L_pre": l_pre})
         sens += [{"T": e["tokens"], **r} for r in rows]
         if f.lrs:
             ft += [{"T": e["tokens"], **r} for r in degradation(
-                lambda path=e["path"]: load(path)[0], lambda m: mean_nll(m, held), lambda m: mean_nll(m, t_held),
+                model, lambda m: mean_nll(m, held), lambda m: mean_nll(m, t_held),
                 lambda seed: TokenWindows(t_stream, f.seq_len, seed), f, l_pre)]
+        del model
     tokens = [e["tokens"] for e in entries]
     if len(f.lrs) > 1 and ft:
         tuned_rows = turning.tuned(ft)

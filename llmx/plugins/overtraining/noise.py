@@ -4,6 +4,7 @@ pattern; the weights are restored from a saved copy (subtracting the noise is no
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -70,7 +71,7 @@ def sensitivity(model: torch.nn.Module, loss: Callable[[], float], gammas: list[
         for k in range(draws):
             with perturbed(model, chosen, saved, gamma, seed, k, scale, init_std):
                 each.append(loss())
-        s = torch.tensor(each, dtype=torch.float64) - base
-        rows.append({"gamma": gamma, "S": float(s.mean()), "S_sd": float(s.std()) if draws > 1 else 0.0,
-                     "perturbed_loss": float(s.mean()) + base, "draw_losses": each})
+        s = [x - base for x in each]
+        rows.append({"gamma": gamma, "S": statistics.fmean(s), "S_sd": statistics.stdev(s) if draws > 1 else 0.0,
+                     "perturbed_loss": statistics.fmean(each), "draw_losses": each})
     return base, rows
