@@ -50,6 +50,9 @@ class ConfigError(UsageError):
         super().__init__(f"{n} problem{'s' if n != 1 else ''}{where}")
 
     def lines(self) -> list[str]:
+        """One line for one problem; a count and an indented list for several."""
+        if len(self.problems) == 1:
+            return [f"{self.problems[0]}" + (f" (in {self.source})" if self.source else "")]
         return [self.message + ":"] + [f"  {p}" for p in self.problems]
 
     def __str__(self) -> str:  # what a Python caller sees: every problem

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmx.core.train.lm.data import TokenWindows
 from llmx.core.train.loop import TrainConfig, train
-from llmx.plugins.overtraining import noise, turning
+from llmx.plugins.overtraining import noise, series, turning
 from llmx.plugins.overtraining.config import FinetuneParams
 from llmx.plugins.overtraining.finetune import finetune
 
@@ -74,9 +74,8 @@ def test_the_injected_noise_has_std_gamma_sigma_per_tensor(scale):
         p, kind = chosen[name]
         if d.numel() < 64 or kind == "bias" and scale == "param_rms":
             continue  # a zero bias has RMS 0: no noise, checked below
-        ratio = d / saved[name] if kind == "gain" else d
-        want = 0.7 * noise.sigma(saved[name], kind, scale, 0.02)
-        assert abs(float(ratio.std()) / want - 1) < 0.2, (name, float(ratio.std()), want)
+        want = 0.7 * noise.sigma(saved[name], scale, 0.02)
+        assert abs(float(d.std()) / want - 1) < 0.2, (name, float(d.std()), want)
     if scale == "param_rms":
         up = "model.layers.0.mlp.up_proj.weight"
         assert abs(float(delta[up].std()) / (0.7 * float(saved[up].pow(2).mean().sqrt())) - 1) < 0.05
@@ -85,6 +84,24 @@ def test_the_injected_noise_has_std_gamma_sigma_per_tensor(scale):
 def test_matrices_leave_gains_and_biases_alone():
     model = small(bias=True)
     assert {kind for _, kind in noise.targets(model, "matrices").values()} == {"matrix"}
+    one_d = {n: p.detach().clone() for n, p in model.named_parameters() if p.dim() == 1}
+    chosen = noise.targets(model, "matrices")
+    saved = {n: p.detach().clone() for n, (p, _) in chosen.items()}
+    with noise.perturbed(model, chosen, saved, 4.0, 0, 0, "init_std", 0.02):
+        now = dict(model.named_parameters())
+        assert one_d and all(torch.equal(now[n], v) for n, v in one_d.items())
+        assert not torch.equal(now["lm_head.weight"], saved["lm_head.weight"])
+
+
+def test_another_seed_draws_other_noise():
+    model = small(0)
+    chosen = noise.targets(model, "matrices")
+    saved = {n: p.detach().clone() for n, (p, _) in chosen.items()}
+    deltas = []
+    for seed in (0, 1):
+        with noise.perturbed(model, chosen, saved, 1.0, seed, 0, "init_std", 0.02):
+            deltas.append(model.lm_head.weight.detach() - saved["lm_head.weight"])
+    assert not torch.allclose(deltas[0], deltas[1], rtol=0, atol=1e-3)
 
 
 def test_two_checkpoints_receive_identical_noise_and_draws_differ():
@@ -118,14 +135,70 @@ def test_the_finetuning_recipe_sees_the_same_batches_for_every_checkpoint():
     assert len(digests) == 1 and other not in digests
 
 
-def test_turning_points():
-    assert turning.turning_point([1, 2, 4, 8], [3.0, 2.0, 2.5, 2.7]) == 2
-    assert turning.turning_point([1, 2, 4, 8], [3.0, 2.0, 1.5, 1.4]) is None
-    s = turning.summary([1, 2, 4], [[3, 1, 2], [3, 2, 0.5]])
-    assert s == {"T_star": None, "T_star_each": [2, None]}
+def test_degradation_restores_theta_t_and_each_rate_starts_from_it():
+    from llmx.plugins.overtraining.finetune import degradation
+
+    stream = sample(markov(5), 4000, 2)
+    held = stream[:512].view(16, 32)
+    model = small(0)
+    theta = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def rows(lrs):
+        f = FinetuneParams(steps=3, warmup=0, batch_size=4, seq_len=16, lrs=lrs, seeds=[0, 1])
+        return degradation(model, lambda m: loss_on(m, held), lambda m: loss_on(m, held),
+                           lambda seed: TokenWindows(stream, 16, seed), f, loss_on(model, held))
+
+    both = rows([1e-3, 3e-2])
+    assert all(torch.equal(theta[k], v) for k, v in model.state_dict().items())
+    alone = rows([3e-2])
+    assert [r for r in both if r["lr"] == 3e-2] == alone
+    assert both[0]["target"] != alone[0]["target"]
+
+
+def test_a_turning_point_needs_a_rise_beyond_the_noise():
+    tp = turning.turning_point
+    assert tp([1, 2, 4, 8], [[3.0, 2.0, 2.5, 2.7]])["T_star"] == 2
+    assert tp([1, 2, 4, 8], [[3.0, 2.0, 1.5, 1.4]]) == {"T_star": None, "status": "improving", "rise": 0.0,
+                                                        "rise_se": 0.0}
+    rising = tp([1, 2, 4, 8], [[1.0, 1.1, 1.2, 1.3]])
+    assert rising["T_star"] == 1 and rising["status"] == "rising_from_start"
+    assert tp([1, 2, 4, 8], [[3.0, 2.0, 1.9, 1.9001]])["status"] == "flat"  # 1e-4 is below rtol
+    noisy = [[3.0, 2.0, 2.3], [3.0, 2.0, 1.8], [3.0, 2.0, 2.05]]  # the mean rises 0.05, one seed falls
+    assert tp([1, 2, 4], noisy)["status"] == "flat"
+    clear = [[3.0, 2.0, 2.3], [3.0, 2.0, 2.25], [3.0, 2.0, 2.35]]
+    assert tp([1, 2, 4], clear)["T_star"] == 2 and tp([1, 2, 4], clear)["rise"] == pytest.approx(0.3)
+    s = turning.summary([1, 2, 4], [[3, 1, 2], [3, 2, 0.5]], 2.0, 1e-3)
+    assert s["T_star"] is None and s["T_star_each"] == [2, None]
+
+
+def test_the_tuned_rate_is_the_best_per_checkpoint_and_flags_the_grid_edge():
     rows = [{"T": t, "seed": 0, "lr": lr, "target": v} for t, lr, v in
-            [(1, 1e-3, 2.0), (1, 1e-2, 1.5), (2, 1e-3, 1.0), (2, 1e-2, 1.2)]]
-    assert [(r["T"], r["lr"]) for r in turning.tuned(rows)] == [(1, 1e-2), (2, 1e-3)]
+            [(1, 1e-3, 2.0), (1, 3e-3, 1.6), (1, 1e-2, 1.5), (2, 1e-3, 1.3), (2, 3e-3, 1.0), (2, 1e-2, 1.2)]]
+    best = turning.tuned(rows, [1e-3, 3e-3, 1e-2])
+    assert [(r["T"], r["lr"], r["lr_at_edge"]) for r in best] == [(1, 1e-2, True), (2, 3e-3, False)]
+
+
+def test_l_pre_is_the_control_curve():
+    rows = turning.turning_points([1, 2, 4], [3.0, 2.0, 2.5], [], [])
+    assert rows == [{"curve": "L_pre", "T_star": 2, "status": "turns", "rise": 0.5, "rise_se": 0.0,
+                     "T_star_each": [2]}]
+
+
+def test_a_cooldown_list_and_a_decaying_run_are_flagged_annealed(tmp_path):
+    folders = [tmp_path / str(i) for i in range(3)]
+    for f in folders:
+        f.mkdir()
+    cooled = [{"path": str(f), "tokens": t, "step": None, "lr": 0.0} for f, t in zip(folders, (1, 2, 4), strict=True)]
+    out = series.checked(cooled, {})
+    assert all(e["annealed"] for e in out) and "every checkpoint" in series.schedule_note({}, out)
+    run = {"lr": 1e-3, "warmup": 10, "schedule": "cosine"}
+    cos = [{"path": str(f), "tokens": t, "step": st, "lr": lr}
+           for f, t, st, lr in zip(folders, (1, 2, 4), (5, 50, 100), (5e-4, 9e-4, 1e-4), strict=True)]
+    assert [e["annealed"] for e in series.checked(cos, run)] == [False, True, True]
+    assert "cosine" in series.schedule_note(run, cos)
+    flat = [{"path": str(f), "tokens": t, "step": st, "lr": 1e-3}
+            for f, t, st in zip(folders, (1, 2, 4), (20, 40, 80), strict=True)]
+    assert series.schedule_note({**run, "schedule": "constant"}, series.checked(flat, run)) is None
 
 
 @pytest.mark.slow
@@ -194,7 +267,8 @@ def test_cli_over_a_series_reports_the_tables_and_repeats_exactly(cli, tmp_path,
     assert len(m["sensitivity"]) == 6 and len(m["finetune"]) == 12 and len(m["finetune_tuned"]) == 6
     for seed in (0, 1):
         assert len({r["batches"] for r in m["finetune"] if r["seed"] == seed}) == 1
-    assert {r["curve"] for r in m["turning_points"]} == {"perturbed_loss", "L_pre_after", "target"}
+    assert {r["curve"] for r in m["turning_points"]} == {"L_pre", "perturbed_loss", "L_pre_after", "target"}
+    assert all(r["status"] in {"improving", "turns", "rising_from_start", "flat"} for r in m["turning_points"])
     assert any(r.get("lr") == "tuned" for r in m["turning_points"])
     again = analyze(cli, tmp_path / "b", *args).json()["stages"][0]["metrics"]
     assert again["sensitivity"] == m["sensitivity"] and again["finetune"] == m["finetune"]
@@ -210,7 +284,8 @@ def test_a_listed_series_reads_each_checkpoint_json(cli, tmp_path, series_run):
 
 
 def _bad_copies(tmp_path, series_run):
-    """A checkpoint with another vocabulary, one with another architecture, a manifest naming a missing folder."""
+    """A checkpoint with another vocabulary, one with another architecture, a manifest naming a missing folder, and
+    a checkpoint of another run (its seed)."""
     from llmx.core import models
 
     src = sorted(series_run.parent.glob("tokens_*"))[0]
@@ -226,24 +301,33 @@ def _bad_copies(tmp_path, series_run):
     broken = tmp_path / "broken"
     shutil.copytree(series_run.parent, broken)
     shutil.rmtree(broken / "tokens_1024")
-    return src, vocab, arch, broken
+    other_run = tmp_path / "other_run"
+    shutil.copytree(sorted(series_run.parent.glob("tokens_*"))[1], other_run)
+    info = json.loads((other_run / "checkpoint.json").read_text())
+    info["run"]["seed"] = info["run"].get("seed", 0) + 1
+    (other_run / "checkpoint.json").write_text(json.dumps(info))
+    return src, vocab, arch, broken, other_run
 
 
 @pytest.mark.parametrize("case, words", [
-    ("empty", "the series is empty"), ("missing", "is missing"), ("vocab", "another tokenizer vocabulary"),
-    ("arch", "another architecture"), ("gamma", "gammas must be positive"), ("nofolder", "not found")])
+    ("empty", "the series is empty"), ("missing", "is missing"), ("vocab", "another tokenizer"),
+    ("arch", "another architecture"), ("gamma", "gammas must be positive"), ("negative", "gammas must be positive"),
+    ("twice", "has a value twice"), ("tworuns", "come from different runs"), ("nofolder", "not found")])
 def test_bad_input_is_exit_2_with_no_run_folder(cli, tmp_path, series_run, case, words):
-    src, vocab, arch, broken = _bad_copies(tmp_path, series_run)
+    src, vocab, arch, broken, other_run = _bad_copies(tmp_path, series_run)
     sets = {"empty": [],
             "missing": ["--set", f"series={broken}"],
             "vocab": ["--set", f'checkpoints=[{{"path": "{src}"}}, {{"path": "{vocab}", "tokens": 9000}}]'],
             "arch": ["--set", f'checkpoints=[{{"path": "{src}"}}, {{"path": "{arch}", "tokens": 9000}}]'],
             "gamma": ["--set", f"series={series_run}", "--set", "gammas=[0.5,0]"],
+            "negative": ["--set", f"series={series_run}", "--set", "gammas=[-1.0]"],
+            "twice": ["--set", f"series={series_run}", "--set", "finetune.lrs=[1e-3,1e-3]"],
+            "tworuns": ["--set", f'checkpoints=[{{"path": "{src}"}}, {{"path": "{other_run}"}}]'],
             "nofolder": ["--set", f"series={tmp_path / 'nowhere'}"]}[case]
     out = tmp_path / "runs"
     r = analyze(cli, out, *sets)
     assert r.code == 2 and words in r.err, r.err
-    assert len(r.err.strip().splitlines()) <= 3
+    assert len(r.err.strip().splitlines()) == 1
     assert not out.exists() or list(out.iterdir()) == []
 
 
@@ -262,3 +346,22 @@ def test_on_cuda_the_noise_is_made_there_restored_exactly_and_shared_by_checkpoi
     _, rows = noise.sensitivity(a, lambda: loss_on(a, x), [0.5, 2.0], 2, 0, "init_std", "all", 0.02)
     assert rows[1]["S"] > rows[0]["S"]
     assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
+
+
+def test_the_smoke_recipe_reads_its_own_series_and_plots_it(cli, tmp_path):
+    from pathlib import Path
+
+    from matplotlib.image import imread
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "smoke" / "overtraining.yaml"
+    r = cli("--json", "run", recipe, "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][-1]["metrics"]
+    assert [c["T"] for c in m["checkpoints"]] == [512, 1024, 2048]
+    assert len(m["sensitivity"]) == 3 * 2 and all(len(x["draw_losses"]) == 2 for x in m["sensitivity"])
+    assert len(m["finetune"]) == 3 and m["finetune_tuned"] == []
+    assert cli("report", tmp_path / "runs", "--plot", tmp_path / "plots").code == 0
+    pixels = imread(tmp_path / "plots" / "series.png")
+    assert 0.01 < (pixels[..., :3] < 0.9).any(axis=-1).mean() < 0.6
+    table = (tmp_path / "plots" / "series.csv").read_text()
+    assert "perturbed_loss" in table and "L_pre_after" in table

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -123,29 +124,41 @@ def plot(rows: list[StageRow], folder: Path, metric: str | None = None) -> list[
 
 
 def _series(plt, rows: list[StageRow], folder: Path) -> Path:
+    """Per overtraining study: the perturbed loss L_pre + S(T, gamma) (the notes' U-shape signature) and L_pre after
+    fine-tuning per rate, each against L_pre itself; a turning point T* is starred."""
     fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.8 * len(rows)), squeeze=False)
     table = []
     for (left, right), r in zip(axes, rows, strict=True):
-        sens, ft = r.metrics["sensitivity"], r.metrics.get("finetune") or []
-        for gamma in dict.fromkeys(x["gamma"] for x in sens):
-            mine = [x for x in sens if x["gamma"] == gamma]
-            left.plot([x["T"] for x in mine], [x["S"] for x in mine], "o-", label=f"gamma {gamma:g}")
-            table += [{"run": r.run, "stage": r.label, "curve": "S", "gamma": gamma, "T": x["T"], "value": x["S"]}
-                      for x in mine]
-        left.set(xscale="log", xlabel="pre-training tokens T", ylabel="S(T, gamma)",
-                 title=f"{short_run(r.run)} {r.label}: sensitivity")
-        left.legend(fontsize=8)
+        m = r.metrics
+        base = {c["T"]: c["L_pre"] for c in m["checkpoints"]}
+        stars = {(t["curve"], t.get("gamma"), t.get("lr")): t["T_star"] for t in m.get("turning_points", [])
+                 if t["T_star"] is not None}
+        curves = [(left, "perturbed_loss", "gamma", g, [(x["T"], x["perturbed_loss"], x["S"])
+                                                        for x in m["sensitivity"] if x["gamma"] == g])
+                  for g in dict.fromkeys(x["gamma"] for x in m["sensitivity"])]
+        ft = m.get("finetune") or []
         for lr in dict.fromkeys(x["lr"] for x in ft):
             ts = sorted({x["T"] for x in ft if x["lr"] == lr})
-            mean = [sum(x["forgetting"] for x in ft if x["lr"] == lr and x["T"] == t)
-                    / sum(1 for x in ft if x["lr"] == lr and x["T"] == t) for t in ts]
-            right.plot(ts, mean, "o-", label=f"lr {lr:g}")
-            table += [{"run": r.run, "stage": r.label, "curve": "forgetting", "lr": lr, "T": t, "value": v}
-                      for t, v in zip(ts, mean, strict=True)]
-        right.set(xscale="log", xlabel="pre-training tokens T", ylabel="L_pre(FT) - L_pre",
-                  title="forgetting after fine-tuning")
-        if ft:
-            right.legend(fontsize=8)
+            after = [statistics.fmean(x["L_pre_after"] for x in ft if x["lr"] == lr and x["T"] == t) for t in ts]
+            curves.append((right, "L_pre_after", "lr", lr, [(t, v, v - base[t]) for t, v in zip(ts, after,
+                                                                                                  strict=True)]))
+        for ax, curve, key, value, points in curves:
+            line, = ax.plot([t for t, _, _ in points], [v for _, v, _ in points], "o-", label=f"{key} {value:g}")
+            at = dict((t, v) for t, v, _ in points)
+            star = stars.get((curve, value if key == "gamma" else None, value if key == "lr" else None))
+            if star in at:
+                ax.plot([star], [at[star]], "*", markersize=14, color=line.get_color())
+            table += [{"run": r.run, "stage": r.label, "curve": curve, key: value, "T": t, "value": v,
+                       "minus_L_pre": d} for t, v, d in points]
+        for ax in (left, right):
+            ax.plot(list(base), list(base.values()), "k--", label="L_pre")
+            ax.legend(fontsize=8)
+        table += [{"run": r.run, "stage": r.label, "curve": "L_pre", "T": t, "value": v, "minus_L_pre": 0.0}
+                  for t, v in base.items()]
+        left.set(xscale="log", xlabel="pre-training tokens T", ylabel="L_pre + S(T, gamma)",
+                 title=f"{short_run(r.run)} {r.label}: perturbed loss")
+        right.set(xscale="log", xlabel="pre-training tokens T", ylabel="L_pre after fine-tuning",
+                  title="pre-training loss after fine-tuning")
     _write_csv(folder / "series.csv", table)
     return _save(fig, plt, folder / "series.png")
 

@@ -31,7 +31,9 @@ class FinetuneParams(Params):
     steps: int = Field(100, gt=0)
     warmup: int = Field(10, ge=0)
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="After warmup.")
-    batch_size: int = Field(8, gt=0)
+    batch_size: int = Field(8, gt=0, description="Windows per micro-batch on each process.")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per step; under torchrun keep batch_size x "
+                            "grad_accum x world size fixed to keep the recipe.")
     seq_len: int = Field(128, gt=1)
     weight_decay: float = Field(0.0, ge=0)
     max_tokens: int | None = Field(None, gt=0, description="Cap on the target's training tokens.")
@@ -51,7 +53,7 @@ class OvertrainingParams(Params):
                                 "else 128).")
     eval_windows: int = Field(64, gt=0, description="Held-out windows for L_pre.")
     gammas: list[float] = Field([0.5, 1.0, 2.0], min_length=1, description="Noise magnitudes gamma.")
-    draws: int = Field(4, gt=0, description="K noise draws per gamma; draw k uses one generator for every "
+    draws: int = Field(4, gt=0, le=1000, description="K noise draws per gamma; draw k uses one generator for every "
                        "checkpoint and gamma (the same pattern, scaled).")
     noise_scale: Literal["init_std", "param_rms", "absolute"] = Field(
         "init_std", description="sigma_p per tensor: the initialisation std (config.initializer_range, or init_std), "
@@ -59,8 +61,11 @@ class OvertrainingParams(Params):
     init_std: float | None = Field(None, gt=0, description="sigma for init_std (default: the config's "
                                    "initializer_range).")
     perturb: Literal["matrices", "all"] = Field(
-        "matrices", description="matrices: tensors of 2+ dims (embeddings, projections); all: also biases (added "
-        "noise) and norm gains (perturbed around their value, g (1 + gamma sigma eps): a gain starts at 1).")
+        "matrices", description="matrices: tensors of 2+ dims (embeddings, projections); all: also biases and norm "
+        "gains, with additive noise (with init_std a gain's sigma is the init std, relative to its start at 1).")
+    turn_k: float = Field(2.0, ge=0, description="A turning point counts when the loss after the minimum rises by "
+                          "more than turn_k standard errors over draws or seeds ...")
+    turn_rtol: float = Field(1e-3, ge=0, description="... and by more than turn_rtol of the loss.")
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
 
     @model_validator(mode="after")
@@ -69,6 +74,10 @@ class OvertrainingParams(Params):
             raise ValueError(f"finetune.lrs must be positive (got {self.finetune.lrs})")
         if any(g <= 0 for g in self.gammas):
             raise ValueError(f"gammas must be positive (got {self.gammas})")
+        for name, values in (("gammas", self.gammas), ("finetune.lrs", self.finetune.lrs),
+                             ("finetune.seeds", self.finetune.seeds)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name} has a value twice ({values})")
         if self.series and self.checkpoints:
             raise ValueError("give series or checkpoints, not both")
         if self.noise_scale != "init_std" and self.init_std is not None:

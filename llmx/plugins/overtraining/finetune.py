@@ -16,7 +16,7 @@ from llmx.core.train.loop import TrainConfig, train
 
 def recipe(f: Any, lr: float) -> TrainConfig:
     return TrainConfig(steps=f.steps, lr=lr, warmup=f.warmup, schedule=f.schedule, min_lr_ratio=0.0,
-                       weight_decay=f.weight_decay)
+                       weight_decay=f.weight_decay, grad_accum=f.grad_accum)
 
 
 def finetune(model: torch.nn.Module, windows: TokenWindows, f: Any, lr: float, progress=None) -> str:

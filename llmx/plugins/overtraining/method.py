@@ -3,9 +3,9 @@ tokenizer, then per checkpoint L_pre, Gaussian sensitivity and fine-tuning degra
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
-
-import torch
 
 from llmx.core import models
 from llmx.core.context import RunContext
@@ -20,22 +20,48 @@ def _entries(ctx: RunContext, p: OvertrainingParams) -> tuple[list[dict[str, Any
         return series.from_list(p.checkpoints)
     if p.series:
         return series.from_manifest(p.series)
-    earlier = sorted((ctx.run_dir / "artifacts").glob("*/series/manifest.json"))
+    earlier = sorted((ctx.run_dir / "artifacts").glob("*/series/manifest.json"), key=_stage_order)
     return series.from_manifest(str(earlier[-1])) if earlier else ([], {})
 
 
-def shape(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    return {n: tuple(t.shape) for n, t in model.named_parameters()}
+IGNORED = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
 
 
-def check_same(first: tuple[str, Any, Any], other: tuple[str, Any, Any]) -> None:
-    """Checkpoints of one run: the same parameter names and shapes, and the same vocabulary."""
-    (a, ma, ta), (b, mb, tb) = first, other
-    if type(ma).__name__ != type(mb).__name__ or shape(ma) != shape(mb):
-        raise UsageError(f"overtraining: {b} has another architecture than {a} ({type(mb).__name__}, "
-                         f"{sum(t.numel() for t in mb.parameters())} parameters); compare checkpoints of one run")
-    if ta.get_vocab() != tb.get_vocab():
-        raise UsageError(f"overtraining: {b} has another tokenizer vocabulary than {a}; compare checkpoints of one run")
+def described(path: str) -> tuple[dict[str, Any], Any]:
+    """A checkpoint's config (without the keys saving touches) and tokenizer: read from config.json when the folder
+    has one (no weights loaded), else from the loaded model (an adapter folder)."""
+    from transformers import AutoTokenizer
+
+    file = Path(path) / "config.json"
+    models.check_manifest(Path(path))
+    if file.is_file():
+        models.quiet_transformers()
+        config, tok = json.loads(file.read_text()), AutoTokenizer.from_pretrained(path, local_files_only=True)
+    else:
+        model, tok = models.load(path)
+        config = model.config.to_dict()
+    return {k: v for k, v in config.items() if k not in IGNORED}, tok
+
+
+def check_same(paths: list[str]) -> tuple[dict[str, Any], Any]:
+    """Checkpoints of one run: the same config (architecture, widths, heads, rope, norms, tying) and the same
+    tokenizer (vocabulary and special tokens); returns the first's config and tokenizer."""
+    first, tok0 = described(paths[0])
+    for path in paths[1:]:
+        other, tok = described(path)
+        if other != first:
+            differ = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+            raise UsageError(f"overtraining: {path} has another architecture than {paths[0]} ({', '.join(differ)} "
+                             "differ); compare checkpoints of one run")
+        if tok.get_vocab() != tok0.get_vocab() or tok.all_special_tokens != tok0.all_special_tokens:
+            raise UsageError(f"overtraining: {path} has another tokenizer than {paths[0]}; compare checkpoints of "
+                             "one run")
+    return first, tok0
+
+
+def _stage_order(path: Path) -> tuple[int, str]:
+    index = path.parts[-3].split("_")[0]
+    return (int(index) if index.isdigit() else -1, path.parts[-3])
 
 
 def run(ctx: RunContext, p: OvertrainingParams) -> dict[str, Any]:
@@ -50,15 +76,10 @@ def run(ctx: RunContext, p: OvertrainingParams) -> dict[str, Any]:
     def load(path: str) -> tuple[Any, Any]:
         return models.load(path, dtype="float32", device=device)
 
-    first = (entries[0]["path"], *load(entries[0]["path"]))
-    for e in entries[1:]:
-        check_same(first, (e["path"], *load(e["path"])))
-    model0, tok = first[1], first[2]
-    n_params = sum(t.numel() for t in model0.parameters())
-    init_std = p.init_std or getattr(model0.config, "initializer_range", None)
+    config, tok = check_same([e["path"] for e in entries])
+    init_std = p.init_std or config.get("initializer_range")
     if p.noise_scale == "init_std" and init_std is None:
         raise UsageError("overtraining: the config has no initializer_range; set init_std")
-    del model0
 
     data = p.data or info.get("data", {}).get("source") or ctx.config.data.source
     seq = p.seq_len or info.get("seq_len") or 128
@@ -73,6 +94,7 @@ def run(ctx: RunContext, p: OvertrainingParams) -> dict[str, Any]:
     points, sens, tuned_rows, ft = [], [], [], []
     for e in ctx.progress(entries, total=len(entries), description="checkpoints"):
         model, _ = load(e["path"])
+        n_params = sum(t.numel() for t in model.parameters())
         l_pre, rows = noise.sensitivity(model, lambda m=model: mean_nll(m, held), p.gammas, p.draws,
                                         ctx.config.seed, p.noise_scale, p.perturb, init_std or 0.0)
         points.append({"T": e["tokens"], "step": e["step"], "lr": e["lr"], "annealed": e["annealed"],
@@ -86,11 +108,13 @@ def run(ctx: RunContext, p: OvertrainingParams) -> dict[str, Any]:
         del model
     tokens = [e["tokens"] for e in entries]
     if len(f.lrs) > 1 and ft:
-        tuned_rows = turning.tuned(ft)
+        tuned_rows = turning.tuned(ft, f.lrs)
     out: dict[str, Any] = {
         "checkpoints": points, "sensitivity": sens, "finetune": ft, "finetune_tuned": tuned_rows,
-        "turning_points": turning.turning_points(tokens, sens, ft)
-        + turning.turning_points(tokens, [], [{**r, "lr": "tuned"} for r in tuned_rows]),
+        "turning_points": turning.turning_points(tokens, [c["L_pre"] for c in points], sens, ft, p.turn_k,
+                                                 p.turn_rtol)
+        + turning.turning_points(tokens, [], [], [{**r, "lr": "tuned"} for r in tuned_rows], p.turn_k,
+                                 p.turn_rtol),
         "n_checkpoints": len(entries), "params": n_params, "pre_data": data, "seq_len": seq, "init_std": init_std,
         "max_tokens_per_param": max(tokens) / n_params, "schedule": info.get("schedule"),
         "finetune_data": f.data if f.lrs else None}

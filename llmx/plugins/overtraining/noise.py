@@ -26,11 +26,12 @@ def targets(model: torch.nn.Module, perturb: str) -> dict[str, tuple[torch.nn.Pa
     return out
 
 
-def sigma(p: torch.Tensor, kind: str, scale: str, init_std: float) -> float:
-    """sigma_p of one tensor; a gain's noise is relative to its value, so its sigma is the init std's."""
+def sigma(p: torch.Tensor, scale: str, init_std: float) -> float:
+    """sigma_p of one tensor: 1, its own RMS at this checkpoint, or the init std (for a gain too: it starts at 1, so
+    the init std is its noise relative to that start)."""
     if scale == "absolute":
         return 1.0
-    if scale == "param_rms" and kind != "gain":
+    if scale == "param_rms":
         return float(p.detach().float().pow(2).mean().sqrt())
     return init_std
 
@@ -43,15 +44,15 @@ def eps(shape: torch.Size, generator: torch.Generator, device: torch.device) -> 
 def perturbed(model: torch.nn.Module, chosen: dict[str, tuple[torch.nn.Parameter, str]],
               saved: dict[str, torch.Tensor], gamma: float, seed: int, draw: int, scale: str,
               init_std: float) -> Iterator[None]:
-    """theta_T + gamma sigma_p eps_draw in place (names in sorted order, one generator), restored from ``saved``."""
+    """theta_T + gamma sigma_p eps_draw in place (names in sorted order, one generator), restored from ``saved``;
+    the noise is additive for every kind, so a draw's pattern is the same at every T."""
     device = next(iter(chosen.values()))[0].device
     g = torch.Generator(device=device).manual_seed(seed * DRAW_SEED + draw)
     try:
         with torch.no_grad():
             for name in sorted(chosen):
-                p, kind = chosen[name]
-                e = eps(p.shape, g, p.device) * (gamma * sigma(saved[name], kind, scale, init_std))
-                p.add_((p.float() * e if kind == "gain" else e).to(p.dtype))
+                p = chosen[name][0]
+                p.add_((eps(p.shape, g, p.device) * (gamma * sigma(saved[name], scale, init_std))).to(p.dtype))
         yield
     finally:
         with torch.no_grad():

@@ -36,8 +36,9 @@ def from_manifest(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 
 def from_list(items: list[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Listed folders; a series checkpoint's ``checkpoint.json`` fills its tokens, step and lr."""
-    entries, run = [], {}
+    """Listed folders; a series checkpoint's ``checkpoint.json`` fills its tokens, step and lr, and every listed
+    series checkpoint must come from one run (the notes' first pitfall)."""
+    entries, run, first = [], {}, None
     for item in items:
         folder = Path(item.path)
         info = json.loads((folder / checkpoint.INFO).read_text()) if (folder / checkpoint.INFO).is_file() else {}
@@ -47,13 +48,18 @@ def from_list(items: list[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         lr = item.lr if item.lr is not None else info.get("lr")
         entries.append({"path": str(folder.resolve()), "tokens": int(tokens), "step": info.get("step"),
                         "lr": None if lr is None else float(lr)})
-        run = run or info.get("run", {})
+        if "run" in info and not run:
+            run, first = info["run"], folder
+        elif "run" in info and info["run"] != run:
+            differ = sorted(k for k in run.keys() | info["run"].keys() if run.get(k) != info["run"].get(k))
+            raise UsageError(f"checkpoints: {folder} and {first} come from different runs ({', '.join(differ)} "
+                             "differ); compare checkpoints of one run")
     return entries, run
 
 
 def checked(entries: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
-    """Sorted by tokens, every folder present, no budget twice; each flagged ``annealed`` when its lr is below the
-    run's peak (a decayed schedule, or a cooldown branch)."""
+    """Sorted by tokens, every folder present, no budget twice; each flagged ``annealed`` when its lr is 0 or below
+    the run's peak (the highest listed lr when no run is known): a decayed schedule, or a cooldown branch."""
     if not entries:
         raise UsageError("overtraining: the series is empty (give series=, checkpoints=, or an lm stage with "
                          "save_at_tokens before this one)")
@@ -63,10 +69,12 @@ def checked(entries: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str
     tokens = [e["tokens"] for e in entries]
     if len(set(tokens)) != len(tokens):
         raise UsageError(f"overtraining: two checkpoints at the same token count ({sorted(tokens)})")
-    peak = run.get("lr")
+    listed = [e["lr"] for e in entries if e["lr"] is not None]
+    peak = run.get("lr") or max(listed, default=None)
     for e in entries:
-        e["annealed"] = bool(peak and e["lr"] is not None and e["lr"] < 0.999 * peak and e["step"] and
-                             e["step"] > run.get("warmup", 0))
+        warming = e["step"] is not None and e["step"] <= run.get("warmup", 0)
+        e["annealed"] = bool(e["lr"] is not None and not warming
+                             and (e["lr"] == 0 or (peak and e["lr"] < 0.999 * peak)))
     return sorted(entries, key=lambda e: e["tokens"])
 
 
@@ -75,6 +83,9 @@ def schedule_note(run: dict[str, Any], entries: list[dict[str, Any]]) -> str | N
     if run.get("schedule") in DECAYING:
         return (f"the run used a {run['schedule']} schedule: later checkpoints are also annealed (lower lr), which "
                 "confounds sensitivity with the schedule; a constant or wsd run with cooldown branches separates them")
-    if any(e["annealed"] for e in entries):
+    flags = [e["annealed"] for e in entries]
+    if all(flags):
+        return "every checkpoint is annealed (cooldown branches or a decayed end): compare it with a constant series"
+    if any(flags):
         return "some checkpoints were saved below the run's peak lr (annealed): compare them with annealed ones only"
     return None
