@@ -4,11 +4,12 @@
 
 A narrow Llama (width 128, 3 layers, tied embeddings; about 0.9M parameters with ref:llama-bench's 2048-token BPE)
 pre-trained from scratch on the standard-library corpus at a constant rate after a 50-step warmup, batch 32 x 128
-tokens, with checkpoints at doubling budgets from 0.25M tokens to ``--max-tokens``; and a 10% cooldown (linear decay
-to 0) branched from every checkpoint, to separate budget from annealing. The study (``analyze --method
+tokens, with checkpoints at doubling budgets T from 0.25M tokens to ``--max-tokens``; and, budget-matched, a cooldown
+(linear decay to 0) branched at 0.9 T that ends at T, to separate budget from annealing. The study (``analyze --method
 overtraining``): L_pre on 64 held-out stdlib windows, S(T, gamma) for gamma in 0.5..4 (K = 4 draws, sigma = the init
 std 0.02 on the matrices), and every checkpoint fine-tuned for 100 steps (batch 8 x 128) on the pydoc prose and on
-Tiny Shakespeare (../shared/data) at three rates, 2 seeds. Writes benchmarks/results/overtraining.json and .md.
+Tiny Shakespeare (../shared/data) at three rates, 2 seeds, on both series. The verdict per curve: the Spearman
+correlation with T and the last-to-first ratio. Writes benchmarks/results/overtraining.json and .md.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,37 @@ def budgets(top: int) -> list[int]:
     return out
 
 
+def branches(at: list[int]) -> list[int]:
+    """The cooldown branch points: 0.9 T, on a step boundary."""
+    return [round(0.9 * t / (SEQ * BATCH)) * SEQ * BATCH for t in at]
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        for r, i in enumerate(order):
+            out[i] = float(r)
+        return out
+
+    a, b = ranks(xs), ranks(ys)
+    return statistics.correlation(a, b) if len(xs) > 2 else float("nan")
+
+
+def verdict(name: str, m: dict) -> list[dict]:
+    """Does S grow with T (per gamma), and forgetting (per rate, mean of seeds)? Spearman rho and last / first."""
+    ts = [c["T"] for c in m["checkpoints"]]
+    out = []
+    for g in GAMMAS:
+        s = [next(x["S"] for x in m["sensitivity"] if x["T"] == t and x["gamma"] == g) for t in ts]
+        out.append({"study": name, "curve": "S", "gamma": g, "rho_T": spearman(ts, s), "last_over_first": s[-1] / s[0]})
+    for lr in LRS:
+        f = [statistics.fmean(x["forgetting"] for x in m["finetune"] if x["T"] == t and x["lr"] == lr) for t in ts]
+        out.append({"study": name, "curve": "forgetting", "lr": lr, "rho_T": spearman(ts, f),
+                    "last_over_first": f[-1] / f[0] if f[0] else float("nan")})
+    return out
+
+
 def lm(extra: dict) -> dict:
     return {"method": "lm", "params": {"init": "scratch", "data": "stdlib", "seq_len": SEQ, "batch_size": BATCH,
                                        "lr": LR, "warmup": WARMUP, "schedule": "constant", "weight_decay": 0.1,
@@ -87,10 +120,11 @@ def rows_of(name: str, m: dict) -> list[dict]:
     rows = []
     for c in m["checkpoints"]:
         r = {"series": name, "T": c["T"], "tok_per_param": c["tokens_per_param"], "epochs": c["epochs"],
-             "lr_at_T": c["lr"], "L_pre": c["L_pre"]}
+             "lr_at_T": c["lr"], "annealed": c["annealed"], "L_pre": c["L_pre"]}
         for s in m["sensitivity"]:
             if s["T"] == c["T"]:
                 r[f"S@{s['gamma']:g}"] = s["S"]
+                r[f"S_sd@{s['gamma']:g}"] = s["S_sd"]
                 r[f"Lpert@{s['gamma']:g}"] = s["perturbed_loss"]
         for lr in LRS:
             mine = [f for f in m["finetune"] if f["T"] == c["T"] and f["lr"] == lr]
@@ -116,40 +150,44 @@ def main() -> None:
         at = budgets(args.max_tokens)
         steps = -(-at[-1] // (SEQ * BATCH))
         pre = run({"model": model, "out": str(tmp / "pre"), "threads": args.workers,
-                   "stages": [lm({"steps": steps, "save_at_tokens": at})]})
+                   "stages": [lm({"steps": steps, "save_at_tokens": sorted(set(at + branches(at)))})]})
         manifest = pre["series"]
-        entries = json.loads(Path(manifest).read_text())["checkpoints"]
+        saved = {e["tokens"]: e for e in json.loads(Path(manifest).read_text())["checkpoints"]}
         folder = Path(manifest).parent
-        print(f"series: {len(entries)} checkpoints, {pre['train_tokens']} corpus tokens", flush=True)
+        print(f"series: {len(saved)} checkpoints, {pre['train_tokens']} corpus tokens", flush=True)
 
-        def cooldown(e: dict) -> dict:
-            out = run({"model": model, "out": str(tmp / f"cool_{e['tokens']}"), "threads": 1,
-                       "stages": [lm({"init": "pretrained", "cooldown_from": str(folder / e["path"]),
-                                      "cooldown_fraction": 0.1,
-                                      "min_lr_ratio": 0.0, "save": True})]})
-            return {"path": out["model_dir"], "tokens": e["tokens"] + out["cooldown_steps"] * SEQ * BATCH,
-                    "lr": 0.0}
+        def cooldown(t: int) -> dict:
+            b = branches([t])[0]
+            out = run({"model": model, "out": str(tmp / f"cool_{t}"), "threads": 1,
+                       "stages": [lm({"init": "pretrained", "cooldown_from": str(folder / saved[b]["path"]),
+                                      "cooldown_fraction": (t - b) / b, "min_lr_ratio": 0.0, "save": True})]})
+            return {"path": out["model_dir"], "tokens": b + out["cooldown_steps"] * SEQ * BATCH, "lr": 0.0}
 
+        constant = [{"path": str(folder / saved[t]["path"])} for t in at]
         with ThreadPoolExecutor(args.workers) as pool:
-            cooled = list(pool.map(cooldown, entries))
-            jobs = {name: pool.submit(run, {"model": model, "out": str(tmp / name), "threads": 1, "stages": [st]})
-                    for name, st in [
-                        ("constant/pydoc", study("pydoc", {"series": manifest})),
-                        ("constant/shakespeare", study(str(SHAKESPEARE), {"series": manifest})),
-                        ("cooldown/pydoc", study("pydoc", {"checkpoints": cooled, "data": "stdlib",
-                                                           "seq_len": SEQ}))]}
+            cooled = list(pool.map(cooldown, at))
+            listed = {"constant": {"checkpoints": constant},
+                      "cooldown": {"checkpoints": cooled, "data": "stdlib", "seq_len": SEQ}}
+            jobs = {f"{kind}/{target}": pool.submit(run, {"model": model, "out": str(tmp / f"{kind}_{target}"),
+                                                          "threads": 1, "stages": [study(data, listed[kind])]})
+                    for kind in ("constant", "cooldown")
+                    for target, data in (("pydoc", "pydoc"), ("shakespeare", str(SHAKESPEARE)))}
             studies = {name: job.result() for name, job in jobs.items()}
     rows = [r for name, m in studies.items() for r in rows_of(name, m)]
     turning = {name: m["turning_points"] for name, m in studies.items()}
+    verdicts = [v for name, m in studies.items() for v in verdict(name, m)]
     payload = {"benchmark": "overtraining", "params": studies["constant/pydoc"]["params"],
                "corpus_tokens": pre["train_tokens"], "tokens_per_step": pre["tokens_per_step"],
                "pretrain_heldout_loss": pre["heldout_loss"], "gammas": GAMMAS, "lrs": LRS, "seeds": SEEDS,
-               "turning_points": turning, "studies": studies, "machine": machine(), "rows": rows}
+               "turning_points": turning, "verdicts": verdicts, "studies": studies, "machine": machine(), "rows": rows}
     write("overtraining", payload)
-    cols = ["series", "T", "tok_per_param", "L_pre", *[f"S@{g:g}" for g in GAMMAS], f"Lpert@{GAMMAS[-1]:g}",
+    cols = ["series", "T", "tok_per_param", "epochs", "annealed", "L_pre", *[f"S@{g:g}" for g in GAMMAS],
+            f"S_sd@{GAMMAS[-1]:g}", f"Lpert@{GAMMAS[-1]:g}",
             *[f"forget@{lr:g}" for lr in LRS], *[f"Lpre_ft@{lr:g}" for lr in LRS], *[f"target@{lr:g}" for lr in LRS]]
-    text = markdown(cols, rows) + "\n\nTurning points T* (None: still improving at the last checkpoint):\n\n"
-    text += markdown(["study", "curve", "gamma", "lr", "T_star", "T_star_each"],
+    text = markdown(cols, rows) + "\n\nDoes it grow with T (Spearman rho over checkpoints, last / first):\n\n"
+    text += markdown(["study", "curve", "gamma", "lr", "rho_T", "last_over_first"], verdicts)
+    text += "\n\nTurning points T* (a rise past 2 standard errors over draws or seeds and 0.1% of the loss):\n\n"
+    text += markdown(["study", "curve", "gamma", "lr", "status", "T_star", "rise", "rise_se", "T_star_each"],
                      [{"study": n, **t} for n, ts in turning.items() for t in ts])
     (ROOT / "benchmarks" / "results" / "overtraining.md").write_text(text + "\n")
     print(text)
