@@ -131,8 +131,6 @@ def _series(plt, rows: list[StageRow], folder: Path) -> Path:
     for (left, right), r in zip(axes, rows, strict=True):
         m = r.metrics
         base = {c["T"]: c["L_pre"] for c in m["checkpoints"]}
-        stars = {(t["curve"], t.get("gamma"), t.get("lr")): t["T_star"] for t in m.get("turning_points", [])
-                 if t["T_star"] is not None}
         curves = [(left, "perturbed_loss", "gamma", g, [(x["T"], x["perturbed_loss"], x["S"])
                                                         for x in m["sensitivity"] if x["gamma"] == g])
                   for g in dict.fromkeys(x["gamma"] for x in m["sensitivity"])]
@@ -142,10 +140,12 @@ def _series(plt, rows: list[StageRow], folder: Path) -> Path:
             after = [statistics.fmean(x["L_pre_after"] for x in ft if x["lr"] == lr and x["T"] == t) for t in ts]
             curves.append((right, "L_pre_after", "lr", lr, [(t, v, v - base[t]) for t, v in zip(ts, after,
                                                                                                   strict=True)]))
+        stars = {(t["curve"], "gamma" if "gamma" in t else "lr", t.get("gamma", t.get("lr"))): t["T_star"]
+                 for t in m.get("turning_points", []) if t["T_star"] is not None}
         for ax, curve, key, value, points in curves:
             line, = ax.plot([t for t, _, _ in points], [v for _, v, _ in points], "o-", label=f"{key} {value:g}")
-            at = dict((t, v) for t, v, _ in points)
-            star = stars.get((curve, value if key == "gamma" else None, value if key == "lr" else None))
+            at = {t: v for t, v, _ in points}
+            star = stars.get((curve, key, value))
             if star in at:
                 ax.plot([star], [at[star]], "*", markersize=14, color=line.get_color())
             table += [{"run": r.run, "stage": r.label, "curve": curve, key: value, "T": t, "value": v,

@@ -33,8 +33,8 @@ def described(path: str) -> tuple[dict[str, Any], Any]:
     from transformers import AutoTokenizer
 
     file = Path(path) / "config.json"
-    models.check_manifest(Path(path))
     if file.is_file():
+        models.check_manifest(Path(path))
         models.quiet_transformers()
         config, tok = json.loads(file.read_text()), AutoTokenizer.from_pretrained(path, local_files_only=True)
     else:
@@ -73,9 +73,6 @@ def run(ctx: RunContext, p: OvertrainingParams) -> dict[str, Any]:
     entries = series.checked(entries, info)
     device, splitting = ctx.device, ctx.config.data.splitting
 
-    def load(path: str) -> tuple[Any, Any]:
-        return models.load(path, dtype="float32", device=device)
-
     config, tok = check_same([e["path"] for e in entries])
     init_std = p.init_std or config.get("initializer_range")
     if p.noise_scale == "init_std" and init_std is None:
@@ -93,7 +90,7 @@ def run(ctx: RunContext, p: OvertrainingParams) -> dict[str, Any]:
     corpus = info.get("data", {}).get("tokens")
     points, sens, tuned_rows, ft = [], [], [], []
     for e in ctx.progress(entries, total=len(entries), description="checkpoints"):
-        model, _ = load(e["path"])
+        model, _ = models.load(e["path"], dtype="float32", device=device)
         n_params = sum(t.numel() for t in model.parameters())
         l_pre, rows = noise.sensitivity(model, lambda m=model: mean_nll(m, held), p.gammas, p.draws,
                                         ctx.config.seed, p.noise_scale, p.perturb, init_std or 0.0)
