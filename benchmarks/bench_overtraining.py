@@ -81,7 +81,8 @@ def verdict(name: str, m: dict) -> list[dict]:
     out = []
     for g in GAMMAS:
         s = [next(x["S"] for x in m["sensitivity"] if x["T"] == t and x["gamma"] == g) for t in ts]
-        out.append({"study": name, "curve": "S", "gamma": g, "rho_T": spearman(ts, s), "last_over_first": s[-1] / s[0]})
+        out.append({"study": name, "curve": "S", "gamma": g, "rho_T": spearman(ts, s),
+                    "last_over_first": s[-1] / s[0] if s[0] else float("nan")})
     for lr in LRS:
         f = [statistics.fmean(x["forgetting"] for x in m["finetune"] if x["T"] == t and x["lr"] == lr) for t in ts]
         out.append({"study": name, "curve": "forgetting", "lr": lr, "rho_T": spearman(ts, f),

@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmx.core.train.lm.data import TokenWindows
 from llmx.core.train.loop import TrainConfig, train
+from llmx.errors import UsageError
 from llmx.plugins.overtraining import noise, series, turning
 from llmx.plugins.overtraining.config import FinetuneParams
 from llmx.plugins.overtraining.finetune import finetune
@@ -184,6 +185,22 @@ def test_l_pre_is_the_control_curve():
                      "T_star_each": [2]}]
 
 
+def test_checkpoints_of_one_run_may_differ_in_steps_and_branches(tmp_path):
+    from llmx.plugins.overtraining.config import Checkpoint
+
+    run = {"model": "m", "init": "scratch", "seed": 0, "lr": 1e-3, "tokens_per_step": 256, "seq_len": 64,
+           "steps": 100, "data": {"fingerprint": "f"}}
+    items = []
+    for i, extra in enumerate([{}, {"steps": 200, "cooldown_from": "x", "world_size": 2}, {"seed": 1}]):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "checkpoint.json").write_text(json.dumps({"tokens": 100 * (i + 1), "step": i + 1,
+                                                                       "lr": 1e-3, "run": {**run, **extra}}))
+        items.append(Checkpoint(path=str(tmp_path / str(i))))
+    assert len(series.from_list(items[:2])[0]) == 2
+    with pytest.raises(UsageError, match="seed"):
+        series.from_list(items)
+
+
 def test_a_cooldown_list_and_a_decaying_run_are_flagged_annealed(tmp_path):
     folders = [tmp_path / str(i) for i in range(3)]
     for f in folders:
@@ -268,7 +285,6 @@ def test_cli_over_a_series_reports_the_tables_and_repeats_exactly(cli, tmp_path,
     for seed in (0, 1):
         assert len({r["batches"] for r in m["finetune"] if r["seed"] == seed}) == 1
     assert {r["curve"] for r in m["turning_points"]} == {"L_pre", "perturbed_loss", "L_pre_after", "target"}
-    assert all(r["status"] in {"improving", "turns", "rising_from_start", "flat"} for r in m["turning_points"])
     assert any(r.get("lr") == "tuned" for r in m["turning_points"])
     again = analyze(cli, tmp_path / "b", *args).json()["stages"][0]["metrics"]
     assert again["sensitivity"] == m["sensitivity"] and again["finetune"] == m["finetune"]

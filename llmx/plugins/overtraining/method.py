@@ -3,7 +3,6 @@ tokenizer, then per checkpoint L_pre, Gaussian sensitivity and fine-tuning degra
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +27,15 @@ IGNORED = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use
 
 
 def described(path: str) -> tuple[dict[str, Any], Any]:
-    """A checkpoint's config (without the keys saving touches) and tokenizer: read from config.json when the folder
-    has one (no weights loaded), else from the loaded model (an adapter folder)."""
-    from transformers import AutoTokenizer
+    """A checkpoint's full config (defaults filled in, without the keys saving touches) and tokenizer: from its
+    config.json when the folder has one (no weights loaded), else from the loaded model (an adapter folder)."""
+    from transformers import AutoConfig, AutoTokenizer
 
-    file = Path(path) / "config.json"
-    if file.is_file():
+    if (Path(path) / "config.json").is_file():
         models.check_manifest(Path(path))
         models.quiet_transformers()
-        config, tok = json.loads(file.read_text()), AutoTokenizer.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True).to_dict()
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     else:
         model, tok = models.load(path)
         config = model.config.to_dict()

@@ -13,6 +13,8 @@ from llmx.core.train.lm import series as lm_series
 from llmx.errors import UsageError
 
 DECAYING = ("cosine", "linear")
+IDENTITY = ("model", "init", "seed", "lr", "tokens_per_step", "seq_len")  # a run's identity; steps, world size and
+# cooldown branches may differ between its checkpoints
 
 
 def _manifest(path: Path) -> Path:
@@ -50,11 +52,15 @@ def from_list(items: list[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                         "lr": None if lr is None else float(lr)})
         if "run" in info and not run:
             run, first = info["run"], folder
-        elif "run" in info and info["run"] != run:
-            differ = sorted(k for k in run.keys() | info["run"].keys() if run.get(k) != info["run"].get(k))
+        elif "run" in info and identity(info["run"]) != identity(run):
+            differ = sorted(k for k, v in identity(run).items() if identity(info["run"])[k] != v)
             raise UsageError(f"checkpoints: {folder} and {first} come from different runs ({', '.join(differ)} "
                              "differ); compare checkpoints of one run")
     return entries, run
+
+
+def identity(run: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: run.get(k) for k in IDENTITY}, "data": run.get("data", {}).get("fingerprint")}
 
 
 def checked(entries: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,7 +91,7 @@ def schedule_note(run: dict[str, Any], entries: list[dict[str, Any]]) -> str | N
                 "confounds sensitivity with the schedule; a constant or wsd run with cooldown branches separates them")
     flags = [e["annealed"] for e in entries]
     if all(flags):
-        return "every checkpoint is annealed (cooldown branches or a decayed end): compare it with a constant series"
+        return "every checkpoint is annealed (cooldown branches or a decayed end): a like-for-like annealed series"
     if any(flags):
         return "some checkpoints were saved below the run's peak lr (annealed): compare them with annealed ones only"
     return None
