@@ -21,4 +21,5 @@ BUILTIN = (
     "llmx.plugins.llava.plugin",
     "llmx.plugins.lift.plugin",
     "llmx.plugins.overtraining.plugin",
+    "llmx.plugins.fope.plugin",
 )

@@ -46,6 +46,20 @@ def build_layer(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: tor
     return load_object(builder)(spec, state, dtype, config)
 
 
+def transformers_class(path: str) -> type:
+    """A torch module class named in a stored spec (``transformers.models.<family>.<module>.<Class>``): only a class
+    defined by transformers' model code, so a string in a file never picks other code."""
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    if not module.startswith("transformers.models."):
+        raise ValueError(f"stored class {path!r} is not a transformers model class")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise ValueError(f"stored class {path!r} is not a torch module")
+    return cls
+
+
 def check_weight_files(path: str | Path) -> None:
     """Every safetensors file of a model folder has a readable header covering the file (a truncated or damaged file
     is a usage error naming it, before anything loads)."""

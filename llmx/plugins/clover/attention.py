@@ -20,7 +20,6 @@ official GPT code rescales by the pruned width; the invariance argument of the p
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 from typing import Any
@@ -30,6 +29,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 from transformers.pytorch_utils import Conv1D
 
+from llmx.core.models.storage import transformers_class
 from llmx.errors import UsageError
 
 FUSED_QKV = ("qkv_proj", "query_key_value", "Wqkv", "W_pack", "qkv")
@@ -237,24 +237,13 @@ def convert_model(model: torch.nn.Module, source: str) -> list[CloverAttention]:
     return converted
 
 
-def _attention_class(path: str) -> type:
-    """An attention class named in a stored spec: only a torch module defined by transformers' model code."""
-    module, _, name = path.rpartition(".")
-    if not module.startswith("transformers.models."):
-        raise ValueError(f"stored attention class {path!r} is not a transformers model class")
-    cls = getattr(importlib.import_module(module), name, None)
-    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-        raise ValueError(f"stored attention class {path!r} is not a torch module")
-    return cls
-
-
 LEGACY = {"llama": "transformers.models.llama.modeling_llama.LlamaAttention",
           "opt": "transformers.models.opt.modeling_opt.OPTAttention"}  # specs written before "attention" was stored
 
 
 def rebuild(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, config: Any) -> torch.nn.Module:
     """The storage builder: a module of the saved widths, then its tensors."""
-    module = convert(_attention_class(spec.get("attention") or LEGACY[spec["kind"]])(config, layer_idx=spec["layer_idx"]))
+    module = convert(transformers_class(spec.get("attention") or LEGACY[spec["kind"]])(config, layer_idx=spec["layer_idx"]))
     module.resize(spec["qk_dim"], spec["vo_dim"])
     module.load_state_dict(state, strict=True)
     return module.to(dtype)

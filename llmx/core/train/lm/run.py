@@ -4,6 +4,7 @@ checkpoint series at token budgets and cooldown branches (``series``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,10 @@ def fresh(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return new.to(next(model.parameters()).device)
 
 
-def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
+def run(ctx: RunContext, p: LMParams, method: str = "lm",
+        convert: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> dict[str, Any]:
+    """Train; ``convert`` (a plugin's architecture change: FoPE's position step, say) is applied to the model to
+    train, after a scratch init and before the optimiser sees it; ``method`` names the stage in what it saves."""
     from llmx.core.data import fixed_windows, token_stream
     from llmx.core.eval.lm import mean_nll
 
@@ -40,6 +44,8 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
     tok, model = ctx.tokenizer, ctx.model
     if p.init == "scratch":
         model = fresh(model, ctx.config.seed)
+    if convert is not None:
+        model = convert(model)
     stream = token_stream(tok, data, "train", p.max_tokens, ctx.config.data.splitting)
     windows = TokenWindows(stream, p.seq_len, ctx.config.seed)
     held = fixed_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len,
@@ -69,11 +75,11 @@ def run(ctx: RunContext, p: LMParams) -> dict[str, Any]:
     resume = p.resume or p.cooldown_from
     folder = ctx.artifact("series")
     writer = series.Series(folder, shape, at,
-                           lambda path, files: save_trained(ctx, model, path, p, "lm", files, source=source),
+                           lambda path, files: save_trained(ctx, model, path, p, method, files, source=source),
                            series.carried(p.resume))
     result = fit(ctx, model, loss, p, config, evaluate=lambda: mean_nll(model, held), resume=resume,
                  after_step=writer if at else None)
-    out = finish(ctx, model, p, "lm", result, source=source)
+    out = finish(ctx, model, p, method, result, source=source)
     out.update({"init": p.init, "train_tokens": len(stream), "tokens_per_step": tps,
                 "tokens_seen": result.steps * tps, "data_fingerprint": shape["data"]["fingerprint"],
                 "heldout_loss_before": before, "heldout_loss": mean_nll(ctx.model, held)})
