@@ -98,7 +98,8 @@ def main() -> None:
 
         def extend(done: tuple[str, int, list[dict]]) -> dict:
             name, seed, out = done
-            stages = [{"method": "fope", "params": {"init": "continue", "data": "stdlib", "train_len": 2 * T,
+            stages = [{"method": "fope", "params": {**VARIANTS[name][0], "init": "continue", "data": "stdlib",
+                                                    "train_len": 2 * T,
                                                     "batch_size": 16, "steps": 50, "lr": 2e-4, "warmup": 5,
                                                     "schedule": "cosine", "weight_decay": 0.1, "eval_every": 50,
                                                     "eval_windows": 16, "save": False}}, EVAL]

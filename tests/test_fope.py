@@ -208,6 +208,11 @@ def test_kernel_matches_the_reference_forward_and_backward():
     reference_grads = torch.autograd.grad((qr * gq).sum() + (kr * gk).sum(), (q, k))
     for a, b in zip(kernel_grads, reference_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-4)
+    half_q, half_k = q.detach().bfloat16(), k.detach().bfloat16()
+    hq, hk = ops.fope_rotate(half_q, half_k, pos, f, a_s, a_c)
+    rq, rk = ops.fope_rotate_reference(half_q, half_k, pos, f, a_s, a_c)
+    assert hq.dtype == torch.bfloat16 and torch.allclose(hq.float(), rq.float(), atol=2e-2)
+    assert torch.allclose(hk.float(), rk.float(), atol=2e-2)
 
 
 def _train(cli, out, *sets, model="ref:llama-test"):
@@ -232,9 +237,15 @@ def test_cli_extension_grows_the_coefficients_and_keeps_the_trained_block(cli, t
     old, new = before.model.layers[0].self_attn.fope_sin, after.model.layers[0].self_attn.fope_sin
     assert (old.shape[1], new.shape[1]) == (2, 3) and metrics["frequencies_kept"] == 3  # head_dim 16: 2 pi / T floor
     assert torch.equal(new[:, :2, :old.shape[2]], old)
+    untouched = LlamaForCausalLM(before.config)  # frozen: the trained model's coefficients are its seed-0 init
+    attention.convert(untouched, attention.Settings(**before.model.layers[0].self_attn.settings.__dict__), 0, "x")
+    assert torch.equal(untouched.model.layers[0].self_attn.fope_sin, old)
+    changed = cli("train", "--method", "fope", "--model", folder, "--set", "init=continue", "--set", "sigma=0",
+                  "--set", "steps=1", "-o", tmp_path / "c")
+    assert changed.code == 2 and "sigma 0.3" in changed.err
 
 
-def test_cli_yarn_changes_long_windows_of_a_rope_model_and_leaves_it_as_it_was(cli, tmp_path):
+def test_cli_yarn_changes_long_windows_of_a_rope_model(cli, tmp_path):
     base = ["eval", "--method", "length", "--model", "ref:llama-test", "--set", "lengths=[64,256]", "--set",
             "windows=2", "--set", "copy_samples=2", "-o", tmp_path, "--json"]
     plain, yarn = cli(*base), cli(*base, "--set", "yarn_factor=4")
@@ -242,7 +253,88 @@ def test_cli_yarn_changes_long_windows_of_a_rope_model_and_leaves_it_as_it_was(c
     p, y = plain.json()["stages"][0]["metrics"], yarn.json()["stages"][0]["metrics"]
     assert p["train_len"] == 64 and y["yarn_factor"] == 4
     assert p["ppl@256"] != y["ppl@256"]
-    assert plain.json()["stages"][0]["metrics"] == cli(*base).json()["stages"][0]["metrics"]
+
+
+def test_yarn_is_undone_after_the_evaluation():
+    from llmx.plugins.fope.length import yarn
+
+    model = llama()
+    x = ids(200, batch=1)
+    before, saved = model(input_ids=x).logits, dict(model.config.rope_parameters)
+    with yarn(model, 4.0, 32, attention_factor=1.0):
+        assert model.config.rope_parameters["rope_type"] == "yarn"
+        during = model(input_ids=x).logits
+    assert not torch.allclose(before, during, atol=1e-3)
+    assert torch.equal(model(input_ids=x).logits, before) and model.config.rope_parameters == saved
+    converted = llama()
+    attention.convert(converted, fope(), 0, "test")
+    with pytest.raises(Exception, match="RoPE model"), yarn(converted, 4.0, 32):
+        pass
+
+
+class Copier(torch.nn.Module):
+    """Predicts the token ``distance`` back with certainty (a perfect copier at one distance)."""
+
+    def __init__(self, distance: int, vocab: int = 97):
+        super().__init__()
+        self.distance, self.vocab = distance, vocab
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, use_cache=False):
+        logits = torch.zeros(*input_ids.shape, self.vocab)
+        shift = self.distance - 1  # position t predicts token t + 1 - distance; uniform before the sequence starts
+        if shift < input_ids.shape[1]:
+            logits[:, shift:].scatter_(-1, input_ids[:, :input_ids.shape[1] - shift, None], 50.0)
+        return type("Out", (), {"logits": logits})()
+
+
+def test_copy_probe_scores_the_repeat_after_its_first_token():
+    from llmx.plugins.fope.config import LengthParams
+    from llmx.plugins.fope.length import _copy_probe
+
+    stream = torch.randint(0, 97, (4000,), generator=torch.Generator().manual_seed(0))
+    p = LengthParams(copy_len=8, copy_distances=[16, 48], copy_samples=4)
+    right = _copy_probe(Copier(48), stream, p, 32, 256)
+    assert right["48"] < 1e-6 and right["16"] == pytest.approx(math.log(97), abs=1e-4)  # 48 back: nothing at 16
+    assert _copy_probe(Copier(47), stream, p, 32, 256)["48"] > 10  # one token off: the repeat is not what is scored
+    with pytest.raises(Exception, match="too few"):
+        _copy_probe(Copier(48), stream[:150], p, 32, 256)
+
+
+def test_tables_stay_float32_under_bf16_autocast_and_casts():
+    model = llama()
+    layers = attention.convert(model, fope(), 0, "test")
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    pos = torch.arange(8)[None]
+    m = layers[0]
+    exact = ops.fope_rotate_reference(q, k, pos, m.fope_freqs, m.fope_sin, m.fope_cos)
+    with torch.autocast("cpu", torch.bfloat16):
+        inside = ops.fope_rotate_reference(q, k, pos, m.fope_freqs, m.fope_sin, m.fope_cos)
+    assert inside[0].dtype == torch.float32 and torch.equal(inside[0], exact[0])
+    coef = m.fope_sin.detach().clone()
+    model.to(torch.bfloat16)
+    assert m.fope_sin.dtype == torch.float32 and torch.equal(m.fope_sin, coef)
+    assert m.q_proj.weight.dtype == torch.bfloat16
+
+
+def test_alibi_with_left_padding_matches_across_attention_implementations():
+    x = ids(20)
+    mask = torch.ones_like(x)
+    mask[0, :5] = 0
+    outs = []
+    for attn in ("sdpa", "eager"):
+        m = llama(attn=attn)
+        attention.convert(m, attention.Settings(strategy="alibi", train_len=16), 0, "test")
+        outs.append(m(input_ids=x, attention_mask=mask).logits)
+    assert torch.allclose(outs[0][0, 5:], outs[1][0, 5:], atol=1e-5) and torch.allclose(outs[0][1], outs[1][1],
+                                                                                         atol=1e-5)
+
+
+def test_alibi_is_refused_where_the_attention_cannot_take_a_bias():
+    model = llama()
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(Exception, match="cannot take"):
+        attention.convert(model, attention.Settings(strategy="alibi", train_len=16), 0, "test")
 
 
 @pytest.mark.parametrize("how,words", [

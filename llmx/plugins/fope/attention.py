@@ -19,7 +19,9 @@ from llmx.core.models.storage import transformers_class
 from llmx.errors import UsageError
 from llmx.plugins.fope import position
 
-FAMILIES = ("llama", "mistral", "qwen2")  # attention with separate q/k/v/o projections and RoPE between q and k
+FAMILIES = ("llama", "mistral", "qwen2")
+COEFFICIENTS = ("fope_sin", "fope_cos")
+BIASED = ("eager", "sdpa")  # attention interfaces that add a float mask to the scores (ALiBi needs one)  # attention with separate q/k/v/o projections and RoPE between q and k
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,15 @@ class PositionAttention:
 
     base: type
     settings: Settings
+
+    def _apply(self, fn, recurse=True):
+        """Moves and casts leave FoPE's coefficients in float32 (the official ``rope_full_precision``): a bf16 model
+        keeps full-precision tables."""
+        keep = {n: getattr(self, n).data for n in COEFFICIENTS if hasattr(self, n)}
+        super()._apply(fn, recurse)
+        for n, t in keep.items():
+            getattr(self, n).data = t.to(getattr(self, n).device)
+        return self
 
     def _positions(self, q: torch.Tensor, past_key_values, kwargs: dict) -> torch.Tensor:
         ids = kwargs.get("position_ids")
@@ -85,7 +96,7 @@ class PositionAttention:
         family = sys.modules[self.base.__module__]
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, getattr(family, "eager_attention_forward", eager_attention_forward))
-        window = getattr(self, "sliding_window", None)
+        window = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
         out, weights = interface(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
                                  scaling=self.scaling, **({"sliding_window": window} if window else {}), **kwargs)
         return self.o_proj(out.reshape(*shape, -1).contiguous()), weights
@@ -117,16 +128,19 @@ def install(module: torch.nn.Module, s: Settings, generator: torch.Generator | N
     module.settings = s
     if s.strategy == "fope":
         freqs = position.kept_frequencies(module.head_dim, s.theta, s.train_len, s.floor_clip, s.ignore_zero)
-        if len(freqs) == 0:
+        if not bool((freqs != 0).any()):
             raise UsageError(f"fope: train_len {s.train_len} is so short that floor clipping keeps no frequency "
                              f"(every frequency of head_dim {module.head_dim}, theta {s.theta:g} is below "
                              f"2 pi / {s.train_len}); use a longer train_len or floor_clip: false")
         shape = coefficient_shape(module, s)
         module.register_buffer("fope_freqs", freqs.to(device), persistent=False)
-        for name in ("fope_sin", "fope_cos"):
+        for name in COEFFICIENTS:
             coef = position.init_coefficients(shape, s.sigma, generator, device)
             setattr(module, name, torch.nn.Parameter(coef, requires_grad=s.learnable))
     else:
+        if module.config._attn_implementation not in BIASED:
+            raise UsageError(f"fope: ALiBi adds a bias to the attention scores, which the "
+                             f"{module.config._attn_implementation} attention cannot take; use eager or sdpa")
         module.register_buffer("alibi_slopes", position.alibi_slopes(module.config.num_attention_heads).to(device),
                                persistent=False)
     return module
@@ -143,7 +157,7 @@ def expand(module: PositionAttention, train_len: int, generator: torch.Generator
     shape = coefficient_shape(module, new)
     module.fope_freqs = position.kept_frequencies(module.head_dim, s.theta, train_len, s.floor_clip,
                                                   s.ignore_zero).to(module.fope_freqs.device)
-    for name in ("fope_sin", "fope_cos"):
+    for name in COEFFICIENTS:
         old = getattr(module, name)
         grown = position.expand_coefficients(old.detach(), shape, s.sigma, generator)
         setattr(module, name, torch.nn.Parameter(grown, requires_grad=s.learnable))
@@ -170,8 +184,8 @@ def rebuild(spec: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.d
     fields = {k: spec[k] for k in Settings.__dataclass_fields__ if k in spec}
     module = transformers_class(spec["attention"])(config, layer_idx=spec["layer_idx"])
     module.to(dtype)
-    install(module, Settings(**fields))
-    for name in ("fope_sin", "fope_cos"):
+    install(module, Settings(**fields), torch.Generator())  # the stored tensors replace this init
+    for name in COEFFICIENTS:
         if name in state:
             setattr(module, name, torch.nn.Parameter(torch.empty_like(state[name], dtype=torch.float32),
                                                      requires_grad=module.settings.learnable))

@@ -32,7 +32,8 @@ class FopeParams(LMParams):
                               "1 (official); false: every rotary dim is a Fourier series over every frequency.")
     fourier_dim: int | Literal["all"] | None = Field(None, description="Fourier output dims: default the official "
                                                      "min(D, head_dim // 4); all: one per kept frequency; an int "
-                                                     "caps it.")
+                                                     "caps it (the official fourier_dim is another thing: the "
+                                                     "basis size).")
     learnable: bool = Field(False, description="Train the coefficients (official: frozen).")
     schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
     seq_len: int | None = Field(None, description="Set by train_len; must equal it if given.")
@@ -46,6 +47,8 @@ class FopeParams(LMParams):
             raise ValueError("fourier_dim must be at least 1, 'all' or omitted")
         if self.position != "fope" and self.learnable:
             raise ValueError("learnable applies to position: fope only")
+        if self.fourier_dim is not None and not self.ignore_zero:
+            raise ValueError("fourier_dim applies with ignore_zero: true (without it every rotary dim is a series)")
         return self
 
 
@@ -61,13 +64,16 @@ class LengthParams(Params):
     windows: int = Field(16, gt=0, description="Non-overlapping windows at the longest length; every length scores "
                          "the same tokens.")
     batch_size: int = Field(4, gt=0)
-    copy_len: int | None = Field(None, gt=1, description="Tokens of the copied segment; default min(T / 2, 32).")
+    copy_len: int | None = Field(None, gt=1, description="Tokens of the copied segment; default min(T / 2, 32), at least 2.")
     copy_distances: list[int] | None = Field(None, description="How far back the segment sits (tokens from its start "
                                              "to the repeat's); default T/2, T, 2T, 4T that fit the longest length.")
     copy_samples: int = Field(16, gt=0)
     yarn_factor: float | None = Field(None, gt=1, description="Evaluate a RoPE model with YaRN (transformers' "
                                       "rope_parameters: factor, original_max_position_embeddings T, beta_fast 32, "
                                       "beta_slow 1, the official comparison), training-free.")
+    yarn_attention_factor: float | None = Field(None, gt=0, description="YaRN's attention temperature; default "
+                                                "transformers' (the YaRN paper's 0.1 ln(factor) + 1); 1.0: none, "
+                                                "as the official FoPE code's YaRN.")
 
     @model_validator(mode="after")
     def _lists(self) -> LengthParams:

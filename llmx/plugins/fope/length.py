@@ -1,7 +1,8 @@
 """``eval --method length``: how a causal LM's loss holds up beyond its training length T (FoPE, arXiv 2412.17739
 Sec. 5: perplexity as the window grows, and retrieval from far back).
 
-- perplexity on non-overlapping held-out windows at each of ``lengths``, every length scoring the same tokens;
+- perplexity on non-overlapping held-out windows at each of ``lengths``, cut from the same tokens (each window's
+  first token is context only, so a shorter length scores a few tokens fewer);
 - the mean loss per position bucket ``[0, T), [T, 2T), [2T, 4T), ...`` of the longest windows (bucket b holds the
   predictions made with b's positions as context end; the buckets tile every scored token once), and the
   degradation: last bucket minus first;
@@ -40,7 +41,7 @@ def token_losses(model: torch.nn.Module, windows: torch.Tensor, batch_size: int)
     out = []
     for i in range(0, len(windows), batch_size):
         x = windows[i:i + batch_size].to(device)
-        logits = model(input_ids=x).logits[:, :-1].float()
+        logits = model(input_ids=x, use_cache=False).logits[:, :-1].float()
         out.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").cpu())
     return torch.cat(out)
 
@@ -71,7 +72,7 @@ def recorded_train_len(ctx: RunContext) -> int | None:
 
 
 @contextlib.contextmanager
-def yarn(model: torch.nn.Module, factor: float | None, train_len: int):
+def yarn(model: torch.nn.Module, factor: float | None, train_len: int, attention_factor: float | None = None):
     """The model's rotary embedding rebuilt with YaRN for the duration (restored after)."""
     if factor is None:
         yield
@@ -86,6 +87,8 @@ def yarn(model: torch.nn.Module, factor: float | None, train_len: int):
     saved = dict(config.rope_parameters)
     config.rope_parameters = {**saved, "rope_type": "yarn", "factor": float(factor), "beta_fast": 32.0,
                               "beta_slow": 1.0, "original_max_position_embeddings": train_len}
+    if attention_factor is not None:
+        config.rope_parameters["attention_factor"] = float(attention_factor)
     device = next(model.parameters()).device
     try:
         model.model.rotary_emb = type(rotary)(config).to(device)
@@ -97,11 +100,14 @@ def yarn(model: torch.nn.Module, factor: float | None, train_len: int):
 
 def _copy_probe(model, stream: torch.Tensor, p: LengthParams, train_len: int, longest: int) -> dict[str, float]:
     """Mean NLL of a repeated segment's tokens (after its first) at each distance."""
-    c = p.copy_len or min(train_len // 2, 32)
+    c = p.copy_len or max(2, min(train_len // 2, 32))
     distances = p.copy_distances or [d for d in (train_len // 2, train_len, 2 * train_len, 4 * train_len)
                                      if d + c <= longest]
-    if max(distances) + c > longest or min(distances) < c:
+    if not distances or max(distances) + c > longest or min(distances) < c:
         raise UsageError(f"length: copy distances must lie in [copy_len {c}, longest length {longest} - copy_len]")
+    if len(stream) < p.copy_samples * max(distances) + c:
+        raise UsageError(f"length: the held-out text has {len(stream)} tokens, too few for {p.copy_samples} copy "
+                         f"samples at distance {max(distances)} (fewer copy_samples or shorter distances)")
     out = {}
     for d in distances:
         rows = []
@@ -133,7 +139,7 @@ def run(ctx: RunContext, p: LengthParams) -> dict[str, Any]:
     model = ctx.model.eval()
     result: dict[str, Any] = {"train_len": train_len, "lengths": lengths, "windows": p.windows,
                               "tokens": need, "yarn_factor": p.yarn_factor}
-    with yarn(model, p.yarn_factor, train_len):
+    with yarn(model, p.yarn_factor, train_len, p.yarn_attention_factor):
         for length in ctx.progress(lengths, description="lengths"):
             n = need // length
             losses = token_losses(model, tokens[:n * length].view(n, length), p.batch_size)

@@ -19,10 +19,11 @@ def fope_rotate_reference(q: torch.Tensor, k: torch.Tensor, positions: torch.Ten
                           sin_coef: torch.Tensor, cos_coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q ``(B, Hq, T, hd)`` and k ``(B, Hkv, T, hd)`` rotated by their KV head's table (query head h reads KV head
     ``h // (Hq / Hkv)``, as transformers' ``repeat_kv``)."""
-    cos, sin = position.fourier_tables(positions, freqs, sin_coef, cos_coef, k.shape[-1])
-    rep = q.shape[1] // k.shape[1]
-    return (position.rotate(q, cos.repeat_interleave(rep, 1), sin.repeat_interleave(rep, 1)),
-            position.rotate(k, cos, sin))
+    with torch.autocast(q.device.type, enabled=False):  # fp32 tables under bf16 autocast (rope_full_precision)
+        cos, sin = position.fourier_tables(positions, freqs, sin_coef, cos_coef, k.shape[-1])
+        rep = q.shape[1] // k.shape[1]
+        return (position.rotate(q, cos.repeat_interleave(rep, 1), sin.repeat_interleave(rep, 1)),
+                position.rotate(k, cos, sin))
 
 
 def _launch(q, k, positions, freqs, sin_coef, cos_coef, sign: float):
@@ -30,6 +31,9 @@ def _launch(q, k, positions, freqs, sin_coef, cos_coef, sign: float):
 
     b, hq, t, hd = q.shape
     hkv, d, d_out = sin_coef.shape
+    if k.shape[0] != b or k.shape[2] != t or hq % hkv or d < 1 or d_out > hd // 2 or freqs.numel() != d:
+        raise ValueError(f"fope_rotate: q {tuple(q.shape)}, k {tuple(k.shape)} and coefficients "
+                         f"{tuple(sin_coef.shape)} do not fit together")
     qf, kf = q.float().contiguous(), k.float().contiguous()
     q_out, k_out = torch.empty_like(qf), torch.empty_like(kf)
     args = tuple(cupy.asarray(x) for x in (qf, kf, positions.long().contiguous(), freqs.float().contiguous(),
