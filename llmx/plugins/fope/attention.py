@@ -19,9 +19,9 @@ from llmx.core.models.storage import transformers_class
 from llmx.errors import UsageError
 from llmx.plugins.fope import position
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2")  # attention with separate q/k/v/o projections and RoPE between q and k
 COEFFICIENTS = ("fope_sin", "fope_cos")
-BIASED = ("eager", "sdpa")  # attention interfaces that add a float mask to the scores (ALiBi needs one)  # attention with separate q/k/v/o projections and RoPE between q and k
+BIASED = ("eager", "sdpa")  # attention interfaces that add a float mask to the scores (ALiBi needs one)
 
 
 @dataclass(frozen=True)
