@@ -10,7 +10,8 @@ seeds; Fourier-only (no floor clip) and ALiBi with 1. Then ``eval --method lengt
 perplexity at 64/128/256/512, loss per position bucket, the degradation (bucket [4T, 8T) minus [0, T)) and the copy
 probe at distances 32..256; RoPE + YaRN (factor 8, training-free) on every RoPE seed; and one 64 -> 128 extension
 (50 more steps at T = 128, batch 16) for RoPE and FoPE, evaluated at 128..1024. Two runs in parallel, one thread
-each. Writes benchmarks/results/fope.json and .md."""
+each; finished runs are kept in ``--work`` so an interrupted run resumes. Writes benchmarks/results/fope.json
+and .md."""
 
 from __future__ import annotations
 
@@ -47,12 +48,18 @@ def child(spec: dict) -> None:
                                   seed=spec["seed"]), default=str))
 
 
-def run(spec: dict) -> list[dict]:
+def cached(path: Path, spec: dict) -> list[dict]:
+    """One child pipeline's metrics, kept in ``path`` so that an interrupted benchmark resumes where it stopped."""
+    if path.is_file():
+        return json.loads(path.read_text())
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    metrics = json.loads(out.stdout.strip().splitlines()[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metrics, default=str))
+    return metrics
 
 
 def row(name: str, seed: int, trained: dict, m: dict) -> dict:
@@ -81,34 +88,39 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--model", default="ref:llama-bench", help="its config (shape) and tokenizer; weights redrawn")
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-fope"),
+                    help="finished runs are kept here; a rerun reuses them (delete it to start afresh)")
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
         return child(json.loads(args.child))
     jobs = [(name, seed) for name, (_, n) in VARIANTS.items() for seed in range(n)]
-    with tempfile.TemporaryDirectory() as tmp:
-        def one(job: tuple[str, int]) -> tuple[str, int, list[dict]]:
-            name, seed = job
-            stages = [train({**VARIANTS[name][0], "save": True}, args.steps), EVAL]
-            if name == "rope":
-                stages.append({**EVAL, "params": {**EVAL["params"], "yarn_factor": 8}})
-            out = run({"model": args.model, "out": f"{tmp}/{name}_{seed}", "seed": seed, "stages": stages})
-            print(f"{name} seed {seed}: degradation {out[1]['degradation']:.3f}", flush=True)
-            return name, seed, out
+    work = Path(args.work)
 
-        def extend(done: tuple[str, int, list[dict]]) -> dict:
-            name, seed, out = done
-            stages = [{"method": "fope", "params": {**VARIANTS[name][0], "init": "continue", "data": "stdlib",
-                                                    "train_len": 2 * T,
-                                                    "batch_size": 16, "steps": 50, "lr": 2e-4, "warmup": 5,
-                                                    "schedule": "cosine", "weight_decay": 0.1, "eval_every": 50,
-                                                    "eval_windows": 16, "save": False}}, EVAL]
-            ext = run({"model": out[0]["model_dir"], "out": f"{tmp}/{name}_ext", "seed": seed, "stages": stages})
-            return row(f"{name} 64->128", seed, ext[0], ext[1])
+    def one(job: tuple[str, int]) -> tuple[str, int, list[dict]]:
+        name, seed = job
+        folder = work / f"{name}_{seed}"
+        trained = cached(folder / "train.json", {"model": args.model, "out": str(folder / "runs"), "seed": seed,
+                                                 "stages": [train({**VARIANTS[name][0], "save": True}, args.steps)]})
+        stages = [EVAL] + ([{**EVAL, "params": {**EVAL["params"], "yarn_factor": 8}}] if name == "rope" else [])
+        evals = cached(folder / "eval.json", {"model": trained[0]["model_dir"], "out": str(folder / "runs"),
+                                              "seed": seed, "stages": stages})
+        print(f"{name} seed {seed}: degradation {evals[0]['degradation']:.3f}", flush=True)
+        return name, seed, [trained[0], *evals]
 
-        with ThreadPoolExecutor(args.workers) as pool:
-            results = list(pool.map(one, jobs))
-            extended = list(pool.map(extend, [r for r in results if r[0] in ("rope", "fope") and r[1] == 0]))
+    def extend(done: tuple[str, int, list[dict]]) -> dict:
+        name, seed, out = done
+        params = {**VARIANTS[name][0], "init": "continue", "data": "stdlib", "train_len": 2 * T, "batch_size": 16,
+                  "steps": 50, "lr": 2e-4, "warmup": 5, "schedule": "cosine", "weight_decay": 0.1,
+                  "eval_every": 50, "eval_windows": 16, "save": False}
+        folder = work / f"{name}_ext"
+        ext = cached(folder / "run.json", {"model": out[0]["model_dir"], "out": str(folder / "runs"), "seed": seed,
+                                           "stages": [{"method": "fope", "params": params}, EVAL]})
+        return row(f"{name} 64->128", seed, ext[0], ext[1])
+
+    with ThreadPoolExecutor(args.workers) as pool:
+        results = list(pool.map(one, jobs))
+        extended = list(pool.map(extend, [r for r in results if r[0] in ("rope", "fope") and r[1] == 0]))
     rows = [row(name, seed, out[0], out[1]) for name, seed, out in results]
     rows += [row("rope + yarn x8", seed, out[0], out[2]) for name, seed, out in results if name == "rope"]
     table = summary(rows)
