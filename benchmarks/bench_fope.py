@@ -10,12 +10,14 @@ seeds; Fourier-only (no floor clip) and ALiBi with 1. Then ``eval --method lengt
 perplexity at 64/128/256/512, loss per position bucket, the degradation (bucket [4T, 8T) minus [0, T)) and the copy
 probe at distances 32..256; RoPE + YaRN (factor 8, training-free) on every RoPE seed; and one 64 -> 128 extension
 (50 more steps at T = 128, batch 16) for RoPE and FoPE, evaluated at 128..1024. Two runs in parallel, one thread
-each; finished runs are kept in ``--work`` so an interrupted run resumes. Writes benchmarks/results/fope.json
+each; finished runs are kept in ``--work`` under their spec's digest, so an interrupted run
+resumes. Writes benchmarks/results/fope.json
 and .md."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -48,8 +50,11 @@ def child(spec: dict) -> None:
                                   seed=spec["seed"]), default=str))
 
 
-def cached(path: Path, spec: dict) -> list[dict]:
-    """One child pipeline's metrics, kept in ``path`` so that an interrupted benchmark resumes where it stopped."""
+def cached(folder: Path, spec: dict) -> list[dict]:
+    """One child pipeline's metrics, kept in ``folder`` under a digest of its spec (model, seed, stages; not where
+    its run folders go), so an interrupted benchmark resumes and another spec never reuses them."""
+    key = hashlib.sha256(json.dumps({k: v for k, v in spec.items() if k != "out"}, sort_keys=True).encode())
+    path = folder / f"{key.hexdigest()[:16]}.json"
     if path.is_file():
         return json.loads(path.read_text())
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
@@ -57,8 +62,10 @@ def cached(path: Path, spec: dict) -> list[dict]:
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     metrics = json.loads(out.stdout.strip().splitlines()[-1])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(metrics, default=str))
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".part")
+    partial.write_text(json.dumps(metrics, default=str))
+    os.replace(partial, path)
     return metrics
 
 
@@ -100,10 +107,10 @@ def main() -> None:
     def one(job: tuple[str, int]) -> tuple[str, int, list[dict]]:
         name, seed = job
         folder = work / f"{name}_{seed}"
-        trained = cached(folder / "train.json", {"model": args.model, "out": str(folder / "runs"), "seed": seed,
+        trained = cached(folder / "train", {"model": args.model, "out": str(folder / "runs"), "seed": seed,
                                                  "stages": [train({**VARIANTS[name][0], "save": True}, args.steps)]})
         stages = [EVAL] + ([{**EVAL, "params": {**EVAL["params"], "yarn_factor": 8}}] if name == "rope" else [])
-        evals = cached(folder / "eval.json", {"model": trained[0]["model_dir"], "out": str(folder / "runs"),
+        evals = cached(folder / "eval", {"model": trained[0]["model_dir"], "out": str(folder / "runs"),
                                               "seed": seed, "stages": stages})
         print(f"{name} seed {seed}: degradation {evals[0]['degradation']:.3f}", flush=True)
         return name, seed, [trained[0], *evals]
@@ -114,7 +121,7 @@ def main() -> None:
                   "steps": 50, "lr": 2e-4, "warmup": 5, "schedule": "cosine", "weight_decay": 0.1,
                   "eval_every": 50, "eval_windows": 16, "save": False}
         folder = work / f"{name}_ext"
-        ext = cached(folder / "run.json", {"model": out[0]["model_dir"], "out": str(folder / "runs"), "seed": seed,
+        ext = cached(folder / "run", {"model": out[0]["model_dir"], "out": str(folder / "runs"), "seed": seed,
                                            "stages": [{"method": "fope", "params": params}, EVAL]})
         return row(f"{name} 64->128", seed, ext[0], ext[1])
 

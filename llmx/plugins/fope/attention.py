@@ -38,6 +38,14 @@ class Settings:
     learnable: bool = False
 
 
+def biased(config: Any) -> None:
+    """ALiBi needs an attention that adds a float mask to its scores (checked at install and at every call: an
+    implementation switched later would drop the bias)."""
+    if config._attn_implementation not in BIASED:
+        raise UsageError(f"fope: ALiBi adds a bias to the attention scores, which the {config._attn_implementation} "
+                         "attention cannot take; use eager or sdpa")
+
+
 class PositionAttention:
     """Mixin placed before the Hugging Face attention class."""
 
@@ -45,12 +53,16 @@ class PositionAttention:
     settings: Settings
 
     def _apply(self, fn, recurse=True):
-        """Moves and casts leave FoPE's coefficients in float32 (the official ``rope_full_precision``): a bf16 model
-        keeps full-precision tables."""
-        keep = {n: getattr(self, n).data for n in COEFFICIENTS if hasattr(self, n)}
+        """Casts leave FoPE's coefficients and frequencies in float32 (the official ``rope_full_precision``): a bf16
+        model keeps full-precision tables."""
+        keep = {n: getattr(self, n).data for n in (*COEFFICIENTS, "fope_freqs") if getattr(self, n, None) is not None}
         super()._apply(fn, recurse)
         for n, t in keep.items():
-            getattr(self, n).data = t.to(getattr(self, n).device)
+            new = getattr(self, n)
+            if new.dtype != t.dtype:  # a cast (a move or to_empty keeps what it made)
+                new.data = t.to(new.device)
+                if getattr(new, "grad", None) is not None:
+                    new.grad.data = new.grad.data.to(t.dtype)
         return self
 
     def _positions(self, q: torch.Tensor, past_key_values, kwargs: dict) -> torch.Tensor:
@@ -68,6 +80,7 @@ class PositionAttention:
     def _alibi(self, mask: torch.Tensor | None, q: torch.Tensor, kv_len: int) -> torch.Tensor:
         """``-slope_h (i - j)`` on the scores of query i and key j (keys in cache order), causal; a boolean mask
         (True: attend) or an additive one from transformers is folded in."""
+        biased(self.config)
         q_len = q.shape[-2]
         i = torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None]
         j = torch.arange(kv_len, device=q.device)[None, :]
@@ -138,9 +151,7 @@ def install(module: torch.nn.Module, s: Settings, generator: torch.Generator | N
             coef = position.init_coefficients(shape, s.sigma, generator, device)
             setattr(module, name, torch.nn.Parameter(coef, requires_grad=s.learnable))
     else:
-        if module.config._attn_implementation not in BIASED:
-            raise UsageError(f"fope: ALiBi adds a bias to the attention scores, which the "
-                             f"{module.config._attn_implementation} attention cannot take; use eager or sdpa")
+        biased(module.config)
         module.register_buffer("alibi_slopes", position.alibi_slopes(module.config.num_attention_heads).to(device),
                                persistent=False)
     return module

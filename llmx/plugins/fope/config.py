@@ -77,6 +77,8 @@ class LengthParams(Params):
 
     @model_validator(mode="after")
     def _lists(self) -> LengthParams:
+        if self.yarn_attention_factor is not None and self.yarn_factor is None:
+            raise ValueError("yarn_attention_factor applies with yarn_factor")
         for name in ("lengths", "copy_distances"):
             values = getattr(self, name)
             if values is not None and (not values or min(values) < 2 or len(set(values)) != len(values)):

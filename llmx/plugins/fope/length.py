@@ -102,10 +102,10 @@ def _copy_probe(model, stream: torch.Tensor, p: LengthParams, train_len: int, lo
     """Mean NLL of a repeated segment's tokens (after its first) at each distance."""
     c = p.copy_len or max(2, min(train_len // 2, 32))
     distances = p.copy_distances or [d for d in (train_len // 2, train_len, 2 * train_len, 4 * train_len)
-                                     if d + c <= longest]
+                                     if c <= d and d + c <= longest]
     if not distances or max(distances) + c > longest or min(distances) < c:
         raise UsageError(f"length: copy distances must lie in [copy_len {c}, longest length {longest} - copy_len]")
-    if len(stream) < p.copy_samples * max(distances) + c:
+    if len(stream) < p.copy_samples * max(distances):
         raise UsageError(f"length: the held-out text has {len(stream)} tokens, too few for {p.copy_samples} copy "
                          f"samples at distance {max(distances)} (fewer copy_samples or shorter distances)")
     out = {}
@@ -138,7 +138,8 @@ def run(ctx: RunContext, p: LengthParams) -> dict[str, Any]:
     tokens = stream[:need]
     model = ctx.model.eval()
     result: dict[str, Any] = {"train_len": train_len, "lengths": lengths, "windows": p.windows,
-                              "tokens": need, "yarn_factor": p.yarn_factor}
+                              "tokens": need, "yarn_factor": p.yarn_factor,
+                              "yarn_attention_factor": p.yarn_attention_factor}
     with yarn(model, p.yarn_factor, train_len, p.yarn_attention_factor):
         for length in ctx.progress(lengths, description="lengths"):
             n = need // length

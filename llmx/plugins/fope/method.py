@@ -42,8 +42,9 @@ def convert(model: torch.nn.Module, p: FopeParams, seed: int, source: str) -> to
         stored, wanted = asdict(layers[0].settings), asdict(settings(model, p))
         changed = [k for k in stored if k != "train_len" and stored[k] != wanted[k]]
         if changed:
-            raise UsageError(f"fope: '{source}' was trained with {', '.join(f'{k} {stored[k]}' for k in changed)}; "
-                             "a continued run keeps them (set them to match, or init: scratch)")
+            what = ", ".join(f"{k} {stored[k]} (asked {wanted[k]})" for k in changed)
+            raise UsageError(f"fope: '{source}' was trained with {what}; a continued run keeps them (set them to "
+                             "match, or init: scratch)")
         if p.position == "fope":
             generator = torch.Generator().manual_seed(seed)
             for m in layers:

@@ -4,6 +4,7 @@ compares the two."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -19,7 +20,9 @@ def fope_rotate_reference(q: torch.Tensor, k: torch.Tensor, positions: torch.Ten
                           sin_coef: torch.Tensor, cos_coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q ``(B, Hq, T, hd)`` and k ``(B, Hkv, T, hd)`` rotated by their KV head's table (query head h reads KV head
     ``h // (Hq / Hkv)``, as transformers' ``repeat_kv``)."""
-    with torch.autocast(q.device.type, enabled=False):  # fp32 tables under bf16 autocast (rope_full_precision)
+    off = torch.autocast(q.device.type, enabled=False) if torch.amp.is_autocast_available(q.device.type) \
+        else contextlib.nullcontext()
+    with off:  # fp32 tables under bf16 autocast (the official rope_full_precision)
         cos, sin = position.fourier_tables(positions, freqs, sin_coef, cos_coef, k.shape[-1])
         rep = q.shape[1] // k.shape[1]
         return (position.rotate(q, cos.repeat_interleave(rep, 1), sin.repeat_interleave(rep, 1)),
