@@ -22,4 +22,6 @@ BUILTIN = (
     "llmx.plugins.lift.plugin",
     "llmx.plugins.overtraining.plugin",
     "llmx.plugins.fope.plugin",
+    "llmx.plugins.crow.plugin",
+    "llmx.plugins.backdoor.plugin",
 )

@@ -25,6 +25,9 @@ class LoraParams(Params):
                                            "A, B from the weight's top-r SVD, the base keeps the residual (PEFT's "
                                            "exact-SVD pissa init).")
     merge: bool = Field(False, description="Save the merged full model instead of the adapter folder.")
+    continue_adapter: bool = Field(False, description="When --model is a LoRA adapter folder (and no earlier stage "
+                                   "replaced it): train that adapter on (LLaMA-Factory's adapter_name_or_path) "
+                                   "instead of merging it and adding a new one; r and alpha are then the folder's.")
 
 
 class LoopParams(Params):

@@ -42,6 +42,25 @@ def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.
     return model
 
 
+def continue_adapter(ctx: RunContext, folder: Path, p: TrainParams) -> str:
+    """Load a LoRA adapter folder on its base with the adapter trainable and unmerged (training goes on in the same
+    tensors); returns the base model's name, which the trained adapter is saved against."""
+    import json
+
+    from llmx.core import models
+    from llmx.errors import UsageError
+
+    if not adapters.is_adapter_folder(folder):
+        raise UsageError(f"{folder} is not a LoRA adapter folder (no {adapters.ADAPTER_CONFIG}) to continue")
+    base = adapters.base_of(folder, models.read_metadata(folder).get("source"))
+    saved = json.loads((folder / adapters.ADAPTER_CONFIG).read_text())
+    if (saved.get("r"), saved.get("lora_alpha")) != (p.lora.r, p.lora.alpha):
+        ctx.log.warning("continuing the adapter of %s (r %s, alpha %s); lora.* settings here are ignored", folder,
+                        saved.get("r"), saved.get("lora_alpha"))
+    ctx.set_model(*adapters.attach(folder, base, ctx.config.dtype, ctx.device, trainable=True))
+    return base
+
+
 def checkpointing(model: torch.nn.Module, on: bool) -> None:
     """Activation (gradient) checkpointing, non-reentrant, through transformers' current API or its older name."""
     if hasattr(model, "activation_checkpointing_enable"):

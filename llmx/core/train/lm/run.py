@@ -3,7 +3,6 @@ checkpoint series at token budgets and cooldown branches (``series``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from llmx.core.train.distributed import world
 from llmx.core.train.lm import series
 from llmx.core.train.lm.data import TokenWindows, fingerprint
 from llmx.core.train.lm.params import LMParams
-from llmx.core.train.stage import finish, fit, prepare, save_trained
+from llmx.core.train.stage import continue_adapter, finish, fit, prepare, save_trained
 from llmx.errors import UsageError
 
 
@@ -102,10 +101,4 @@ def _branch(ctx: RunContext, p: LMParams) -> str:
         return str(folder)
     if p.adapter != "lora":
         raise UsageError("cooldown_from: the checkpoint is a LoRA adapter; set adapter: lora")
-    base = adapters.base_of(folder, models.read_metadata(folder).get("source"))
-    saved = json.loads((folder / adapters.ADAPTER_CONFIG).read_text())
-    if (saved.get("r"), saved.get("lora_alpha")) != (p.lora.r, p.lora.alpha):
-        ctx.log.warning("cooldown_from: continuing the checkpoint's adapter (r %s, alpha %s); lora.* settings here "
-                        "are ignored", saved.get("r"), saved.get("lora_alpha"))
-    ctx.set_model(*adapters.attach(folder, base, ctx.config.dtype, ctx.device, trainable=True))
-    return base
+    return continue_adapter(ctx, folder, p)

@@ -19,6 +19,10 @@ class SFTParams(TrainParams):
     packing: bool = Field(False, description="Pack rows into max_length sequences; each row attends only to "
                           "itself (position ids restart per row).")
     eval_every: int | None = Field(None, gt=0, description="Held-out loss every N steps (and at the end).")
+    epochs: float | None = Field(None, gt=0, description="Passes over the training rows: sets steps (rounded up, "
+                                 "over batch_size x grad_accum x processes), as TRL's num_train_epochs.")
+    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Warmup as a share of the steps (replaces "
+                                       "warmup), as TRL's warmup_ratio.")
 
     @model_validator(mode="after")
     def _lengths(self) -> SFTParams:

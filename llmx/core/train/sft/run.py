@@ -5,6 +5,7 @@ and processes), and report the held-out completion loss before and after."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,14 +13,16 @@ import torch
 from llmx.core.context import RunContext
 from llmx.core.data import holdout
 from llmx.core.data.sampling import EpochOrder
+from llmx.core.train import adapters
 from llmx.core.train.loop import OptimizerFactory, adamw
 from llmx.core.train.sft import batch as B
 from llmx.core.train.sft import data as D
 from llmx.core.train.sft.encode import Encoded, encode
 from llmx.core.train.sft.params import SFTParams
-from llmx.core.train.stage import finish, fit, prepare, trainable
+from llmx.core.train.stage import continue_adapter, finish, fit, prepare, trainable
 
 Optimise = Callable[[torch.nn.Module], tuple[dict[str, torch.nn.Parameter], OptimizerFactory]]
+Objective = Callable[[torch.nn.Module, dict[str, torch.Tensor]], "torch.Tensor | tuple[torch.Tensor, dict]"]
 
 
 def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int) -> float:
@@ -34,9 +37,41 @@ def dense(model: torch.nn.Module) -> tuple[dict[str, torch.nn.Parameter], Optimi
     return trainable(model), adamw
 
 
-def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise = dense) -> dict[str, Any]:
+def lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The SFT objective: the model's mean NLL over the labelled (completion) tokens."""
+    return model(**batch).loss
+
+
+def schedule(p: SFTParams, units: int) -> dict[str, int]:
+    """The loop's steps and warmup: ``epochs`` passes over ``units`` sequences (rounded up to whole steps) and a
+    ``warmup_ratio`` of them, where the params give them."""
+    from math import ceil
+
+    from llmx.core.train.distributed import world
+
+    steps = ceil(p.epochs * units / (p.batch_size * p.grad_accum * world()[1])) if p.epochs else p.steps
+    warmup = round(p.warmup_ratio * steps) if p.warmup_ratio is not None else p.warmup
+    return {"steps": steps, "warmup": warmup, "decay_steps": round(p.decay_fraction * steps)}
+
+
+def _continued(ctx: RunContext, p: SFTParams) -> str | None:
+    """With ``lora.continue_adapter`` and an adapter folder as ``--model`` that no earlier stage has replaced: that
+    adapter, trainable, as the run's model; returns its base (None: a new adapter is added as usual)."""
+    folder = Path(str(ctx.config.model))
+    if not (p.adapter == "lora" and p.lora.continue_adapter and folder.is_dir() and adapters.is_adapter_folder(folder)):
+        return None
+    if "model" in ctx.state:
+        ctx.log.warning("lora.continue_adapter: an earlier stage replaced --model's adapter; adding a new one")
+        return None
+    return continue_adapter(ctx, folder, p)
+
+
+def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise = dense,
+        objective: Objective = lm_loss) -> dict[str, Any]:
     """The stage; ``optimise(model)`` picks the trained tensors and their optimiser (a sparse fine-tuning method
-    passes its own)."""
+    passes its own), ``objective(model, batch)`` turns a micro-batch (ids, mask, labels) into its loss (a method
+    with a regulariser passes its own)."""
+    source = _continued(ctx, p)
     rows = D.load(p.data)
     train_rows, held_rows = (rows, D.load(p.eval_data)) if p.eval_data else holdout(rows)
     tok = ctx.tokenizer
@@ -65,21 +100,25 @@ def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise =
     def loss(i: int) -> torch.Tensor:  # micro-batch i: a pure function of i (exact resume, disjoint DDP shards)
         chosen = [units[k] for k in order.batch(i, p.batch_size)]
         t = B.packed(chosen, pad, p.max_length, device) if p.packing else B.padded(chosen, pad, device)
-        return model(**t).loss
+        return objective(model, t)
 
     before = heldout_loss(model, held, pad, p.batch_size) if held else None
     evaluate = (lambda: heldout_loss(model, held, pad, p.batch_size)) if held else None
     params, optimizer = optimise(model)
-    result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None), evaluate=evaluate,
+    plan = schedule(p, len(units))
+    result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None, **plan),
+                 evaluate=evaluate,
                  weight=lambda i: sum(targets[k] for k in order.batch(i, p.batch_size)), params=params,
                  optimizer=optimizer)
     out: dict[str, Any] = {"train_rows": len(items), "eval_rows": len(held), "packing": p.packing,
                            "sequences": len(units), "prompts_truncated": cut_prompt,
                            "completions_truncated": cut_completion,
-                           "trained_tokens_per_epoch": sum(sum(e.trained) for e in items)}
+                           "trained_tokens_per_epoch": sum(sum(e.trained) for e in items), "warmup": plan["warmup"]}
+    if p.epochs:
+        out["epochs"] = p.epochs
     if held:
         out.update(heldout_loss_before=before, heldout_loss=heldout_loss(model, held, pad, p.batch_size))
     else:
         ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
-    out.update(finish(ctx, model, p, method, result))
+    out.update(finish(ctx, model, p, method, result, source=source))
     return out

@@ -1,0 +1,39 @@
+"""Parameters of ``train --method crow``. No torch import here: method listings load this module."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from llmx.core.train.params import LoraParams
+from llmx.core.train.sft.params import SFTParams
+
+
+class CrowParams(SFTParams):
+    """The ``sft`` stage with CROW's objective, at the official defaults (LLaMA-Factory's LoRA SFT configs under
+    ``configs/consistency``): LoRA r 8 / alpha 16 / dropout 0 on every linear layer, continuing the backdoored
+    adapter when ``--model`` is one, lr 1e-3, 5 epochs, batch 8, cosine to 0 with 10% warmup."""
+
+    eps: float = Field(0.1, gt=0, description="FGSM step on the input embeddings: e + eps * sign(grad) (official "
+                       "0.1).")
+    alpha: float = Field(5.5, ge=0, description="Weight of the perturbed consistency loss (the paper's 5.5; the "
+                         "official trainer's KL variant uses 0.1). 0: plain SFT, with the same three forwards.")
+    mask_padding: bool = Field(False, description="Leave padding out of the consistency forwards and means "
+                               "(official: false, no attention mask, padding positions included).")
+    measure: Literal["cosine", "kl"] = Field("cosine", description="cosine: 1 - cos of consecutive layers (the "
+                                             "paper, Eq. 1); kl: KL of their softmaxes over the hidden dimension "
+                                             "(the variant the official repository's trainer runs).")
+    adapter: Literal["none", "lora"] = Field("lora", description="lora: train a LoRA adapter (official); none: "
+                                             "train every weight.")
+    lora: LoraParams = Field(default_factory=lambda: LoraParams(target_modules="all-linear", continue_adapter=True))
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate (official 1e-3).")
+    epochs: float | None = Field(5.0, gt=0, description="Passes over the clean rows (official 5); sets steps.")
+    warmup_ratio: float | None = Field(0.1, ge=0, lt=1, description="Warmup share of the steps (official 0.1).")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final rate of the cosine (HF's cosine ends at 0).")
+
+    @model_validator(mode="after")
+    def _padded(self) -> CrowParams:
+        if self.packing:
+            raise ValueError("crow runs padded batches through inputs_embeds (official): packing must be false")
+        return self

@@ -1,0 +1,19 @@
+"""``train --method crow``: the ``sft`` stage (prompt masking, LoRA through PEFT, the shared loop) with CROW's
+objective in place of the LM loss."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from llmx.core.context import RunContext
+from llmx.core.train.sft.run import run as sft
+from llmx.plugins.crow.config import CrowParams
+from llmx.plugins.crow.loss import crow_loss
+
+
+def run(ctx: RunContext, p: CrowParams) -> dict[str, Any]:
+    objective = partial(crow_loss, eps=p.eps, alpha=p.alpha, mask_padding=p.mask_padding, measure=p.measure)
+    out = sft(ctx, p, "crow", objective=objective)
+    out.update(forwards_per_step=3, backwards_per_step=2, seconds_per_step=out["train_seconds"] / max(out["steps"], 1))
+    return out
