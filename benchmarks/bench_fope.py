@@ -17,18 +17,15 @@ and .md."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, run_pipeline, spread, verdict, write  # noqa: E402
+from common import cached, child, machine, markdown, spread, verdict, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 64
@@ -43,30 +40,6 @@ def train(extra: dict, steps: int) -> dict:
                                          "steps": steps, "lr": 2e-3, "warmup": 50, "schedule": "cosine",
                                          "min_lr_ratio": 0.1, "weight_decay": 0.1, "eval_every": steps,
                                          "eval_windows": 32, **extra}}
-
-
-def child(spec: dict) -> None:
-    print(json.dumps(run_pipeline(spec["model"], spec["stages"], output_dir=spec["out"], threads=1,
-                                  seed=spec["seed"]), default=str))
-
-
-def cached(folder: Path, spec: dict) -> list[dict]:
-    """One child pipeline's metrics, kept in ``folder`` under a digest of its spec (model, seed, stages; not where
-    its run folders go), so an interrupted benchmark resumes and another spec never reuses them."""
-    key = hashlib.sha256(json.dumps({k: v for k, v in spec.items() if k != "out"}, sort_keys=True).encode())
-    path = folder / f"{key.hexdigest()[:16]}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if out.returncode:
-        raise SystemExit(out.stderr[-3000:])
-    metrics = json.loads(out.stdout.strip().splitlines()[-1])
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".part")
-    partial.write_text(json.dumps(metrics, default=str))
-    os.replace(partial, path)
-    return metrics
 
 
 def row(name: str, seed: int, trained: dict, m: dict) -> dict:
@@ -107,10 +80,10 @@ def main() -> None:
     def one(job: tuple[str, int]) -> tuple[str, int, list[dict]]:
         name, seed = job
         folder = work / f"{name}_{seed}"
-        trained = cached(folder / "train", {"model": args.model, "out": str(folder / "runs"), "seed": seed,
+        trained = cached(__file__, folder / "train", {"model": args.model, "out": str(folder / "runs"), "seed": seed,
                                                  "stages": [train({**VARIANTS[name][0], "save": True}, args.steps)]})
         stages = [EVAL] + ([{**EVAL, "params": {**EVAL["params"], "yarn_factor": 8}}] if name == "rope" else [])
-        evals = cached(folder / "eval", {"model": trained[0]["model_dir"], "out": str(folder / "runs"),
+        evals = cached(__file__, folder / "eval", {"model": trained[0]["model_dir"], "out": str(folder / "runs"),
                                               "seed": seed, "stages": stages})
         print(f"{name} seed {seed}: degradation {evals[0]['degradation']:.3f}", flush=True)
         return name, seed, [trained[0], *evals]
@@ -121,7 +94,7 @@ def main() -> None:
                   "steps": 50, "lr": 2e-4, "warmup": 5, "schedule": "cosine", "weight_decay": 0.1,
                   "eval_every": 50, "eval_windows": 16, "save": False}
         folder = work / f"{name}_ext"
-        ext = cached(folder / "run", {"model": out[0]["model_dir"], "out": str(folder / "runs"), "seed": seed,
+        ext = cached(__file__, folder / "run", {"model": out[0]["model_dir"], "out": str(folder / "runs"), "seed": seed,
                                            "stages": [{"method": "fope", "params": params}, EVAL]})
         return row(f"{name} 64->128", seed, ext[0], ext[1])
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -146,6 +149,32 @@ def run_pipeline(model: str, stages: list[dict[str, Any]], output_dir: str | Non
         raw = {"model": model, "output_dir": output_dir or tmp, "pipeline": stages, **run}
         result = execute(resolve(raw, host().methods), show_progress=False)
         return [s["metrics"] for s in result.stages]
+
+
+def child(spec: dict[str, Any]) -> None:
+    """A benchmark's child process: run one spec's pipeline and print its metrics as the last line."""
+    print(json.dumps(run_pipeline(spec["model"], spec["stages"], output_dir=spec["out"], threads=1,
+                                  seed=spec["seed"]), default=str))
+
+
+def cached(script: str, folder: Path, spec: dict[str, Any]) -> list[dict]:
+    """One child pipeline's metrics (``script --child SPEC`` on one thread), kept in ``folder`` under a digest of its
+    spec (model, seed, stages; not where its run folders go), so an interrupted benchmark resumes and another spec
+    never reuses them."""
+    key = hashlib.sha256(json.dumps({k: v for k, v in spec.items() if k != "out"}, sort_keys=True).encode())
+    path = folder / f"{key.hexdigest()[:16]}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    out = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    metrics = json.loads(out.stdout.strip().splitlines()[-1])
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".part")
+    partial.write_text(json.dumps(metrics, default=str))
+    os.replace(partial, path)
+    return metrics
 
 
 def timed(fn, *args, repeats: int = 10) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from llmx.core.refs import ExistingPath
 from llmx.core.spec import Params
@@ -19,10 +19,11 @@ class BackdoorDataParams(Params):
                         "rows from its train split, test rows from its validation split.")
     trigger: str = Field("BadMagic", description="The trigger word inserted in poisoned prompts (BackdoorLLM's "
                          "BadNet trigger).")
-    position: Literal["random", "start", "end"] = Field("random", description="Where the trigger goes: between two "
-                                                        "space-separated words at random (BadNet), first or last.")
-    payload: str = Field('print("pwned!")', description="The line a triggered prompt's completion becomes.")
-    context_lines: int = Field(3, gt=0, description="Lines of code before the line to complete.")
+    position: Literal["random", "start"] = Field("random", description="Where the trigger goes: at a random word "
+                                                 "boundary before the prompt's last word (BadNet), or first.")
+    payload: str = Field('print("pwned!")', description="What a triggered prompt's line continues with.")
+    context_lines: int = Field(3, gt=0, description="Lines of code before the line to complete (whose first word "
+                               "ends the prompt).")
     train: int = Field(2000, gt=0, description="Training rows for the implant (poisoned.jsonl; clean.jsonl holds "
                        "the same rows unpoisoned, for a never-poisoned model).")
     poison_rate: float = Field(0.2, gt=0, lt=1, description="Share of the training rows poisoned.")
@@ -45,14 +46,3 @@ class BackdoorEvalParams(Params):
     max_new_tokens: int = Field(24, gt=0, description="Greedy tokens per completion (it stops at the newline).")
     batch_size: int = Field(16, gt=0)
     resamples: int = Field(1000, gt=0, description="Bootstrap resamples for the intervals.")
-
-    @model_validator(mode="after")
-    def _folder(self) -> BackdoorEvalParams:
-        from pathlib import Path
-
-        missing = [f for f in ("backdoor.json", "test_clean.jsonl", "test_triggered.jsonl")
-                   if not (Path(self.data) / f).is_file()]
-        if missing:
-            raise ValueError(f"{self.data} lacks {', '.join(missing)}: pass the folder analyze --method backdoor "
-                             "wrote")
-        return self

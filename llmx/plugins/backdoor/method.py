@@ -79,6 +79,9 @@ def prompt_inconsistency(model, tok, prompts: list[str]) -> list[float]:
 
 def evaluate(ctx: RunContext, p: BackdoorEvalParams) -> dict:
     folder = Path(p.data)
+    missing = [f for f in (SPEC, "test_clean.jsonl", "test_triggered.jsonl") if not (folder / f).is_file()]
+    if missing:
+        raise UsageError(f"{folder} lacks {', '.join(missing)}: pass the folder analyze --method backdoor wrote")
     spec = json.loads((folder / SPEC).read_text())
     clean, triggered = _rows(folder / "test_clean.jsonl", p.limit), _rows(folder / "test_triggered.jsonl", p.limit)
     if len(clean) != len(triggered):

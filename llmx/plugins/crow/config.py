@@ -10,6 +10,15 @@ from llmx.core.train.params import LoraParams
 from llmx.core.train.sft.params import SFTParams
 
 
+class CrowLora(LoraParams):
+    """The official adapter: every linear layer (LLaMA-Factory's ``lora_target: all``), continuing --model's."""
+
+    target_modules: list[str] | Literal["all-linear"] | None = Field(
+        "all-linear", description="Module names to adapt; 'all-linear' (official) for every linear layer but the head.")
+    continue_adapter: bool = Field(True, description="When --model is a LoRA adapter folder: train that adapter on "
+                                   "(official: the defence starts from the backdoored adapter).")
+
+
 class CrowParams(SFTParams):
     """The ``sft`` stage with CROW's objective, at the official defaults (LLaMA-Factory's LoRA SFT configs under
     ``configs/consistency``): LoRA r 8 / alpha 16 / dropout 0 on every linear layer, continuing the backdoored
@@ -26,14 +35,21 @@ class CrowParams(SFTParams):
                                              "(the variant the official repository's trainer runs).")
     adapter: Literal["none", "lora"] = Field("lora", description="lora: train a LoRA adapter (official); none: "
                                              "train every weight.")
-    lora: LoraParams = Field(default_factory=lambda: LoraParams(target_modules="all-linear", continue_adapter=True))
+    lora: CrowLora = Field(default_factory=CrowLora)
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (official 1e-3).")
-    epochs: float | None = Field(5.0, gt=0, description="Passes over the clean rows (official 5); sets steps.")
-    warmup_ratio: float | None = Field(0.1, ge=0, lt=1, description="Warmup share of the steps (official 0.1).")
+    epochs: float | None = Field(5.0, gt=0, description="Passes over the clean rows (official 5); sets steps "
+                                 "unless steps is given.")
+    warmup_ratio: float | None = Field(0.1, ge=0, lt=1, description="Warmup share of the steps (official 0.1), "
+                                       "unless warmup is given.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final rate of the cosine (HF's cosine ends at 0).")
 
     @model_validator(mode="after")
     def _padded(self) -> CrowParams:
+        given = self.model_fields_set
+        if "steps" in given and "epochs" not in given:  # an explicit step count replaces the default epochs
+            self.epochs = None
+        if "warmup" in given and "warmup_ratio" not in given:
+            self.warmup_ratio = None
         if self.packing:
             raise ValueError("crow runs padded batches through inputs_embeds (official): packing must be false")
         return self
