@@ -97,9 +97,24 @@ def test_no_parameter_holds_a_gradient_after_the_perturbation_pass():
     e = model.get_input_embeddings()(b["input_ids"]).detach()
     perturbation(model, e, None, "cosine", 0.1, H.check_model(model))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_total_gradient_is_the_lm_loss_plus_alpha_times_the_perturbed_consistency_with_a_fixed_step():
+    model = llama()
+    b = batch()
     total, parts = crow_loss(model, b)
-    assert all(p.grad is None for p in model.parameters())
     assert float(total) == pytest.approx(float(parts["lm_loss"] + 5.5 * parts["consistency"]), rel=1e-6)
+    total.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    embedded = model.get_input_embeddings()(b["input_ids"])
+    step, _ = perturbation(model, embedded, None, "cosine", 0.1, H.check_model(model))
+    reference = model(**b).loss + 5.5 * H.inconsistency(H.hidden_states(model, embedded + step, None))
+    reference.backward()
+    assert all(torch.allclose(got[n], p.grad, atol=1e-6, rtol=1e-5) for n, p in model.named_parameters())
+    model.zero_grad(set_to_none=True)
+    model(**b).loss.backward()  # the regulariser does move the weights: not the LM gradient alone
+    assert not all(torch.allclose(got[n], p.grad, atol=1e-6) for n, p in model.named_parameters())
 
 
 def test_mask_padding_changes_the_loss_only_when_the_batch_has_padding():
@@ -264,7 +279,7 @@ def test_eval_scores_the_payload_on_triggered_and_clean_prompts(cli, tmp_path, r
 
 @pytest.mark.parametrize("args,words", [
     (["train", "--method", "crow", "--model", "ref:llama-test", "--data", "ROWS"], "at least 3"),
-    (["train", "--method", "crow", "--model", MODEL, "--data", "BAD"], ":1: expected keys"),
+    (["train", "--method", "crow", "--model", MODEL, "--data", "BAD"], "bad.jsonl:1: expected keys"),
     (["analyze", "--method", "backdoor", "--set", "trigger= "], "non-empty"),
     (["train", "--method", "crow", "--model", MODEL, "--data", "ROWS", "--set", "packing=true"], "packing"),
     (["eval", "--method", "backdoor", "--model", MODEL, "--data", "."], "lacks backdoor.json"),
