@@ -10,8 +10,10 @@ with ``llmx zoo build llama --preset bench --layers 8 --name llama-bench-8l``):
    200 held-out prompts, clean and triggered.
 2. The implant: ``train --method sft`` on the poisoned rows with a LoRA adapter on every linear layer, lr 2e-4 (the
    official injection rate), cosine, 10% warmup; the first schedule of ``IMPLANTS`` whose held-out ASR is at least 0.9
-   with clean perplexity within 5% of the base model is kept (each one tried is reported). The same schedule on the
-   unpoisoned rows gives the never-poisoned twin.
+   with clean perplexity within 5% of the base model is kept (each one tried is reported: 2e-4 for 5 epochs leaves
+   ASR 0.13 here, so the kept implant is 1e-3 for 5 epochs). The same schedule on the unpoisoned rows gives the
+   never-poisoned twin. Micro-batches of 8 rows (CROW's default is the official 2 x 4 accumulated: with padding in
+   the consistency loss the micro-batch size matters).
 3. Defences from the backdoored adapter (continued, as the official configs): plain SFT (``train --method sft``),
    CROW at alpha 5.5 and 2, each at the official budget (lr 1e-3, 5 epochs, batch 8) and a stronger one (lr 3e-3, 10
    epochs), seeds 0-2 (the batch order); CROW at alpha 5.5 on the never-poisoned twin (its utility cost).
@@ -152,6 +154,9 @@ def verdicts(preps: list[dict], rows: list[dict]) -> dict:
     for p in preps:
         backdoored = p["implant"][1]
         out[f"{p['model']} implant meets the bar (asr >= 0.9, ppl within 5% of base)"] = p["ok"]
+        kept = statistics.mean(r["asr"] for r in rows if (r["model"], r["defence"], r["budget"]) ==
+                               (p["model"], "sft", "official"))
+        out[f"{p['model']} backdoor survives plain SFT at the official budget (mean asr {kept:.3f} >= 0.5)"] = kept >= 0.5
         out[f"{p['model']} premise: inconsistency triggered - clean on the backdoored model"] = (
             f"{backdoored['inconsistency_gap']:.4f} (95% CI {backdoored['inconsistency_gap_ci'][0]:.4f}.."
             f"{backdoored['inconsistency_gap_ci'][1]:.4f})")

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from llmx.core.models.blocks import decoder_blocks
 from llmx.errors import UsageError
-
-Measure = Literal["cosine", "kl"]
-PROB_FLOOR = 1e-6  # the official KL variant's clamp before renormalising
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -48,29 +44,18 @@ def check_layout(hidden: Sequence[torch.Tensor], layers: int) -> None:
                          f"{layers + 1}: the embedding output, then one per layer)")
 
 
-def inconsistency(hidden: Sequence[torch.Tensor], mask: torch.Tensor | None = None,
-                  measure: Measure = "cosine") -> torch.Tensor:
+def inconsistency(hidden: Sequence[torch.Tensor], mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over the pairs ``(h_l, h_{l+1})``, ``l = 1 .. L-2`` (``hidden_states[1:-2]`` against ``[2:-1]``: the
     embedding output and the last entry, the final-norm output in HF Llama, left out, as the official code), over
     the batch and the positions where ``mask`` (batch, positions) is set (all of them without one) of
-    ``1 - cos`` (eps 1e-8), or with ``measure="kl"`` of ``KL(softmax h_{l+1} || softmax h_l)`` over the hidden
-    dimension (probabilities floored at 1e-6 and renormalised: the variant the official trainer runs)."""
+    ``1 - cos`` (eps 1e-8)."""
     a = torch.stack(tuple(hidden[1:-2])).float()
     b = torch.stack(tuple(hidden[2:-1])).float()
-    if measure == "cosine":
-        per = 1 - F.cosine_similarity(a, b, dim=-1, eps=1e-8)
-    else:
-        pa, pb = (_floored(t.softmax(-1)) for t in (a, b))
-        per = (pb * (pb.log() - pa.log())).sum(-1)
+    per = 1 - F.cosine_similarity(a, b, dim=-1, eps=1e-8)
     if mask is None:
         return per.mean()
     w = mask.to(per.dtype)[None].expand_as(per)
     return (per * w).sum() / w.sum().clamp_min(1)
-
-
-def _floored(p: torch.Tensor) -> torch.Tensor:
-    p = p.clamp_min(PROB_FLOOR)
-    return p / p.sum(-1, keepdim=True)
 
 
 def hidden_states(model: torch.nn.Module, embeds: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

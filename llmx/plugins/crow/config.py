@@ -22,21 +22,23 @@ class CrowLora(LoraParams):
 class CrowParams(SFTParams):
     """The ``sft`` stage with CROW's objective, at the official defaults (LLaMA-Factory's LoRA SFT configs under
     ``configs/consistency``): LoRA r 8 / alpha 16 / dropout 0 on every linear layer, continuing the backdoored
-    adapter when ``--model`` is one, lr 1e-3, 5 epochs, batch 8, cosine to 0 with 10% warmup."""
+    adapter when ``--model`` is one, lr 1e-3, 5 epochs, batch 2 x 4 accumulated, cosine to 0 with 10% warmup.
+    Micro-batches weigh by their completion tokens (the shared loop), HF's Trainer weighs them equally; AdamW's
+    betas are the loop's (0.9, 0.95), HF's (0.9, 0.999)."""
 
     eps: float = Field(0.1, gt=0, description="FGSM step on the input embeddings: e + eps * sign(grad) (official "
                        "0.1).")
-    alpha: float = Field(5.5, ge=0, description="Weight of the perturbed consistency loss (the paper's 5.5; the "
-                         "official trainer's KL variant uses 0.1). 0: plain SFT, with the same three forwards.")
+    alpha: float = Field(5.5, ge=0, description="Weight of the perturbed consistency loss (official 5.5). 0: plain "
+                         "SFT, with the same three forwards.")
     mask_padding: bool = Field(False, description="Leave padding out of the consistency forwards and means "
                                "(official: false, no attention mask, padding positions included).")
-    measure: Literal["cosine", "kl"] = Field("cosine", description="cosine: 1 - cos of consecutive layers (the "
-                                             "paper, Eq. 1); kl: KL of their softmaxes over the hidden dimension "
-                                             "(the variant the official repository's trainer runs).")
     adapter: Literal["none", "lora"] = Field("lora", description="lora: train a LoRA adapter (official); none: "
                                              "train every weight.")
     lora: CrowLora = Field(default_factory=CrowLora)
     lr: float = Field(1e-3, gt=0, description="Peak learning rate (official 1e-3).")
+    batch_size: int = Field(2, gt=0, description="Rows per micro-batch (official 2: with padding in the "
+                            "consistency loss, the micro-batch size changes how much of it is padding).")
+    grad_accum: int = Field(4, gt=0, description="Micro-batches per step (official 4: 8 rows a step).")
     epochs: float | None = Field(5.0, gt=0, description="Passes over the clean rows (official 5); sets steps "
                                  "unless steps is given.")
     warmup_ratio: float | None = Field(0.1, ge=0, lt=1, description="Warmup share of the steps (official 0.1), "

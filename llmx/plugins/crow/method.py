@@ -13,7 +13,7 @@ from llmx.plugins.crow.loss import crow_loss
 
 
 def run(ctx: RunContext, p: CrowParams) -> dict[str, Any]:
-    objective = partial(crow_loss, eps=p.eps, alpha=p.alpha, mask_padding=p.mask_padding, measure=p.measure)
+    objective = partial(crow_loss, eps=p.eps, alpha=p.alpha, mask_padding=p.mask_padding)
     out = sft(ctx, p, "crow", objective=objective)
     out.update(forwards_per_step=3, backwards_per_step=2, seconds_per_step=out["train_seconds"] / max(out["steps"], 1))
     return out

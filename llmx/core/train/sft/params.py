@@ -26,6 +26,10 @@ class SFTParams(TrainParams):
 
     @model_validator(mode="after")
     def _lengths(self) -> SFTParams:
+        given = self.model_fields_set
+        for a, b in (("steps", "epochs"), ("warmup", "warmup_ratio")):
+            if {a, b} <= given and getattr(self, b) is not None:
+                raise ValueError(f"{a} and {b} both set the schedule; give one")
         if self.max_prompt_length >= self.max_length:
             raise ValueError(f"max_prompt_length ({self.max_prompt_length}) must be below max_length "
                              f"({self.max_length}), so every completion keeps a token")

@@ -58,7 +58,10 @@ def _continued(ctx: RunContext, p: SFTParams) -> str | None:
     """With ``lora.continue_adapter`` and an adapter folder as ``--model`` that no earlier stage has replaced: that
     adapter, trainable, as the run's model; returns its base (None: a new adapter is added as usual)."""
     folder = Path(str(ctx.config.model))
-    if not (p.adapter == "lora" and p.lora.continue_adapter and folder.is_dir() and adapters.is_adapter_folder(folder)):
+    if not (p.adapter == "lora" and p.lora.continue_adapter):
+        return None
+    if not (folder.is_dir() and adapters.is_adapter_folder(folder)):
+        ctx.log.info("lora.continue_adapter: --model is not a LoRA adapter folder; adding a new adapter")
         return None
     if "model" in ctx.state:
         ctx.log.warning("lora.continue_adapter: an earlier stage replaced --model's adapter; adding a new one")
