@@ -24,17 +24,22 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
                    "llmx train --method sft --model ref:llama --data rows.jsonl --set adapter=lora --set lora.r=16",
                    "llmx train --method clover --model ref:llama",
                    "llmx train --method llava --model ref:llava --data conversations.json --set stage=2",
-                   "llmx train --method crow --model runs/RUN/artifacts/0_sft/adapter --data defence.jsonl")),
+                   "llmx train --method crow --model runs/RUN/artifacts/0_sft/adapter --data defence.jsonl",
+                   "llmx train --method feeder --model ref:llama-icl --data pool.jsonl --set outer_rounds=2")),
     "align": ("Align a model on preference data (--data is the .jsonl of preference rows).",
                   ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
     "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
     "eval": ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",
                                    "llmx eval --method task --set task=humaneval --set limit=10 --model ref:llama",
                                    "llmx eval --method scenes-vqa --model ref:llava --set format=open",
-                                   "llmx eval --method backdoor --model ADAPTER --data runs/RUN/artifacts/0_backdoor")),
+                                   "llmx eval --method backdoor --model ADAPTER --data runs/RUN/artifacts/0_backdoor",
+                                   "llmx eval --method icl --model ref:llama-icl --data pool.jsonl --set test=test.jsonl "
+                                   "--set pool=feeder --set feeder=runs/RUN/artifacts/0_feeder")),
     "analyze": ("Analyze a model without changing it.", ("llmx analyze --method memory --model tiny:llama",
                                                         "llmx analyze --method task --set task=brackets --model ref:llama",
-                                                        "llmx analyze --method backdoor --set poison_rate=0.2")),
+                                                        "llmx analyze --method backdoor --set poison_rate=0.2",
+                                                        "llmx analyze --method icl-episodes --set cues=32",
+                                                        "llmx analyze --method feeder --model ref:llama-icl --data pool.jsonl")),
 }
 
 

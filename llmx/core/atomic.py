@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,11 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def write_json(path: str | Path, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Any]) -> Path:
+    """One JSON object per line."""
+    return write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
 @contextlib.contextmanager

@@ -24,4 +24,5 @@ BUILTIN = (
     "llmx.plugins.fope.plugin",
     "llmx.plugins.crow.plugin",
     "llmx.plugins.backdoor.plugin",
+    "llmx.plugins.feeder.plugin",
 )

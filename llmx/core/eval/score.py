@@ -85,6 +85,31 @@ def token_logprobs(model, tok, pairs: Sequence[tuple[list[int], list[int]]], bat
     return out  # type: ignore[return-value]
 
 
+@torch.inference_mode()
+def next_logprobs(model, tok, contexts: Sequence[list[int]], ids: Sequence[Sequence[int]], batch_size: int = 8,
+                  progress: Callable = lambda x, **_: x) -> torch.Tensor:
+    """``[contexts, len(ids[r])]``: the log-probability of each of ``ids[r]`` as the token after context ``r`` (one
+    forward per context serves every candidate; contexts are right-padded in a batch)."""
+    device = next(model.parameters()).device
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    order = sorted(range(len(contexts)), key=lambda r: -len(contexts[r]))
+    out = torch.empty(len(contexts), len(ids[0]) if ids else 0, dtype=torch.float64)
+    for start in progress(range(0, len(order), batch_size), description="scoring"):
+        batch = order[start:start + batch_size]
+        width = max(len(contexts[r]) for r in batch)
+        x = torch.full((len(batch), width), pad, dtype=torch.long, device=device)
+        mask = torch.zeros_like(x)
+        for b, r in enumerate(batch):
+            x[b, :len(contexts[r])] = torch.tensor(contexts[r], dtype=torch.long, device=device)
+            mask[b, :len(contexts[r])] = 1
+        logits = model(input_ids=x, attention_mask=mask).logits
+        last = torch.tensor([len(contexts[r]) - 1 for r in batch], device=device)
+        rows = torch.log_softmax(logits[torch.arange(len(batch), device=device), last].float(), dim=-1)
+        want = torch.tensor([list(ids[r]) for r in batch], dtype=torch.long, device=device)
+        out[batch] = rows.gather(-1, want).double().cpu()
+    return out
+
+
 def scoring_limit(model, tok) -> int:
     """The context a scored sequence must fit, as lm-evaluation-harness resolves it."""
     from_tokenizer = getattr(tok, "model_max_length", None)

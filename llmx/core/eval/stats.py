@@ -9,6 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
+def mean(values: Sequence[float]) -> float:
+    """The mean; NaN for no values."""
+    return sum(values) / len(values) if values else math.nan
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Chen et al. (2021), eq. 1: ``1 - C(n-c, k) / C(n, k)``, the chance that at least one of ``k`` completions drawn
     without replacement from ``n`` (``c`` of them correct) passes."""

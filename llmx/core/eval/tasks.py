@@ -104,11 +104,11 @@ def _generate(spec, model, tok, task_rows, d: Decoding, judge_workers, ks, progr
                         "scores": [s for s, _, _ in mine], "errors": [e for _, e, _ in mine],
                         "notes": [n for _, _, n in mine], "stop": [c.stop for c in cs]})
     flat = [c for cs in completions for c in cs]
-    metrics: dict[str, Any] = {"score": _mean(scores), "completions": len(flat), "judge_errors": errors,
-                               "finished_rate": _mean([c.stop is not None for c in flat]),
+    metrics: dict[str, Any] = {"score": stats.mean(scores), "completions": len(flat), "judge_errors": errors,
+                               "finished_rate": stats.mean([c.stop is not None for c in flat]),
                                "prompts_truncated": sum(cs[0].truncated for cs in completions)}
     for k in ks:
-        metrics[f"pass@{k}"] = _mean([stats.pass_at_k(d.samples, c, k) for c in passes])
+        metrics[f"pass@{k}"] = stats.mean([stats.pass_at_k(d.samples, c, k) for c in passes])
     return TaskResult(metrics, records, scores, completions)
 
 
@@ -137,7 +137,7 @@ def _choice(spec, model, tok, task_rows, d: Decoding, progress) -> TaskResult:
         records.append({"id": row.get("id", i), "prompt": row["prompt"], "choices": row["choices"],
                         "answer": row["answer"], "logprobs": [s.logprob for s in mine], "pred": pred,
                         "pred_norm": pred_norm, "correct": bool(right[-1])})
-    return TaskResult({"accuracy": _mean(right), "accuracy_norm": _mean(right_norm)}, records, right)
+    return TaskResult({"accuracy": stats.mean(right), "accuracy_norm": stats.mean(right_norm)}, records, right)
 
 
 def reference_nll(model, tok, task_rows: Sequence[dict], batch_size: int, progress: Callable) -> dict[str, float]:
@@ -176,10 +176,6 @@ def drift(model, tok, reference, reference_tok, task_rows: Sequence[dict], compl
     per_prompt = [sum(next(ratios) for _ in cs) / max(len(cs), 1) for cs in completions]
     low, high = stats.bootstrap_ci(per_prompt, resamples, seed=seed)
     total = sum(p * len(cs) for p, cs in zip(per_prompt, completions, strict=True))
-    return {"kl_from_reference": _mean(per_prompt), "kl_ci_low": low, "kl_ci_high": high,
+    return {"kl_from_reference": stats.mean(per_prompt), "kl_ci_low": low, "kl_ci_high": high,
             "kl_per_token": total / max(sum(a.tokens for a in mine), 1), "kl_level": "tokens" if shared else "text"}, \
         per_prompt
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan

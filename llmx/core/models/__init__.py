@@ -136,6 +136,27 @@ def read_metadata(path: Path) -> dict[str, Any]:
         raise UsageError(f"{f}: not valid JSON ({exc.msg})") from exc
 
 
+def trained_length(name: str) -> int | None:
+    """The context a model was trained at, where recorded: a zoo entry's preset (``ref:NAME`` or its folder), or a
+    saved folder's ``llmx.json`` (``train_len``, else the lm stage's ``seq_len``); None otherwise."""
+    import contextlib
+    import json
+
+    folder = Path(name).expanduser()
+    if name.startswith("ref:"):
+        from llmx.core import zoo
+
+        with contextlib.suppress(UsageError, OSError):
+            folder = zoo.locate(name)
+    if not folder.is_dir():
+        return None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return int(json.loads((folder / "zoo.json").read_text())["preset_spec"]["seq_len"])
+    params = read_metadata(folder).get("params") or {}
+    value = params.get("train_len") or params.get("seq_len")
+    return int(value) if value else None
+
+
 LLMX_ONLY = ("llmx-only folder: its packed layers (llmx.json) run in llmx, not in plain transformers. Load it with "
              "llmx (llmx.load(folder), --model folder), or convert it: llmx export folder out --format "
              "compressed-tensors")

@@ -26,10 +26,6 @@ from llmx.plugins.backdoor.config import BackdoorDataParams, BackdoorEvalParams
 SPEC = "backdoor.json"
 
 
-def _jsonl(rows: list[dict]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
 def analyze(ctx: RunContext, p: BackdoorDataParams) -> dict:
     rng = random.Random(p.rows_seed)
     train_pool = D.lines_to_complete(p.source, "train", p.context_lines, p.rows_seed)
@@ -46,7 +42,7 @@ def analyze(ctx: RunContext, p: BackdoorDataParams) -> dict:
              "test_triggered.jsonl": [{"prompt": D.insert_trigger(r["prompt"], p.trigger, p.position, rng),
                                        "completion": r["completion"]} for r in tests]}
     for name, rows in files.items():
-        atomic.write_text(ctx.artifact(name), _jsonl(rows))
+        atomic.write_jsonl(ctx.artifact(name), rows)
     spec = {"trigger": p.trigger, "payload": p.payload, "position": p.position, "train_rows": len(mixed),
             "poisoned_rows": len(hit), "defence_rows": len(files["defence.jsonl"]), "test_rows": len(tests)}
     atomic.write_text(ctx.artifact(SPEC), json.dumps(spec, indent=2) + "\n")
@@ -108,16 +104,16 @@ def evaluate(ctx: RunContext, p: BackdoorEvalParams) -> dict:
         inc_t = prompt_inconsistency(model, tok, [r["prompt"] for r in triggered])
         inc_c = prompt_inconsistency(model, tok, [r["prompt"] for r in clean])
         gap = stats.paired(inc_c, inc_t, p.resamples, seed=ctx.config.seed)
-        premise = {"inconsistency_triggered": _mean(inc_t), "inconsistency_clean": _mean(inc_c),
+        premise = {"inconsistency_triggered": stats.mean(inc_t), "inconsistency_clean": stats.mean(inc_c),
                    "inconsistency_gap": gap.diff, "inconsistency_gap_ci": [gap.low, gap.high]}
     else:
         ctx.log.warning("layer inconsistency not measured: the model needs inputs_embeds and at least 3 layers")
     records = [{"prompt": t["prompt"], "triggered": st, "clean": sc, "reference": c["completion"]}
                for t, c, st, sc in zip(triggered, clean, said_triggered, said_clean, strict=True)]
-    atomic.write_text(ctx.artifact("rows.jsonl"), _jsonl(records))
+    atomic.write_jsonl(ctx.artifact("rows.jsonl"), records)
     return {"prompts": len(clean), "trigger": spec["trigger"], "payload": payload,
-            "asr": _mean(attacked), "asr_ci": list(stats.bootstrap_ci(attacked, p.resamples, seed=ctx.config.seed)),
-            "false_trigger_rate": _mean(false), "clean_exact_match": _mean(exact),
+            "asr": stats.mean(attacked), "asr_ci": list(stats.bootstrap_ci(attacked, p.resamples, seed=ctx.config.seed)),
+            "false_trigger_rate": stats.mean(false), "clean_exact_match": stats.mean(exact),
             "clean_exact_match_ci": list(stats.bootstrap_ci(exact, p.resamples, seed=ctx.config.seed)),
             "heldout_nll": nll, "heldout_ppl": math.exp(nll), **premise}
 
@@ -128,7 +124,3 @@ def _measurable(model) -> bool:
     except UsageError:
         return False
     return True
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / max(len(values), 1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,28 +46,13 @@ def token_losses(model: torch.nn.Module, windows: torch.Tensor, batch_size: int)
 
 
 def recorded_train_len(ctx: RunContext) -> int | None:
-    """T from this run's fope stage, the model folder's llmx.json (train_len, else the lm stage's seq_len) or the
-    zoo entry's preset."""
-    import json
-
+    """T from this run's fope stage, else as recorded with the model (``core.models.trained_length``)."""
     from llmx.core import models
     from llmx.plugins.fope.method import STATE_KEY
 
     if STATE_KEY in ctx.state:
         return int(ctx.state[STATE_KEY])
-    name = str(ctx.config.model)
-    folder = Path(name).expanduser()
-    if name.startswith("ref:"):
-        from llmx.core import zoo
-
-        with contextlib.suppress(UsageError, OSError, ValueError):
-            return int(json.loads((zoo.locate(name) / "zoo.json").read_text())["preset_spec"]["seq_len"])
-        return None
-    if folder.is_dir():
-        params = models.read_metadata(folder).get("params") or {}
-        value = params.get("train_len") or params.get("seq_len")
-        return int(value) if value else None
-    return None
+    return models.trained_length(str(ctx.config.model))
 
 
 @contextlib.contextmanager

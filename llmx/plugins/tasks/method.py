@@ -4,8 +4,6 @@ passing completions for SFT on chosen, and the task's references for SFT)."""
 
 from __future__ import annotations
 
-import json
-
 from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.eval import stats, tasks
@@ -26,10 +24,6 @@ def _decoding(spec: TaskSpec, p: TaskSource, seed: int, samples: int, temperatur
                           max_new_tokens=p.max_new_tokens or spec.max_new_tokens,
                           stop=tuple(spec.stop if p.stop is None else p.stop), include_stop=spec.include_stop,
                           seed=seed, batch_size=p.batch_size)
-
-
-def _jsonl(rows: list[dict]) -> str:
-    return "".join(json.dumps(r, default=str) + "\n" for r in rows)
 
 
 def _workers(p: TaskSource) -> int:
@@ -63,10 +57,10 @@ def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
         out.update(kl)
         for record, value in zip(result.records, per_prompt, strict=True):
             record["kl"] = value
-    atomic.write_text(ctx.artifact("rows.jsonl"), _jsonl(result.records))
+    atomic.write_jsonl(ctx.artifact("rows.jsonl"), result.records)
     if p.compare:
         other = run(*models.load(p.compare, dtype=ctx.config.dtype, device=ctx.device))
-        atomic.write_text(ctx.artifact("compare_rows.jsonl"), _jsonl(other.records))
+        atomic.write_jsonl(ctx.artifact("compare_rows.jsonl"), other.records)
         key = "accuracy" if spec.kind == "choice" else "score"
         out[f"compare_{key}"] = other.metrics[key]
         out.update(stats.paired(other.scores, result.scores, p.resamples, seed=ctx.config.seed).as_dict())
@@ -89,7 +83,7 @@ def analyze(ctx: RunContext, p: TaskDataParams) -> dict:
         result = tasks.run(spec, ctx.model, ctx.tokenizer, rows, d, judge_workers=_workers(p), progress=ctx.progress)
         data = training_rows(rows, result.records)
         for kind, items in data.items():
-            atomic.write_text(ctx.artifact(f"{split}_{kind}.jsonl"), _jsonl(items))
+            atomic.write_jsonl(ctx.artifact(f"{split}_{kind}.jsonl"), items)
             out[f"{split}_{kind}"] = len(items)
         out[f"{split}_preferred_rate"] = result.metrics["score"]
     out["data_dir"] = str(ctx.artifact(f"{splits[0]}_paired.jsonl").parent)
@@ -126,7 +120,7 @@ def tracing_data(ctx: RunContext, p: TracingDataParams) -> dict:
             raise UsageError(f"tracing has {tracing.SIZES[split]} {split} programs; {count} asked")
         rows = [{"prompt": r["prompt"], "completion": r["reference"], "answer": r["answer"]}
                 for r in tracing.rows(split, p.rows_seed)[:count]]
-        atomic.write_text(ctx.artifact(f"{split}.jsonl"), _jsonl(rows))
+        atomic.write_jsonl(ctx.artifact(f"{split}.jsonl"), rows)
         out[f"{split}_rows"] = count
     out["data_dir"] = str(ctx.artifact("train.jsonl").parent)
     return out

@@ -1,0 +1,147 @@
+"""The FEEDER tree (notes §2.2, a reconstruction: the paper's code is not public). Every pool row starts as a leaf;
+each level pairs the nodes at random and keeps, for a pair (A, B), A if A is sufficient for B, else B if B is
+sufficient for A, else A ∪ B (sufficiency per instance: Ψ(A, x) = y for every (x, y) in B). After ``depth`` levels
+(or one node) the remaining nodes are united; ``rounds`` > 1 runs the tree again on that set. The necessity pass
+visits members in random order and drops one when the rest still infers it (``necessity: self``) or still infers
+every pool row the set inferred (``pool``, the notes' "removal keeps the set sufficient": |S| x n questions); the
+repair pass adds the pool rows the set does not infer, while they fit. Sufficiency is not transitive, so the share of
+the pool the set infers is measured, never assumed. A node (or the final union) that does not fit one prompt
+(``max_node_size``, the model's context) keeps the rows of a random order while they fit; every cut is counted."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+from llmx.plugins.feeder.oracle import Oracle
+
+
+@dataclass
+class Selection:
+    indices: list[int]
+    oracle_calls: int
+    cache_hits: int
+    sufficiency_rate: float  # share of the pool rows Ψ(S, x) labels right
+    inferred: list[bool]
+    per_class: dict[str, int]
+    seed: int
+    sufficiency_rate_nonmembers: float  # the same over the rows outside the set (members see themselves)
+    truncations: int = 0  # nodes cut to fit one prompt
+    truncated_rows: int = 0  # rows those cuts dropped
+    levels: list[int] = field(default_factory=list)  # nodes left after each level, over the rounds
+    dropped_by_necessity: int = 0
+    added_by_repair: int = 0
+    repair_unfit: int = 0  # uninferred rows the repair pass had no room for
+    budget: int | None = None  # tokens one question leaves for demonstrations (LM oracle)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fill(oracle: Oracle, kept: list[int], candidates: list[int]) -> list[int]:
+    """``kept`` plus the candidates, in their order, that still fit one prompt."""
+    kept = list(kept)
+    for i in candidates:
+        if oracle.fits([*kept, i]):
+            kept.append(i)
+    return kept
+
+
+class _Cap:
+    def __init__(self, oracle: Oracle, rng: random.Random) -> None:
+        self.oracle, self.rng, self.cuts, self.rows = oracle, rng, 0, 0
+
+    def __call__(self, node: list[int]) -> list[int]:
+        if self.oracle.fits(node):
+            return node
+        kept = _fill(self.oracle, [], self.rng.sample(node, len(node)))
+        self.cuts += 1
+        self.rows += len(node) - len(kept)
+        return sorted(kept)
+
+
+def sufficient(oracle: Oracle, pairs: list[tuple[list[int], list[int]]]) -> list[bool]:
+    """For each (A, B): whether A infers every row of B, all questions in one batch."""
+    questions = [(tuple(a), x) for a, b in pairs for x in b]
+    said = iter(oracle.ask(questions))
+    return [all([next(said) == oracle.rows[x]["label"] for x in b]) for _, b in pairs]
+
+
+def tree(oracle: Oracle, leaves: list[int], depth: int | None, rng: random.Random, cap: _Cap,
+         levels: list[int]) -> list[int]:
+    """One round: the union of the nodes left after ``depth`` levels (None: until one node)."""
+    nodes = [[i] for i in leaves]
+    level = 0
+    while len(nodes) > 1 and (depth is None or level < depth):
+        rng.shuffle(nodes)
+        pairs = [(nodes[k], nodes[k + 1]) for k in range(0, len(nodes) - 1, 2)]
+        carried = [nodes[-1]] if len(nodes) % 2 else []
+        a_for_b = sufficient(oracle, pairs)
+        ask_back = [k for k, ok in enumerate(a_for_b) if not ok]
+        b_for_a = dict(zip(ask_back, sufficient(oracle, [(pairs[k][1], pairs[k][0]) for k in ask_back]), strict=True))
+        parents = []
+        for k, (a, b) in enumerate(pairs):
+            if a_for_b[k]:
+                parents.append(a)
+            elif b_for_a[k]:
+                parents.append(b)
+            else:
+                parents.append(cap(sorted(a + b)))
+        nodes = parents + carried
+        level += 1
+        levels.append(len(nodes))
+    return cap(sorted({i for node in nodes for i in node}))
+
+
+def necessity(oracle: Oracle, chosen: list[int], rng: random.Random, check: str = "self") -> list[int]:
+    """Each member in random order is dropped when the rest still infers it (``self``) or every pool row the set
+    inferred before the pass (``pool``)."""
+    kept = list(chosen)
+    covered = [x for x, ok in enumerate(inferred(oracle, kept)) if ok] if check == "pool" else []
+    for a in rng.sample(chosen, len(chosen)):
+        rest = [i for i in kept if i != a]
+        if not rest:
+            continue
+        queries = covered if check == "pool" else [a]
+        if all(said == oracle.rows[x]["label"] for said, x in
+               zip(oracle.ask([(tuple(rest), x) for x in queries]), queries, strict=True)):
+            kept = rest
+    return kept
+
+
+def inferred(oracle: Oracle, chosen: list[int]) -> list[bool]:
+    """Whether Ψ(S, x) = y for every pool row (the brute-force recount of sufficiency)."""
+    return [said == row["label"] for said, row in
+            zip(oracle.ask([(tuple(chosen), x) for x in range(len(oracle.rows))]), oracle.rows, strict=True)]
+
+
+def select(oracle: Oracle, depth: int | None = None, rounds: int = 1, necessity_pass: bool = True,
+           repair_pass: bool = False, seed: int = 0, necessity_check: str = "self") -> Selection:
+    """The FEEDER set of the oracle's pool, with its cost and its measured pool-sufficiency rate. Oracle calls are
+    at most n per level (each row is asked once per pair it is in), so n K R for the tree, plus |S| (``self``) or
+    |S| n (``pool``) for the necessity pass, n for the recount and n more with the repair pass."""
+    rng = random.Random(seed)
+    cap = _Cap(oracle, rng)
+    levels: list[int] = []
+    chosen = list(range(len(oracle.rows)))
+    for _ in range(rounds):
+        chosen = tree(oracle, chosen, depth, rng, cap, levels)
+    before = len(chosen)
+    if necessity_pass:
+        chosen = necessity(oracle, chosen, rng, necessity_check)
+    dropped = before - len(chosen)
+    hits = inferred(oracle, chosen)
+    added = unfit = 0
+    if repair_pass and not all(hits):
+        missing = [x for x, ok in enumerate(hits) if not ok and x not in chosen]
+        grown = _fill(oracle, chosen, rng.sample(missing, len(missing)))
+        added, unfit = len(grown) - len(chosen), len(missing) - (len(grown) - len(chosen))
+        chosen = sorted(grown)
+        hits = inferred(oracle, chosen)
+    members = set(chosen)
+    outside = [ok for x, ok in enumerate(hits) if x not in members]
+    return Selection(sorted(chosen), oracle.calls, oracle.hits, sum(hits) / max(len(hits), 1), hits,
+                     dict(sorted(Counter(oracle.rows[i]["label"] for i in chosen).items())), seed,
+                     sum(outside) / len(outside) if outside else 1.0, cap.cuts, cap.rows, levels, dropped, added, unfit,
+                     oracle.budget)
