@@ -195,7 +195,8 @@ def test_episodes_are_redundant_pools_over_single_token_words():
     assert {r["cue"] for r in made["pool"]} <= set(made["map"]) and len({r["cue"] for r in made["pool"]}) == 32
     assert all(r["label"] == made["map"][r["cue"]] for r in made["test"])
     noisy = sum(r["label"] != made["map"][r["cue"]] for r in made["pool"])
-    assert 5 <= noisy <= 40 and all(r["input"].split().count(r["cue"]) == 1 for r in made["pool"])
+    assert 5 <= noisy <= 40 and all(r["input"].split()[-1] == r["cue"] for r in made["pool"])
+    assert all(r["input"].split().count(r["cue"]) == 1 for r in made["pool"])
     assert E.documents("validation")[:3] == E.documents("validation")[:3]
     assert not set(E.documents("validation")) & set(E.documents("train")[:300])
     tok = train_bpe(E.documents("train")[:400], 768)

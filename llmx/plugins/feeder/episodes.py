@@ -1,10 +1,11 @@
-"""In-context episodes: a task a few-million-parameter model learns to solve from its context alone.
+"""In-context episodes: a task built for a few-million-parameter model to solve from its context alone.
 
 Each episode draws a fresh map from cue words to label words; an input holds one cue among distractor words, and its
-label is the map's (5% of rows get another label). A model trained on episodes can only predict a label by finding
-the query's cue among the demonstrations, so it learns in context; a held-out map (``heldout``) is then a pool that is
-redundant by construction (many rows per cue): a core set of one row per cue exists, and a random subset of its size
-misses cues. The words are pseudo-words (cues CVCV, distractors CVC) and colour names (labels), from a fixed seed.
+label is the map's (5% of rows get another label). The cue comes last by default (``Spec.cue_last``: the label then
+follows an induction pattern). A model trained on episodes can only predict a label by finding the query's cue among
+the demonstrations, so in-context learning is what lowers its loss (bench_feeder.py measures whether it emerged); a
+held-out map (``heldout``) is then a pool that is redundant by construction (many rows per cue): a core set of one
+row per cue exists, and a random subset of its size misses cues. The words are pseudo-words (cues CVCV, distractors CVC) and colour names (labels), from a fixed seed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Spec:
     labels: int = 4
     distractors: tuple[int, int] = (1, 3)
     noise: float = 0.05
+    cue_last: bool = True  # the cue just before the label separator (random: anywhere among the distractors)
 
     def __post_init__(self) -> None:
         if not (1 <= self.cues <= len(CUES) and 2 <= self.labels <= len(LABEL_WORDS)):
@@ -60,7 +62,7 @@ def row(mapping: dict[str, str], labels: list[str], spec: Spec, rng: random.Rand
     """One ``{input, label, cue}`` row: the cue among distractors, its mapped label (another one at the noise rate)."""
     cue = cue or rng.choice(list(mapping))
     words = rng.sample(DISTRACTORS, rng.randint(*spec.distractors))
-    words.insert(rng.randint(0, len(words)), cue)
+    words.insert(len(words) if spec.cue_last else rng.randint(0, len(words)), cue)
     label = mapping[cue]
     if noisy and rng.random() < spec.noise:
         label = rng.choice([lab for lab in labels if lab != label])
