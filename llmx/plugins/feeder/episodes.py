@@ -5,7 +5,8 @@ label is the map's (5% of rows get another label). The cue comes last by default
 follows an induction pattern). A model trained on episodes can only predict a label by finding the query's cue among
 the demonstrations, so in-context learning is what lowers its loss (bench_feeder.py measures whether it emerged); a
 held-out map (``heldout``) is then a pool that is redundant by construction (many rows per cue): a core set of one
-row per cue exists, and a random subset of its size misses cues. The words are pseudo-words (cues CVCV, distractors CVC) and colour names (labels), from a fixed seed.
+row per cue exists, and a random subset of its size misses cues. The words are pseudo-words (cues CVCV, distractors
+CVC) and colour names (labels), from a fixed seed.
 """
 
 from __future__ import annotations
