@@ -23,11 +23,18 @@ def test_json_answers_with_one_document(cli, args, code):
     assert doc.get("version") if code == 0 else (doc["ok"] is False and doc["exit_code"] == code and doc["error"])
 
 
+def _default_sigint():
+    """A job a shell starts in the background inherits SIGINT ignored (and Python then keeps it ignored): the child
+    gets the default disposition back, as a terminal's foreground process has it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_130_and_one_line(tmp_path):
     env = {**os.environ, "LLMX_CACHE_DIR": str(tmp_path / "cache")}
     # the small preset: the test preset's early stopping can end a build within the second before the signal
     proc = subprocess.Popen([sys.executable, "-m", "llmx", "-q", "zoo", "build", "llama", "--preset", "small", "--steps",
-                             "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_default_sigint)
     deadline = time.time() + 60
     while time.time() < deadline and not list((tmp_path / "cache").glob("zoo/.locks/*.lock")):
         time.sleep(0.2)  # the build has started (it holds its lock)
