@@ -25,4 +25,5 @@ BUILTIN = (
     "llmx.plugins.crow.plugin",
     "llmx.plugins.backdoor.plugin",
     "llmx.plugins.feeder.plugin",
+    "llmx.plugins.funbo.plugin",
 )

@@ -1,0 +1,12 @@
+"""FunBO (Aglietti et al., ICML 2025): FunSearch evolving Bayesian-optimisation acquisition functions as code.
+
+The evolved program is ``acquisition_function(predictive_mean, predictive_var, incumbent, beta=1.0)`` returning a grid
+index, seeded with EI (``afs``). ``database`` is FunSearch's islands and clusters, ``prompt`` its prompt and completion
+trimming, ``samplers`` the program proposers (``hf``, ``openai``, and the offline ``mutate``, which is not an LLM),
+``sandbox``/``worker``/``program`` the untrusted-code runner, ``bo``/``gp`` the evaluator (fixed GP on a Sobol grid,
+worst point first, FunBO's score), ``botorch_check`` its BoTorch validation, ``search`` the loop.
+
+Deviations, each an option: resets every ``reset_period`` prompts rather than every 4 hours; t_found read as the trial
+that first reached the best value (``time_term``); the kernel fitted per base function, shared by its instances;
+1-D Rosenbrock as (1 - x)^2; OOD test dimensions of Sphere, Styblinski-Tang, Weierstrass set to 2.
+"""

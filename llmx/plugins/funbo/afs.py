@@ -1,0 +1,40 @@
+"""The baselines as programs of the evolved signature (minimisation; z = (incumbent - mu) / sigma): EI (the search's
+seed), UCB (beta = 1, the lower bound mu - beta sigma minimised), PI, the posterior mean, and the OOD AF the notes
+recall from a secondary summary of the paper (EI + beta sigma; unverified). Random search is a policy, not a program
+(``bo.random_policy``): it ignores the posterior."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmx.errors import UsageError
+
+_HEAD = ('def acquisition_function(predictive_mean, predictive_var, incumbent, beta=1.0):\n'
+         '  """Returns the index of the point to collect next."""\n')
+_Z = "  sigma = np.sqrt(predictive_var)\n  z = (incumbent - predictive_mean) / sigma\n"
+SOURCES = {
+    "ei": _HEAD + _Z + "  ei = (incumbent - predictive_mean) * norm.cdf(z) + sigma * norm.pdf(z)\n  return np.argmax(ei)\n",
+    "ucb": _HEAD + "  return np.argmax(-(predictive_mean - beta * np.sqrt(predictive_var)))\n",
+    "pi": _HEAD + _Z + "  return np.argmax(norm.cdf(z))\n",
+    "mean": _HEAD + "  return np.argmin(predictive_mean)\n",
+    "ood-paper": _HEAD + _Z + "  ei = (incumbent - predictive_mean) * norm.cdf(z) + sigma * norm.pdf(z)\n"
+                 "  return np.argmax(ei + beta * sigma)\n",
+}
+BASELINES = (*SOURCES, "random")
+LABELS = {"ood-paper": "OOD AF as the notes recall it (unverified)", "random": "random search"}
+
+
+def load(ref: str) -> str | None:
+    """A baseline's source (None for random search) or an AF file's text; UsageError for anything else."""
+    if ref in SOURCES:
+        return SOURCES[ref]
+    if ref == "random":
+        return None
+    path = Path(ref)
+    if path.suffix == ".py" and path.is_file():
+        return path.read_text()
+    import difflib
+
+    close = difflib.get_close_matches(ref, BASELINES, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else f" (baselines: {', '.join(BASELINES)}, or a .py file)"
+    raise UsageError(f"af '{ref}' is neither a baseline nor an existing .py file{hint}")

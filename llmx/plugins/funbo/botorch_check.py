@@ -1,0 +1,128 @@
+"""BoTorch validation of the numpy evaluator (notes §6): the same fixed-hyperparameter GP as a ``SingleTaskGP``
+(zero mean, no outcome transform), built-in EI / UCB / PI / posterior mean and any program as
+``AnalyticAcquisitionFunction``s, maximised on the same Sobol grid by ``optimize_acqf_discrete``; and the paper's
+re-check in a standard BoTorch loop (a random start, the GP refitted by ``fit_gpytorch_mll`` every trial, outcomes
+standardised on what was observed so that a beta-sigma term stays scale-free). A program runs in-process here, after
+the AST check only: this path is for the baselines and for AFs the user already trusts."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from llmx.plugins.funbo import bo
+from llmx.plugins.funbo.program import compile_program
+
+warnings.filterwarnings("ignore", message=".*ExpectedImprovement.*", module="botorch")
+
+
+def _gp(x: np.ndarray, y: np.ndarray, kernel: bo.Kernel | None):
+    from botorch.models import SingleTaskGP
+    from gpytorch.constraints import GreaterThan
+    from gpytorch.kernels import RBFKernel, ScaleKernel
+    from gpytorch.likelihoods import GaussianLikelihood
+    from gpytorch.means import ZeroMean
+
+    X, Y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64).reshape(-1, 1)
+    if kernel is None:
+        return SingleTaskGP(X, Y, outcome_transform=None)
+    covar = ScaleKernel(RBFKernel()).to(torch.float64)
+    covar.base_kernel.lengthscale = kernel.lengthscale
+    covar.outputscale = kernel.variance
+    likelihood = GaussianLikelihood(noise_constraint=GreaterThan(1e-10)).to(torch.float64)
+    likelihood.noise = kernel.noise
+    gp = SingleTaskGP(X, Y, likelihood=likelihood, covar_module=covar, mean_module=ZeroMean(), outcome_transform=None)
+    return gp.eval()
+
+
+def acquisition(name_or_source: str, model, incumbent: float, beta: float):
+    """A built-in AF for a baseline's name, else the program wrapped (one-hot at the index it returns)."""
+    from botorch.acquisition import (
+        AnalyticAcquisitionFunction,
+        ExpectedImprovement,
+        PosteriorMean,
+        ProbabilityOfImprovement,
+        UpperConfidenceBound,
+    )
+    from botorch.utils.transforms import t_batch_mode_transform
+
+    builtin = {"ei": lambda: ExpectedImprovement(model, best_f=incumbent, maximize=False),
+               "ucb": lambda: UpperConfidenceBound(model, beta=beta ** 2, maximize=False),
+               "pi": lambda: ProbabilityOfImprovement(model, best_f=incumbent, maximize=False),
+               "mean": lambda: PosteriorMean(model, maximize=False)}
+    if name_or_source in builtin:
+        return builtin[name_or_source]()
+    program = compile_program(name_or_source)
+
+    class Program(AnalyticAcquisitionFunction):
+        @t_batch_mode_transform(expected_q=1)
+        def forward(self, X: torch.Tensor) -> torch.Tensor:
+            mean, sigma = self._mean_and_sigma(X)
+            mean, var = mean.reshape(-1).detach().numpy(), (sigma ** 2).reshape(-1).detach().numpy()
+            with np.errstate(all="ignore"):
+                index = bo.check_index(program(mean, np.maximum(var, bo.VAR_FLOOR), incumbent, beta), len(mean))
+            out = torch.zeros(len(mean), dtype=X.dtype)
+            out[index] = 1.0
+            return out
+
+    return Program(model)
+
+
+def _argmax(acqf, grid: torch.Tensor) -> int:
+    from botorch.optim import optimize_acqf_discrete
+
+    x, _ = optimize_acqf_discrete(acqf, q=1, choices=grid, max_batch_size=len(grid), unique=False)
+    return int(torch.cdist(x, grid).argmin())
+
+
+def _name(ref: str | None, source: str | None) -> str | None:
+    from llmx.plugins.funbo.afs import SOURCES
+
+    return next((k for k, v in SOURCES.items() if v == source and k in ("ei", "ucb", "pi", "mean")), source)
+
+
+def run_fixed(source: str | None, problem: bo.Problem, trials: int, beta: float, seed: int = 0) -> list[float]:
+    """The numpy protocol through BoTorch: fixed kernel, worst grid point first; best value after each trial."""
+    grid = torch.as_tensor(problem.grid, dtype=torch.float64)
+    rng = np.random.default_rng(seed)
+    observed, best = [problem.init], [float(problem.y[problem.init])]
+    for _ in range(trials):
+        if source is None:
+            index = int(rng.integers(len(problem.y)))
+        else:
+            model = _gp(problem.grid[observed], problem.z[observed], problem.spec.kernel)
+            index = _argmax(acquisition(_name(None, source), model, float(problem.z[observed].min()), beta), grid)
+        observed.append(index)
+        best.append(min(best[-1], float(problem.y[index])))
+    return best
+
+
+def score(source: str | None, spec: bo.ProblemSpec, p: Any) -> dict:
+    problem = bo.Problem.build(spec)
+    best = run_fixed(source, problem, p.trials, p.beta, p.grid_seed)
+    return {"score": bo.score(best, problem, p.time_term), "regret": bo.regret(best, problem)}
+
+
+def standard(source: str, spec: bo.ProblemSpec, trials: int, beta: float, seed: int) -> list[float]:
+    """The paper's re-check: a random first point, the GP refitted by marginal likelihood every trial; normalised
+    regret after each trial against the grid's range."""
+    from botorch.fit import fit_gpytorch_mll
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    problem = bo.Problem.build(spec)
+    grid = torch.as_tensor(problem.grid, dtype=torch.float64)
+    observed = [int(np.random.default_rng(seed).integers(len(problem.y)))]
+    best = [float(problem.y[observed[0]])]
+    for _ in range(trials):
+        y = problem.y[observed]
+        z = (y - y.mean()) / (y.std() or 1.0)
+        model = _gp(problem.grid[observed], z, None)
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+        model.eval()
+        index = _argmax(acquisition(_name(None, source), model, float(z.min()), beta), grid)
+        observed.append(index)
+        best.append(min(best[-1], float(problem.y[index])))
+    return bo.regret(best, problem)

@@ -1,0 +1,96 @@
+"""Program samplers, one interface ``sample(prompt, n) -> list[str]`` of completions of the prompt's last header:
+``hf`` (any local causal LM), ``openai`` (an OpenAI-compatible ``/v1/completions`` endpoint the user runs: vLLM,
+llama.cpp) and ``mutate`` (offline; ``mutate.Mutator``). ``label`` says which one wrote a result."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+from llmx.errors import UsageError
+from llmx.plugins.funbo.mutate import Mutator
+
+
+class MutateSampler:
+    label = "mutate (offline AST mutation and crossover; not an LLM)"
+
+    def __init__(self, seed: int):
+        self.mutator = Mutator(seed)
+
+    def sample(self, prompt: str, n: int) -> list[str]:
+        return self.mutator.sample(prompt, n)
+
+
+class HFSampler:
+    """Samples from a local causal LM; the prompt is cut from the left to the model's context."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int, temperature: float, seed: int):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
+        self.label = f"hf ({getattr(model.config, '_name_or_path', '') or type(model).__name__})"
+
+    def sample(self, prompt: str, n: int) -> list[str]:
+        import torch
+
+        ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        room = getattr(self.model.config, "max_position_embeddings", 2048) - self.max_new_tokens
+        if room < 8:
+            raise UsageError(f"max_new_tokens {self.max_new_tokens} leaves no room for a prompt in the model's context")
+        ids = ids[:, -room:].to(self.model.device)
+        torch.manual_seed(self.seed)
+        self.seed += 1
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                      temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+                                      num_return_sequences=n, pad_token_id=self.tokenizer.pad_token_id
+                                      if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id)
+        return [self.tokenizer.decode(row[ids.shape[1]:], skip_special_tokens=True) for row in out]
+
+
+class OpenAISampler:
+    """``POST {endpoint}/v1/completions`` with ``n`` completions of the prompt; ``probe`` checks the server first."""
+
+    def __init__(self, endpoint: str, model: str, api_key: str | None, max_tokens: int, temperature: float,
+                 timeout: float = 120.0):
+        self.url = endpoint.rstrip("/")
+        self.model, self.key, self.max_tokens, self.temperature, self.timeout = (model, api_key, max_tokens,
+                                                                               temperature, timeout)
+        self.label = f"openai ({self.url}, {model})"
+
+    def _request(self, path: str, body: dict | None, timeout: float) -> dict:
+        headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {self.key}"} if self.key else {})
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, headers=headers, method="POST" if data else "GET")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 -- the user's own endpoint
+            return json.loads(resp.read())
+
+    def probe(self) -> None:
+        try:
+            self._request("/v1/models", None, 5.0)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            reason = getattr(e, "reason", e)
+            raise UsageError(f"endpoint {self.url} is unreachable ({reason})") from None
+
+    def sample(self, prompt: str, n: int) -> list[str]:
+        reply = self._request("/v1/completions", {"model": self.model, "prompt": prompt, "n": n,
+                                                  "max_tokens": self.max_tokens, "temperature": self.temperature},
+                              self.timeout)
+        return [c.get("text", "") for c in reply.get("choices", [])][:n]
+
+
+def make(p, ctx) -> MutateSampler | HFSampler | OpenAISampler:
+    if p.sampler == "mutate":
+        return MutateSampler(ctx.config.seed)
+    if p.sampler == "openai":
+        if not p.endpoint:
+            raise UsageError("sampler openai needs --set endpoint=http://HOST:PORT")
+        sampler = OpenAISampler(p.endpoint, p.endpoint_model, os.environ.get(p.api_key_env), p.max_new_tokens,
+                                p.temperature)
+        sampler.probe()
+        return sampler
+    if not ctx.config.model:
+        raise UsageError("sampler hf samples from the run's model: give --model")
+    return HFSampler(ctx.model, ctx.tokenizer, p.max_new_tokens, p.temperature, ctx.config.seed)
