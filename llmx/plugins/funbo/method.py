@@ -74,6 +74,7 @@ def analyze(ctx: RunContext, p: FunboParams) -> dict[str, Any]:
     seed_val = evaluate(seed, val_specs, limits=limits, **protocol)
     atomic.write_text(ctx.artifact(RESULT), _result_file(best.source, sampler.label, best.score, best_val))
     atomic.write_json(ctx.artifact("selection.json"), rows)
+    ctx.state["funbo_af"] = str(ctx.artifact(RESULT))
     t = search.tally
     ctx.log.info("funbo: %d candidates, %d valid, best training score %.3f (seed %.3f), validation %.3f",
                  t.sampled, t.valid, best.score, seed_score or math.nan, best_val)
@@ -133,6 +134,10 @@ def paired(a: list[dict], b: list[dict]) -> dict[str, float | int]:
 
 
 def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
+    if p.af == "found":
+        if "funbo_af" not in ctx.state:
+            raise UsageError("af found scores the AF of this run's funbo stage: put analyze --method funbo before it")
+        p = p.model_copy(update={"af": ctx.state["funbo_af"]})
     for ref in (p.af, p.against):
         if ref is not None:
             afs.load(ref)
