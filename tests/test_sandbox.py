@@ -127,3 +127,11 @@ def test_the_child_gets_a_clean_environment(root, monkeypatch):
     monkeypatch.setenv("LLMX_SECRET", "s3cret")
     o = run("import os\nprint(sorted(os.environ))\nprint(os.getcwd())", QUICK, root)
     assert o.passed and "LLMX_SECRET" not in o.stdout and os.path.basename(str(root)) in o.stdout
+
+
+def test_collect_reads_back_the_reply_file_left_in_the_folder_but_not_a_link(root):
+    out = run("open('reply.json', 'w').write('x' * 20000)", QUICK, root, collect="reply.json")
+    assert out.passed and out.collected == "x" * 20000  # past what stdout keeps
+    link = run("import os\nos.symlink('/etc/hostname', 'reply.json')", QUICK, root, collect="reply.json")
+    assert link.collected == ""
+    assert run("pass", QUICK, root, collect="reply.json").collected == ""

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
@@ -56,20 +56,32 @@ class Outcome:
     stdout: str = ""
     stderr: str = ""
     network: str = ""  # namespace | audit-hook
+    collected: str = ""  # the text of the ``collect`` file the program left in its folder, when asked for one
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
-def run(source: str, limits: Limits = Limits(), root: str | Path | None = None, module_name: str = "__main__") -> Outcome:
+def run(source: str, limits: Limits = Limits(), root: str | Path | None = None, module_name: str = "__main__",
+        collect: str | None = None) -> Outcome:
     """Run ``source`` as a program (its ``__name__`` is ``module_name``); the scratch folder is made under ``root``
-    (the system temp folder by default)."""
+    (the system temp folder by default). ``collect`` names a file the program writes in its folder (a reply larger
+    than the captured stdout): read back, when it is a regular file, before the folder goes."""
     scratch = tempfile.mkdtemp(prefix="llmx-sandbox-", dir=root)
     try:
-        return _run(source, limits, scratch, module_name)
+        outcome = _run(source, limits, scratch, module_name)
+        return replace(outcome, collected=_collect(scratch, collect)) if collect else outcome
     finally:
         _remove(scratch)
+
+
+def _collect(scratch: str, name: str) -> str:
+    path = os.path.join(scratch, name)
+    if os.path.islink(path) or not os.path.isfile(path):
+        return ""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
 def usable_cpus() -> int:

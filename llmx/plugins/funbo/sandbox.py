@@ -1,34 +1,37 @@
-"""Running an untrusted program (notes §6): the AST allow-list first (``program.check``), then a child process in
-a fresh empty folder with limits on CPU seconds, address space, file size (0: it can write no byte to any file) and
-new processes, a wall-clock kill of its whole process group, and a reply checked for shape and range. A failure is a
-result with its reason, never an exception in the search. Not a container: it cannot cut the network (the program
-has no import and no module that reaches one) and root ignores the process limit; the README says so."""
+"""Running an untrusted program (notes §6): the AST allow-list first (``program.check``, before any process starts),
+then the shared sandbox (``core.eval.sandbox``: a fresh interpreter in an empty folder, CPU, memory and file-size
+limits, a wall-clock kill of its process group, its own network namespace where the kernel allows it, an audit hook
+on forks, sockets, ctypes and writes outside its folder) running the harness (``worker``) with the program as its
+acquisition function, and a reply checked for shape and range. A failure is a result with its reason, never an
+exception in the search."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmx.core.eval import sandbox as core
 from llmx.plugins.funbo.bo import ProblemSpec
 from llmx.plugins.funbo.program import ProgramError, check
 
 ROOT = str(Path(__file__).resolve().parents[3])
-REPLY_LIMIT = 4 << 20
+REPLY = "reply.json"
+DRIVER = """import json, sys
+sys.path.insert(0, {root!r})
+from llmx.plugins.funbo.worker import evaluate
+reply = json.dumps(evaluate(json.loads({request!r})))
+with open({reply!r}, "w") as f:
+    f.write(reply)
+"""
 
 
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 30.0
     memory_mb: int = 2048
-    cpu_s: int | None = None  # default: the wall-clock limit, rounded up
 
 
 @dataclass
@@ -39,21 +42,6 @@ class Outcome:
     reason: str = ""
 
 
-def _limit(limits: Limits):
-    def apply() -> None:
-        import resource
-
-        cpu = limits.cpu_s or math.ceil(limits.timeout_s)
-        memory = limits.memory_mb << 20
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the search, which kills its children
-    return apply
-
-
 def evaluate(source: str, problems: list[ProblemSpec], trials: int = 30, beta: float = 1.0,
              time_term: str = "found", limits: Limits = Limits()) -> Outcome:
     try:
@@ -62,34 +50,17 @@ def evaluate(source: str, problems: list[ProblemSpec], trials: int = 30, beta: f
         return Outcome(False, reason=str(e))
     request = json.dumps({"source": source, "problems": [p.as_dict() for p in problems], "trials": trials,
                           "beta": beta, "time_term": time_term})
-    env = {"PATH": os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    code = f"import sys; sys.path.insert(0, {ROOT!r}); from llmx.plugins.funbo.worker import main; main()"
-    with tempfile.TemporaryDirectory(prefix="funbo-") as folder:
-        proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, cwd=folder, env=env, preexec_fn=_limit(limits),
-                                start_new_session=True, text=True)
-        try:
-            out, _ = proc.communicate(request, timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return Outcome(False, reason=f"timed out after {limits.timeout_s:g} s")
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        left = os.listdir(folder)
-    if proc.returncode != 0:
-        name = signal.Signals(-proc.returncode).name if proc.returncode < 0 else f"exit {proc.returncode}"
-        return Outcome(False, reason=f"the child died ({name}; CPU or memory limit)")
-    if left:
-        return Outcome(False, reason=f"it wrote into its folder: {', '.join(sorted(left))[:80]}")
-    return _reply(out, len(problems), trials)
+    driver = DRIVER.format(root=ROOT, request=request, reply=REPLY)
+    out = core.run(driver, core.Limits(wall_seconds=limits.timeout_s, cpu_seconds=math.ceil(limits.timeout_s),
+                                       memory_mb=limits.memory_mb, file_mb=16), collect=REPLY)
+    if not out.passed:
+        return Outcome(False, reason=f"{out.status}: {out.reason}"[:300])
+    return _reply(out.collected, len(problems), trials)
 
 
-def _reply(out: str, problems: int, trials: int) -> Outcome:
+def _reply(text: str, problems: int, trials: int) -> Outcome:
     try:
-        reply = json.loads(out[:REPLY_LIMIT])
+        reply = json.loads(text)
     except ValueError:
         return Outcome(False, reason="no readable reply from the child")
     if not reply.get("ok"):
