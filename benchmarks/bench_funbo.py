@@ -7,10 +7,10 @@
    ``mutate`` on the seed alone (every prompt shows EI only, no database: the machinery's share), both at the same
    budget and chosen the same way (top 20% by training score, then validation).
 2. ID: Michalewicz-2D, search on 5 instances, validate on 5, test on 60 new ones.
-3. Rows: the found AFs, seed-only, EI, UCB (beta 1), PI, posterior mean, random search, and the OOD AF the notes
-   recall (unverified). Normalised simple regret at T = 30 (mean, median), FunBO's score, paired wins / losses
-   against EI with a two-sided Wilcoxon p.
-4. A BoTorch re-check of the first OOD AF and EI in a standard loop (random start, GP refitted every trial) on a
+3. Rows: the found AFs, seed-only, EI, UCB (beta 1), PI, posterior mean, random search (once per seed) and the OOD
+   AF the notes recall (unverified). Normalised simple regret at T = 30 (mean, median), FunBO's score, paired wins /
+   losses against EI with a two-sided Wilcoxon p.
+4. A BoTorch re-check of the OOD AFs and EI in a standard loop (random start, GP refitted every trial) on a
    subset; ``hf``'s valid-program rate with ``ref:llama-test`` as the sampler.
 
 Writes benchmarks/results/funbo.json and .md."""
@@ -37,7 +37,7 @@ from llmx.plugins.funbo.program import key  # noqa: E402
 from llmx.plugins.funbo.samplers import MutateSampler  # noqa: E402
 from llmx.plugins.funbo.search import Search, choose  # noqa: E402
 
-PROTOCOL = {"trials": 30, "beta": 1.0, "time_term": "found"}
+PROTOCOL = {"trials": 30, "beta": 1.0, "time_term": "optimum"}
 LIMITS = sandbox.Limits(timeout_s=30)
 BASELINES = ("ei", "ucb", "pi", "mean", "random", "ood-paper")
 
@@ -52,13 +52,14 @@ def settings(ood_instances: int, id_test: int) -> dict:
 
 
 class SeedOnly:
-    """``mutate`` on the seed alone: each prompt shows EI, whatever the database holds."""
+    """``mutate`` on the seed alone: each prompt shows EI twice (as many programs as the search's prompts, so
+    crossover is drawn as often, with EI itself), whatever the database holds."""
 
     def __init__(self, seed: int):
         self.inner = MutateSampler(seed)
 
     def sample(self, prompt: str, n: int) -> list[str]:
-        return self.inner.sample(P.build([afs.SOURCES["ei"]]), n)
+        return self.inner.sample(P.build([afs.SOURCES["ei"]] * 2), n)
 
 
 def search(setting: dict, seed: int, budget: int, workers: int, seed_only: bool) -> dict:
@@ -80,13 +81,13 @@ def search(setting: dict, seed: int, budget: int, workers: int, seed_only: bool)
             "resets": s.tally.resets, "seconds": round(time.time() - start, 1)}
 
 
-def test(source: str | None, problems: list[str]) -> list[dict]:
+def test(source: str | None, problems: list[str], seed: int = 0) -> list[dict]:
     specs = [bo.spec(n) for n in problems]
     if source is None:
         rows = []
         for i, s in enumerate(specs):
             problem = bo.Problem.build(s)
-            best = bo.run(problem, bo.random_policy(7919 + i), PROTOCOL["trials"], PROTOCOL["beta"])
+            best = bo.run(problem, bo.random_policy(7919 * seed + i), PROTOCOL["trials"], PROTOCOL["beta"])
             rows.append({"score": bo.score(best, problem), "regret": bo.regret(best, problem)})
         return rows
     out = sandbox.evaluate(source, specs, limits=sandbox.Limits(timeout_s=5 * len(specs)), **PROTOCOL)
@@ -103,11 +104,11 @@ def summary(label: str, rows: list[dict], ei: list[dict]) -> dict:
     return out | (paired(rows, ei) if rows is not ei else {})
 
 
-def botorch_recheck(source: str, problems: list[str], trials: int) -> dict:
+def botorch_recheck(sources: dict[str, str], problems: list[str], trials: int) -> dict:
     from llmx.plugins.funbo import botorch_check as B
 
     out = {}
-    for label, src in (("found", source), ("ei", afs.SOURCES["ei"])):
+    for label, src in {**sources, "ei": afs.SOURCES["ei"]}.items():
         finals = [B.standard(src, bo.spec(n), trials, 1.0, seed=i)[-1] for i, n in enumerate(problems)]
         out[label] = {"mean_regret": float(np.mean(finals)), "median_regret": float(np.median(finals)),
                       "finals": finals}
@@ -151,17 +152,18 @@ def main() -> None:
     for name, setting in settings(args.instances, args.id_test).items():
         searches = {f"{kind} seed {s}": search(setting, s, args.budget, args.workers, kind == "seed-only")
                     for kind in ("funbo", "seed-only") for s in args.seeds}
-        afs_to_test = {label: r["source"] for label, r in searches.items()} | {b: afs.load(b) for b in BASELINES}
+        afs_to_test = {label: (r["source"], 0) for label, r in searches.items()} | {
+            b: (afs.load(b), 0) for b in BASELINES if b != "random"} | {f"random seed {s}": (None, s) for s in args.seeds}
         with ThreadPoolExecutor(args.workers) as pool:
-            problems = [setting["test"]] * len(afs_to_test)
-            tested = dict(zip(afs_to_test, pool.map(test, afs_to_test.values(), problems), strict=True))
+            jobs = [pool.submit(test, src, setting["test"], seed) for src, seed in afs_to_test.values()]
+            tested = dict(zip(afs_to_test, (j.result() for j in jobs), strict=True))
         rows = [summary(label, r, tested["ei"]) for label, r in tested.items()]
         results["settings"][name] = {"searches": searches, "rows": rows, "test_problems": len(setting["test"])}
         print(name, markdown(["af", "mean_regret", "median_regret", "wins", "losses", "wilcoxon_p"], rows), flush=True)
     subset = names("branin,hartmann-3,styblinski-tang-2d", 4, 2000)
-    results["botorch_recheck"] = {"problems": subset, "trials": 20,
-                                  **botorch_recheck(results["settings"]["ood"]["searches"]["funbo seed 0"]["source"],
-                                                    subset, 20)}
+    ood = results["settings"]["ood"]["searches"]
+    results["botorch_recheck"] = {"problems": subset, "trials": 20, "afs": botorch_recheck(
+        {f"funbo seed {s}": ood[f"funbo seed {s}"]["source"] for s in args.seeds}, subset, 20)}
     results["hf"] = hf_rate()
     results["seconds"] = round(time.time() - started, 1)
     write("funbo", results)
@@ -175,7 +177,7 @@ def main() -> None:
                         r["rows"])]
     b = results["botorch_recheck"]
     md += ["", "## BoTorch re-check (standard loop, GP refit, random start, T = 20)", "",
-           markdown(["af", "mean_regret", "median_regret"], [{"af": k, **b[k]} for k in ("found", "ei")]),
+           markdown(["af", "mean_regret", "median_regret"], [{"af": k, **v} for k, v in b["afs"].items()]),
            "", f"hf sampler ({results['hf']['model']}): {results['hf']['valid']} valid of "
            f"{results['hf']['completions']} completions ({results['hf']['parsed']} parsed)"]
     (RESULTS / "funbo.md").write_text("\n".join(md) + "\n")

@@ -12,7 +12,7 @@ import pytest
 
 from llmx.plugins.funbo import afs, bo, mutate, samplers, sandbox
 from llmx.plugins.funbo import prompt as P
-from llmx.plugins.funbo.database import Database, softmax
+from llmx.plugins.funbo.database import Database
 from llmx.plugins.funbo.gp import Kernel, posterior
 from llmx.plugins.funbo.program import ProgramError, check, compile_program, key
 from llmx.plugins.funbo.search import Search, choose
@@ -68,12 +68,28 @@ def test_the_score_is_regret_plus_budget_left_by_hand():
     problem = bo.Problem.build(bo.spec("levy-1d", 200))
     y0, ys = problem.y.max(), problem.y_star
     mid = ys + 0.25 * (y0 - ys)
-    best = [y0, y0, mid, mid, mid, mid]  # T = 5, the best found first at trial 2
+    best = [y0, y0, mid, mid, mid, mid]  # T = 5, the best found first at trial 2, the optimum never
+    assert bo.score(best, problem) == pytest.approx(0.75 + 0.0)  # default: t_found = T when y* is never hit
     assert bo.score(best, problem, "found") == pytest.approx(0.75 + (1 - 2 / 5))
-    assert bo.score(best, problem, "optimum") == pytest.approx(0.75 + 0.0)  # never hit y*: t_found = T
     hit = [y0, mid, ys, ys, ys, ys]
-    assert bo.score(hit, problem, "optimum") == pytest.approx(1.0 + (1 - 2 / 5))
+    assert bo.score(hit, problem) == pytest.approx(1.0 + (1 - 2 / 5))
     assert bo.regret(best, problem)[0] == 1.0 and bo.regret(hit, problem)[-1] == 0.0
+    early, late = [y0] + [mid] * 5, [y0] + [mid] * 4 + [mid - 0.01 * (y0 - ys)]
+    assert bo.score(early, problem, "found") > bo.score(late, problem, "found")  # "found" rewards stopping early
+    assert bo.score(early, problem) < bo.score(late, problem)
+
+
+def test_the_parent_scores_the_childs_queries_and_refuses_a_forged_reply():
+    (spec,) = _specs(TRAIN[:1])
+    y = bo.grid_values(spec)
+    indices = bo.run(bo.Problem.build(spec), compile_program(EI), 30, indices=True)
+    good = sandbox._reply(json.dumps({"ok": True, "indices": [indices]}), [spec], 30, "optimum")
+    assert good.ok and good.scores == [bo.score(bo.best_so_far(y, indices), y)]
+    forged = {"ok": True, "scores": [2.0], "curves": [[0.0] * 31]}
+    assert not sandbox._reply(json.dumps(forged), [spec], 30, "optimum").ok
+    start_at_the_optimum = [int(np.argmin(y))] + indices[1:]
+    assert not sandbox._reply(json.dumps({"ok": True, "indices": [start_at_the_optimum]}), [spec], 30, "optimum").ok
+    assert not sandbox._reply(json.dumps({"ok": True, "indices": [indices[:-1]]}), [spec], 30, "optimum").ok
 
 
 def test_the_ei_seed_scores_the_same_bit_for_bit_in_the_sandbox_and_in_process():
@@ -94,11 +110,12 @@ def test_cluster_probabilities_and_temperature_follow_funsearch():
     expected = np.exp(scores / 0.025) / np.exp(scores / 0.025).sum()
     np.testing.assert_allclose(p, expected, rtol=1e-9)
     assert p.sum() == 1.0
-    db.register("# short\n" + EI.replace("  ei = ", "  e = ").replace("(ei)", "(e)"), [0.9, 1.1], 0)
+    db.register("# a longer comment line\n" + EI, [0.9, 1.1], 0)
     cluster = db.state[0].clusters[(0.9, 1.1)]
-    lengths = np.array([c.lines for c in cluster], dtype=float)
-    np.testing.assert_allclose(db.program_probabilities(cluster),
-                               softmax(-(lengths - lengths.min()) / (lengths.max() + 1e-6), 1.0))
+    short, long = len(cluster[0].source), len(cluster[1].source)  # FunSearch: len(str(program)), characters
+    assert long - short == len("# a longer comment line\n") - len("# [0.9, 1.1]\n")
+    logits = -np.array([0.0, (long - short) / (long + 1e-6)])
+    np.testing.assert_allclose(db.program_probabilities(cluster), np.exp(logits) / np.exp(logits).sum(), rtol=1e-12)
 
 
 def test_a_reset_wipes_exactly_the_weaker_half_and_reseeds_it_from_a_survivor():
@@ -149,15 +166,35 @@ HOSTILE = {
     "nan": EI.replace("  return np.argmax(ei)", "  return np.nan"),
     "bad index": EI.replace("  return np.argmax(ei)", "  return len(predictive_mean) + 3"),
     "frame walk": EI.replace("  return np.argmax(ei)", "  g = (i for i in [1])\n  f = g.gi_frame.f_back\n  return 0"),
+    "format walk": EI.replace("  return np.argmax(ei)", "  s = np.asarray('x').dtype.type\n  match s('{0.cdf.__globals__}'):"
+                              "\n    case s(format=f):\n      raise ValueError(f(norm))\n  return 0"),
+    "format string": EI.replace("  return np.argmax(ei)", "  raise ValueError(('{0.cdf.__glo' + 'bals__}'))"),
+    "recursion": EI.replace("  return np.argmax(ei)", "  return acquisition_function(predictive_mean, predictive_var, "
+                            "incumbent, beta)"),
+    "reason flood": EI.replace("  return np.argmax(ei)", "  raise ValueError('x' * 10 ** 8)"),
+    "dtype class": EI.replace("  return np.argmax(ei)", "  t = ei.dtype.type\n  return 0"),
 }
+RUNTIME = {"endless loop", "memory bomb", "nan", "bad index", "recursion", "reason flood"}  # pass the AST check
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_a_hostile_program_is_rejected_with_a_reason_and_leaves_no_file(name, tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # the child's folder is made (and must be gone) here
     monkeypatch.chdir(tmp_path)
+    try:
+        check(HOSTILE[name])
+        static = False
+    except ProgramError:
+        static = True
+    assert static is (name not in RUNTIME)
     out = sandbox.evaluate(HOSTILE[name], _specs(TRAIN[:1]), limits=sandbox.Limits(timeout_s=4, memory_mb=1024))
-    assert not out.ok and out.reason and len(out.reason) < 400, out
-    assert list(tmp_path.iterdir()) == []
+    assert not out.ok and out.reason and len(out.reason) <= 300, out
+    assert "__globals__" not in out.reason and "environ" not in out.reason
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"] and list(scratch.iterdir()) == []
 
 
 class Scripted:
@@ -183,15 +220,18 @@ def _search(sampler, islands=2, reset_period=10):
 
 def test_the_loop_goes_on_past_hostile_programs_and_never_reevaluates_a_duplicate(tmp_path, monkeypatch):
     good = "\n".join(P.body(afs.SOURCES["ucb"]))
+    same = "  # a comment\n" + good.replace("  return", "\n\n  return").replace("beta *", "beta*")
     bad = ["  import os\n  return 0", "  while True:\n    pass", ")))"]
-    s = _search(Scripted([*bad, good, good.replace("beta *", "beta * 1.0 *")[:0] + good]))
+    s = _search(Scripted([*bad, good, same]))
     calls = []
     real = sandbox.evaluate_many
     monkeypatch.setattr("llmx.plugins.funbo.search.evaluate_many",
                         lambda src, *a, **k: calls.append(len(src)) or real(src, *a, **k))
     s.step(5)
     assert s.tally.sampled == 5 and s.tally.valid == 2 and s.tally.duplicates == 1
-    assert calls == [3]  # the duplicate of the fourth is not sent to the sandbox; the unparseable one never is
+    assert s.tally.reasons == {"refused": 1, "timeout": 1, "syntax": 1}
+    assert calls == [3]  # the fifth (the fourth with a comment, blank lines, spacing) is not sent to the sandbox,
+    # the unparseable one never is
     assert sum(len(c) for c in s.db.state[0].clusters.values()) + sum(
         len(c) for c in s.db.state[1].clusters.values()) == 2 + 2  # the seed twice, then UCB twice in one island
     s.save(tmp_path / "database.json")

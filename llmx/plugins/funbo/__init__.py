@@ -7,6 +7,7 @@ trimming, ``samplers`` the program proposers (``hf``, ``openai``, and the offlin
 worst point first, FunBO's score), ``botorch_check`` its BoTorch validation, ``search`` the loop.
 
 Deviations, each an option: resets every ``reset_period`` prompts rather than every 4 hours; t_found read as the trial
-that first reached the best value (``time_term``); the kernel fitted per base function, shared by its instances;
+that hit the grid's optimum (``time_term``, ``found`` the other reading); the kernel fitted per base function, shared
+by its instances;
 1-D Rosenbrock as (1 - x)^2; OOD test dimensions of Sphere, Styblinski-Tang, Weierstrass set to 2.
 """

@@ -3,8 +3,9 @@ the worst grid point first, T trials each at the AF's chosen grid index, and Fun
 
     [1 - (y_found - y*) / (y_init - y*)] + [1 - t_found / T]
 
-with y* the grid's minimum (the best a grid search can reach). ``time_term: found`` takes t_found as the trial that
-first reached y_found (the formula as written); ``optimum`` as the trial that hit y*, T when none did."""
+with y* the grid's minimum (the best a grid search can reach). ``time_term: optimum`` (default) takes t_found as the
+trial that hit y*, T when none did (the notes: "the fraction of budget left when the optimum was hit"); ``found`` as
+the trial that first reached y_found, which rewards an AF that stops improving early."""
 
 from __future__ import annotations
 
@@ -97,9 +98,8 @@ class Problem:
 
     @classmethod
     def build(cls, s: ProblemSpec) -> Problem:
-        f = function(s.function)
-        grid = sobol(f.dim, s.points, s.grid_seed)
-        y = f.on_unit(grid).astype(np.float64)
+        grid = sobol(function(s.function).dim, s.points, s.grid_seed)
+        y = grid_values(s)
         return cls(s, grid, y, _standardise(y), s.kernel(grid, grid))
 
     @property
@@ -124,30 +124,44 @@ def check_index(value: object, size: int) -> int:
     return int(value)
 
 
-def run(problem: Problem, policy: Policy, trials: int = 30, beta: float = 1.0) -> list[float]:
-    """Best value found after each trial, the initial (worst) point first: ``trials + 1`` values."""
+def run(problem: Problem, policy: Policy, trials: int = 30, beta: float = 1.0, indices: bool = False) -> list:
+    """Best value found after each trial, the initial (worst) point first: ``trials + 1`` values (with ``indices``:
+    the grid indices queried instead)."""
     observed = [problem.init]
-    best = [float(problem.y[problem.init])]
     for _ in range(trials):
         mean, var = problem.posterior(observed)
         incumbent = float(problem.z[observed].min())
         with np.errstate(all="ignore"):
             chosen = policy(mean, np.maximum(var, VAR_FLOOR), incumbent, beta)
         observed.append(check_index(chosen, len(problem.y)))
-        best.append(min(best[-1], float(problem.y[observed[-1]])))
-    return best
+    return observed if indices else best_so_far(problem.y, observed)
 
 
-def regret(best: list[float], problem: Problem) -> list[float]:
-    """Normalised simple regret per trial: (best_t - y*) / (y_init - y*)."""
-    span = problem.y.max() - problem.y_star
-    return [(b - problem.y_star) / span if span > 0 else 0.0 for b in best]
+def best_so_far(y: np.ndarray, observed: list[int]) -> list[float]:
+    return np.minimum.accumulate(y[observed]).astype(float).tolist()
 
 
-def score(best: list[float], problem: Problem, time_term: str = "found") -> float:
+@lru_cache(maxsize=1024)
+def grid_values(s: ProblemSpec) -> np.ndarray:
+    """The function on the problem's grid (what the parent needs to score a child's queries)."""
+    f = function(s.function)
+    y = f.on_unit(sobol(f.dim, s.points, s.grid_seed)).astype(np.float64)
+    y.setflags(write=False)
+    return y
+
+
+def regret(best: list[float], problem: Problem | np.ndarray) -> list[float]:
+    """Normalised simple regret per trial: (best_t - y*) / (y_init - y*), y_init the grid's worst value."""
+    y = problem.y if isinstance(problem, Problem) else problem
+    low, span = float(y.min()), float(y.max() - y.min())
+    return [(b - low) / span if span > 0 else 0.0 for b in best]
+
+
+def score(best: list[float], problem: Problem | np.ndarray, time_term: str = "optimum") -> float:
+    y = problem.y if isinstance(problem, Problem) else problem
     trials = len(best) - 1
-    r = regret(best, problem)[-1]
-    target = best[-1] if time_term == "found" else problem.y_star
+    r = regret(best, y)[-1]
+    target = best[-1] if time_term == "found" else float(y.min())
     hit = next((t for t, b in enumerate(best) if b <= target), trials)
     return (1.0 - r) + (1.0 - hit / trials)
 

@@ -22,9 +22,10 @@ class Protocol(Params):
 
     trials: int = Field(30, ge=1, description="T, trials after the initial (worst) point.")
     beta: float = Field(1.0, ge=0, description="The beta handed to every AF.")
-    time_term: Literal["found", "optimum"] = Field("found", description="t_found in the score: the trial that first "
-                                                   "reached the best value found (the formula as written), or the one "
-                                                   "that hit the grid's optimum (T when none did).")
+    time_term: Literal["optimum", "found"] = Field("optimum", description="t_found in the score: the trial that hit "
+                                                   "the grid's optimum, T when none did (the notes' reading), or the "
+                                                   "one that first reached the best value found (rewards stopping "
+                                                   "early).")
     grid_points: int | None = Field(None, gt=1, description="Sobol grid size (null: 1,000 in 1-D, 2,048 above).")
     grid_seed: int = Field(0, ge=0, description="The Sobol scramble and the kernel-fit subset.")
     timeout_s: float = Field(30.0, gt=0, description="Wall-clock limit of one program on one problem set "

@@ -1,10 +1,12 @@
 """FunSearch's programs database (notes §2.1, ``programs_database.py``): islands of clusters keyed by a program's
-per-function score signature; a prompt picks an island uniformly, clusters by a softmax of their scores at temperature
-T0 (1 - (n mod period) / period), n the island's program count, and within a cluster prefers shorter programs (softmax
-of minus the normalised length, temperature 1); a reset wipes the weaker half of the islands (ties broken by noise)
-and seeds each with the best program of a random survivor. ``reduce: mean`` is FunBO's score over its functions,
-``last`` FunSearch's. Reset every ``reset_period`` prompts, not every 4 hours: a stated deviation. JSON-saved with its
-generator's state, so a resumed search continues the same sequence."""
+per-function score signature; a prompt picks an island uniformly, clusters by a softmax of their scores at
+temperature T0 (1 - (n mod period) / period), n the island's program count (with replacement: two slots may share a
+cluster), and within a cluster prefers shorter programs (softmax of minus the normalised length in characters,
+temperature 1); a program registered again (a duplicate, whose scores are reused) counts again, as FunSearch's
+re-evaluation would; a reset wipes the weaker half of the islands (ties broken by noise) and seeds each with the
+best program of a random survivor. ``reduce: mean`` is FunBO's score over its functions, ``last`` FunSearch's. Reset
+every ``reset_period`` prompts, not every 4 hours: a stated deviation. JSON-saved with its generator's state, so a
+resumed search continues the same sequence."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ class Program:
     source: str
     scores: list[float]
     score: float
-    lines: int
+    length: int  # characters, FunSearch's len(str(program))
 
 
 @dataclass
@@ -67,7 +69,7 @@ class Database:
 
     def register(self, source: str, scores: list[float], island: int | None = None) -> Program:
         """Into ``island``, or into every island (the seed, and a reset's founder into its new island)."""
-        program = Program(source, list(scores), self.reduced(scores), len(source.strip().splitlines()))
+        program = Program(source, list(scores), self.reduced(scores), len(source))
         for i in range(self.islands) if island is None else (island,):
             isl = self.state[i]
             isl.clusters.setdefault(tuple(program.scores), []).append(program)
@@ -87,7 +89,7 @@ class Database:
         return signatures, softmax(scores, self.temperature(island))
 
     def program_probabilities(self, cluster: list[Program]) -> np.ndarray:
-        lengths = np.array([p.lines for p in cluster], dtype=np.float64)
+        lengths = np.array([p.length for p in cluster], dtype=np.float64)
         normalised = (lengths - lengths.min()) / (lengths.max() + 1e-6)
         return softmax(-normalised, 1.0)
 
@@ -96,7 +98,7 @@ class Database:
         island = int(self.rng.integers(self.islands))
         signatures, p = self.cluster_probabilities(island)
         k = min(len(signatures), self.functions_per_prompt)
-        chosen = self.rng.choice(len(signatures), size=k, p=p, replace=False)
+        chosen = self.rng.choice(len(signatures), size=k, p=p)
         programs = []
         for c in chosen:
             cluster = self.state[island].clusters[signatures[c]]

@@ -16,12 +16,13 @@ ARGS = ("predictive_mean", "predictive_var", "incumbent", "beta")
 MAX_CHARS = 20_000
 
 FORBIDDEN_NODES = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.ClassDef, ast.AsyncFunctionDef,
-                   ast.Await, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom)
+                   ast.Await, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom,
+                   ast.Match)  # a class pattern names attributes as strings, past the attribute checks
 FORBIDDEN_NAMES = frozenset({"exec", "eval", "compile", "open", "getattr", "setattr", "delattr", "globals", "locals",
                              "vars", "input", "breakpoint", "help", "exit", "quit", "memoryview", "type", "object",
                              "super", "dir", "id", "classmethod", "staticmethod", "property", "print"})
 FORBIDDEN_ATTRS = frozenset({"tofile", "dump", "dumps", "ctypes", "data", "base", "format", "format_map", "setflags",
-                             "mro", "gi_frame", "gi_code", "f_back", "f_globals", "f_locals", "f_builtins", "f_code",
+                             "mro", "type", "gi_frame", "gi_code", "f_back", "f_globals", "f_locals", "f_builtins", "f_code",
                              "tb_frame", "tb_next", "cr_frame", "ag_frame"})
 
 NUMPY_NAMES = (
@@ -62,6 +63,8 @@ def check(source: str) -> ast.FunctionDef:
             raise ProgramError(f"line {node.lineno}: {type(node).__name__} is not allowed")
         if isinstance(node, ast.Name) and (node.id in FORBIDDEN_NAMES or node.id.startswith("__")):
             raise ProgramError(f"line {node.lineno}: the name '{node.id}' is not allowed")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__" in node.value:
+            raise ProgramError(f"line {node.lineno}: a string with '__' is not allowed (format fields walk attributes)")
         if isinstance(node, ast.Attribute):
             if node.attr.startswith("_") or node.attr in FORBIDDEN_ATTRS:
                 raise ProgramError(f"line {node.lineno}: the attribute '.{node.attr}' is not allowed")
@@ -118,6 +121,3 @@ def key(source: str) -> str:
     return hashlib.sha1(ast.dump(fn, annotate_fields=False).encode()).hexdigest()[:16]
 
 
-def body_lines(source: str) -> int:
-    """A program's length as FunSearch measures it for its in-cluster preference: its source lines."""
-    return len(source.strip().splitlines())

@@ -2,8 +2,8 @@
 then the shared sandbox (``core.eval.sandbox``: a fresh interpreter in an empty folder, CPU, memory and file-size
 limits, a wall-clock kill of its process group, its own network namespace where the kernel allows it, an audit hook
 on forks, sockets, ctypes and writes outside its folder) running the harness (``worker``) with the program as its
-acquisition function, and a reply checked for shape and range. A failure is a result with its reason, never an
-exception in the search."""
+acquisition function; the child replies with the grid indices it queried, which are checked and scored here. A
+failure is a result with its reason, never an exception in the search."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from llmx.core.eval import sandbox as core
+from llmx.plugins.funbo import bo
 from llmx.plugins.funbo.bo import ProblemSpec
 from llmx.plugins.funbo.program import ProgramError, check
 
@@ -43,34 +46,43 @@ class Outcome:
 
 
 def evaluate(source: str, problems: list[ProblemSpec], trials: int = 30, beta: float = 1.0,
-             time_term: str = "found", limits: Limits = Limits()) -> Outcome:
+             time_term: str = "optimum", limits: Limits = Limits()) -> Outcome:
     try:
         check(source)
     except ProgramError as e:
         return Outcome(False, reason=str(e))
     request = json.dumps({"source": source, "problems": [p.as_dict() for p in problems], "trials": trials,
-                          "beta": beta, "time_term": time_term})
+                          "beta": beta})
     driver = DRIVER.format(root=ROOT, request=request, reply=REPLY)
     out = core.run(driver, core.Limits(wall_seconds=limits.timeout_s, cpu_seconds=math.ceil(limits.timeout_s),
                                        memory_mb=limits.memory_mb, file_mb=16), collect=REPLY)
     if not out.passed:
         return Outcome(False, reason=f"{out.status}: {out.reason}"[:300])
-    return _reply(out.collected, len(problems), trials)
+    return _reply(out.collected, problems, trials, time_term)
 
 
-def _reply(text: str, problems: int, trials: int) -> Outcome:
+def _reply(text: str, problems: list[ProblemSpec], trials: int, time_term: str) -> Outcome:
+    """Scores computed here from the queries the child reports, each checked: the worst grid point first, then
+    ``trials`` indices inside the grid (a child cannot hand back a score)."""
     try:
         reply = json.loads(text)
     except ValueError:
         return Outcome(False, reason="no readable reply from the child")
     if not reply.get("ok"):
         return Outcome(False, reason=str(reply.get("reason", "failed"))[:300])
-    scores, curves = reply.get("scores"), reply.get("curves")
-    shaped = (isinstance(scores, list) and len(scores) == problems and isinstance(curves, list)
-              and all(isinstance(c, list) and len(c) == trials + 1 for c in curves))
-    if not shaped or not all(isinstance(s, (int, float)) and math.isfinite(s) and 0.0 <= s <= 2.0 for s in scores):
-        return Outcome(False, reason="a malformed reply (scores outside [0, 2] or curves of the wrong length)")
-    return Outcome(True, [float(s) for s in scores], curves)
+    chosen = reply.get("indices")
+    if not isinstance(chosen, list) or len(chosen) != len(problems):
+        return Outcome(False, reason="a malformed reply (not one query list per problem)")
+    scores, curves = [], []
+    for spec, indices in zip(problems, chosen, strict=True):
+        y = bo.grid_values(spec)
+        if (not isinstance(indices, list) or len(indices) != trials + 1 or indices[0] != int(np.argmax(y))
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(y) for i in indices)):
+            return Outcome(False, reason=f"{spec.function}: a malformed reply (queries out of the protocol)")
+        best = bo.best_so_far(y, indices)
+        scores.append(bo.score(best, y, time_term))
+        curves.append(bo.regret(best, y))
+    return Outcome(True, scores, curves)
 
 
 def evaluate_many(sources: list[str], problems: list[ProblemSpec], workers: int = 1, **kw) -> list[Outcome]:

@@ -1,7 +1,7 @@
-"""The FunBO loop (notes §2.2): prompt from the database, sample completions, cut each to a program, evaluate the
-new ones in the sandbox (a duplicate by normalised AST reuses its scores), register the valid ones in the prompt's
-island, reset every ``reset_period`` prompts, save after each prompt; finally the best validation score among the
-top ``top_share`` by training score."""
+"""The FunBO loop (notes §2.2): prompt from the database, sample completions, cut each to a program, evaluate the new
+ones in the sandbox (a duplicate by normalised AST reuses its scores, unless it timed out), register the valid ones
+in the prompt's island, reset every ``reset_period`` prompts, save after each prompt; finally the best validation
+score among the top ``top_share`` by training score."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from llmx.plugins.funbo.database import Database, Program
 from llmx.plugins.funbo.program import ProgramError, key
 from llmx.plugins.funbo.sandbox import Limits, Outcome, evaluate_many
 
+TRANSIENT = ("timeout", "cpu", "crashed")  # outcomes a loaded machine can cause: not cached, a duplicate runs again
+
 
 @dataclass
 class Tally:
@@ -27,8 +29,22 @@ class Tally:
     reasons: dict[str, int] = field(default_factory=dict)
 
     def failed(self, reason: str) -> None:
-        head = reason.split(":")[-1].strip().split(" ")[0] if ":" in reason else reason.split(" ")[0]
-        self.reasons[head] = self.reasons.get(head, 0) + 1
+        kind = kind_of(reason)
+        self.reasons[kind] = self.reasons.get(kind, 0) + 1
+
+
+def kind_of(reason: str) -> str:
+    """A failure's class for the counts: a sandbox status, or what the check or the harness said."""
+    head = reason.split(":", 1)[0]
+    if head in ("timeout", "cpu", "memory", "crashed", "forbidden", "file_size", "exited", "failed"):
+        return head
+    for words, kind in (("syntax error", "syntax"), ("no parseable", "syntax"), ("no function body", "syntax"),
+                        ("not allowed", "refused"), ("signature", "refused"), ("nothing else", "refused"),
+                        ("grid index", "bad index"), ("outside the grid", "bad index"), ("MemoryError", "memory"),
+                        ("malformed", "malformed")):
+        if words in reason:
+            return kind
+    return "raised"
 
 
 @dataclass
@@ -52,8 +68,9 @@ class Search:
             first.setdefault(k, source)
         outcomes = evaluate_many([first[k] for k in fresh], self.problems, self.workers, limits=self.limits,
                                  **self.protocol)
-        self.seen.update(zip(fresh, outcomes, strict=True))
-        return [self.seen[k] for k in keys]
+        got = dict(zip(fresh, outcomes, strict=True))
+        self.seen.update({k: o for k, o in got.items() if not o.reason.startswith(TRANSIENT)})
+        return [self.seen.get(k) or got[k] for k in keys]
 
     def step(self, n: int) -> None:
         island, parents = self.db.prompt()

@@ -1,5 +1,6 @@
 """The harness that runs inside the sandbox's child: the BO loop of each problem with the program as its
-acquisition function. Any exception the program raises becomes the reason it is scored with."""
+acquisition function, replying with the grid indices it chose (the parent scores them). Any exception the program
+raises becomes the reason it is scored with."""
 
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ def evaluate(request: dict) -> dict:
         af = compile_program(request["source"])
     except ProgramError as e:
         return {"ok": False, "reason": str(e)}
-    scores, curves = [], []
+    chosen = []
     for s in request["problems"]:
         problem = bo.Problem.build(bo.ProblemSpec.from_dict(s))
         try:
-            best = bo.run(problem, af, request["trials"], request["beta"])
+            indices = bo.run(problem, af, request["trials"], request["beta"], indices=True)
         except bo.AFError as e:
             return {"ok": False, "reason": f"{s['function']}: {e}"}
         except Exception as e:  # noqa: BLE001 -- untrusted code: anything it raises is its failure
             return {"ok": False, "reason": f"{s['function']}: {type(e).__name__}: {str(e)[:200]}"}
-        scores.append(bo.score(best, problem, request["time_term"]))
-        curves.append(bo.regret(best, problem))
-    return {"ok": True, "scores": scores, "curves": curves}
+        chosen.append(indices)
+    return {"ok": True, "indices": chosen}
