@@ -74,9 +74,10 @@ def search(setting: dict, seed: int, budget: int, workers: int, seed_only: bool)
     while s.tally.sampled < budget:
         s.step(min(4, budget - s.tally.sampled))
     val = [bo.spec(n) for n in setting["validation"]]
-    best, best_val, rows = choose(db.programs(), 0.2, val, PROTOCOL, LIMITS, workers)
+    pool = s.evaluated(afs.SOURCES["ei"])
+    best, best_val, rows = choose(pool, 0.2, val, PROTOCOL, LIMITS, workers)
     return {"source": best.source, "train_score": best.score, "validation_score": best_val,
-            "best_train_score": max(p.score for p in db.programs()), "seed_train_score": db.reduced(outcome.scores),
+            "best_train_score": pool[0].score, "seed_train_score": db.reduced(outcome.scores),
             "candidates": s.tally.sampled, "valid": s.tally.valid, "duplicates": s.tally.duplicates,
             "resets": s.tally.resets, "seconds": round(time.time() - start, 1)}
 

@@ -246,7 +246,7 @@ def test_a_seeded_mutate_search_lifts_the_best_training_score_above_eis():
     for _ in range(4):
         s.step(6)
     assert s.tally.valid >= 12
-    assert max(p.score for p in s.db.programs()) > seed_score + 0.05
+    assert s.evaluated(EI)[0].score > seed_score + 0.05
 
 
 def test_the_mutator_uses_only_its_prompts_programs_and_its_operators():
@@ -301,9 +301,13 @@ def fake_server():
 
 
 def test_the_openai_sampler_runs_a_search_against_a_local_server(cli, tmp_path, fake_server):
-    r = cli("--json", "analyze", "--method", "funbo", "--set", "sampler=openai", "--set", f"endpoint={fake_server}",
-            "--set", "samples=4", "--set", "samples_per_prompt=2", "--set", "islands=2", "--set", "train=levy-1d",
-            "--set", "grid_points=200", "-o", tmp_path / "runs")
+    r = cli("analyze", "--method", "funbo", "--set", "sampler=openai", "--set", f"endpoint={fake_server}/v1",
+            "-o", tmp_path / "wrong")
+    assert r.code == 2 and "serves fake, not 'default'" in r.err
+    assert not (tmp_path / "wrong").exists() or list((tmp_path / "wrong").iterdir()) == []
+    r = cli("--json", "analyze", "--method", "funbo", "--set", "sampler=openai", "--set", f"endpoint={fake_server}/v1",
+            "--set", "endpoint_model=fake", "--set", "samples=4", "--set", "samples_per_prompt=2", "--set", "islands=2",
+            "--set", "train=levy-1d", "--set", "grid_points=200", "-o", tmp_path / "runs")
     assert r.code == 0, r.err
     m = r.json()["stages"][0]["metrics"]
     assert m["sampler"].startswith("openai") and m["candidates"] == 4 and m["valid"] == 4 and m["duplicates"] == 3
@@ -359,3 +363,20 @@ def test_bad_input_is_one_line_exit_2_before_any_evaluation(cli, tmp_path, sets,
     r = cli("analyze", "--method", "funbo", *[a for s in sets for a in ("--set", s)], "-o", tmp_path / "runs")
     assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) <= 2, r.err
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_eval_refuses_a_broken_af_file_and_resume_refuses_another_setup(cli, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(EI.replace("incumbent, beta=1.0", "incumbent"))
+    r = cli("eval", "--method", "acquisition", "--set", f"against={bad}", "-o", tmp_path / "e")
+    assert r.code == 2 and "against" in r.err and "signature" in r.err, r.err
+    r = cli("--json", "analyze", "--method", "funbo", "--set", "samples=2", "--set", "samples_per_prompt=2",
+            "--set", "islands=1", "--set", "train=levy-1d", "--set", "grid_points=200", "-o", tmp_path / "runs")
+    saved = r.json()["stages"][0]["metrics"]["af_file"].replace("acquisition_function.py", "database.json")
+    r = cli("analyze", "--method", "funbo", "--set", f"resume={saved}", "--set", "train=ackley-1d",
+            "--set", "grid_points=200", "-o", tmp_path / "again")
+    assert r.code == 2 and "other training problems" in r.err, r.err
+    r = cli("--json", "analyze", "--method", "funbo", "--set", f"resume={saved}", "--set", "samples=4",
+            "--set", "samples_per_prompt=2", "--set", "islands=1", "--set", "train=levy-1d", "--set", "grid_points=200",
+            "-o", tmp_path / "more")
+    assert r.code == 0 and r.json()["stages"][0]["metrics"]["candidates"] == 4  # 2 saved + 2 more

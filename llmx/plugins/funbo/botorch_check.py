@@ -100,15 +100,20 @@ def run_fixed(source: str | None, problem: bo.Problem, trials: int, beta: float,
     return best
 
 
-def score(source: str | None, spec: bo.ProblemSpec, p: Any) -> dict:
+def score(source: str | None, spec: bo.ProblemSpec, p: Any, seed: int = 0) -> dict:
+    """One problem's score and regret curve; ``seed`` draws random search's queries (as the numpy path's)."""
     problem = bo.Problem.build(spec)
-    best = run_fixed(source, problem, p.trials, p.beta, p.grid_seed)
+    best = run_fixed(source, problem, p.trials, p.beta, seed)
     return {"score": bo.score(best, problem, p.time_term), "regret": bo.regret(best, problem)}
 
 
 def standard(source: str, spec: bo.ProblemSpec, trials: int, beta: float, seed: int) -> list[float]:
-    """The paper's re-check: a random first point, the GP refitted by marginal likelihood every trial; normalised
-    regret after each trial against the grid's range."""
+    """A standard BoTorch loop after the paper's re-check: a random first point, the GP (BoTorch's default priors)
+    refitted by marginal likelihood every trial; normalised regret after each trial against the grid's range. The AF
+    is still maximised on the grid: the paper optimises it numerically, which an index-returning program does not
+    allow."""
+    if source is None:
+        raise ValueError("the standard loop needs a program; random search has no acquisition function")
     from botorch.fit import fit_gpytorch_mll
     from gpytorch.mlls import ExactMarginalLogLikelihood
 
@@ -118,7 +123,7 @@ def standard(source: str, spec: bo.ProblemSpec, trials: int, beta: float, seed: 
     best = [float(problem.y[observed[0]])]
     for _ in range(trials):
         y = problem.y[observed]
-        z = (y - y.mean()) / (y.std() or 1.0)
+        z = (y - y.mean()) / (y.std(ddof=1) if len(y) > 1 and y.std() > 0 else 1.0)  # as BoTorch's check measures
         model = _gp(problem.grid[observed], z, None)
         fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
         model.eval()

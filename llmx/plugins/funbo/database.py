@@ -116,15 +116,6 @@ class Database:
             self.register(founder.source, founder.scores, int(i))
         return [int(i) for i in wiped]
 
-    def programs(self) -> list[Program]:
-        """Every distinct program held (by source), best first."""
-        seen: dict[str, Program] = {}
-        for isl in self.state:
-            for cluster in isl.clusters.values():
-                for p in cluster:
-                    seen.setdefault(p.source, p)
-        return sorted(seen.values(), key=lambda p: -p.score)
-
     def to_dict(self) -> dict:
         islands = [{"programs": isl.programs,
                     "clusters": [[asdict(p) for p in cluster] for cluster in isl.clusters.values()]}

@@ -1,9 +1,11 @@
 """Global-optimisation test functions for FunBO, in numpy, minimisation convention.
 
 Definitions and domains follow BoTorch's ``botorch.test_functions.synthetic`` and the SFU library
-(Surjanovic & Bingham, https://www.sfu.ca/~ssurjano/optimization.html). Schwefel, Goldstein-Price, Sphere and Weierstrass
-are missing from BoTorch and are written by hand from the SFU formulas (Weierstrass with a=0.5, b=3, kmax=20, shifted so
-its minimum is 0). Every formula is defined on all of R^d, so shifted instances may evaluate outside the domain.
+(Surjanovic & Bingham, https://www.sfu.ca/~ssurjano/optimization.html). Schwefel, Goldstein-Price and Sphere are missing
+from BoTorch and are written by hand from the SFU formulas; Weierstrass (in neither) is the CEC benchmarks' form, a=0.5,
+b=3, kmax=20, shifted so its minimum is 0. Every formula is defined on all of R^d, so shifted instances may evaluate
+outside the domain. An instance's scale leaves the BO protocol unchanged (outputs are standardised on the grid and
+regret is normalised): only its shift makes it a new problem.
 """
 
 from __future__ import annotations

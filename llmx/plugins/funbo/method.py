@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
-from llmx.errors import UsageError
+from llmx.errors import MissingRequirement, UsageError
 from llmx.plugins.funbo import afs, bo, samplers
 from llmx.plugins.funbo import functions as F
 from llmx.plugins.funbo.config import SUITES, AcquisitionParams, FunboParams, Protocol
@@ -37,20 +39,29 @@ def _specs(ctx: RunContext, problem_names: list[str], p: Protocol) -> list[bo.Pr
     return [bo.spec(n, p.grid_points, p.grid_seed) for n in problem_names]
 
 
-def _seed_source(ref: str) -> str:
+def _checked(field: str, ref: str) -> str | None:
+    """The source of an AF reference (None: random search), refused in one line when it fails the AST check."""
     source = afs.load(ref)
+    if source is not None:
+        try:
+            check(source)
+        except ProgramError as e:
+            raise UsageError(f"{field} {ref}: {e}") from None
+    return source
+
+
+def _seed_source(ref: str) -> str:
+    source = _checked("seed_af", ref)
     if source is None:
         raise UsageError("seed_af random is a policy, not a program: give a baseline program or a .py file")
-    try:
-        check(source)
-    except ProgramError as e:
-        raise UsageError(f"seed_af {ref}: {e}") from None
     return source
 
 
 def analyze(ctx: RunContext, p: FunboParams) -> dict[str, Any]:
     seed = _seed_source(p.seed_af)
     train, validation = names(p.train), names(p.validation)
+    if p.resume and not Path(p.resume).is_file():
+        raise UsageError(f"resume {p.resume}: no such file")
     sampler = samplers.make(p, ctx)
     protocol, limits = _protocol(p), Limits(p.timeout_s, p.memory_mb)
     train_specs = _specs(ctx, train, p)
@@ -70,7 +81,8 @@ def analyze(ctx: RunContext, p: FunboParams) -> dict[str, Any]:
     seed_score = search.db.reduced(search.seen[key(seed)].scores) if key(seed) in search.seen else None
     search.run(p.samples, p.samples_per_prompt, ctx.artifact("database.json"), ctx.progress)
     val_specs = _specs(ctx, validation, p)
-    best, best_val, rows = choose(search.db.programs(), p.top_share, val_specs, protocol, limits, p.workers)
+    pool = search.evaluated(seed)
+    best, best_val, rows = choose(pool, p.top_share, val_specs, protocol, limits, p.workers)
     seed_val = evaluate(seed, val_specs, limits=limits, **protocol)
     atomic.write_text(ctx.artifact(RESULT), _result_file(best.source, sampler.label, best.score, best_val))
     atomic.write_json(ctx.artifact("selection.json"), rows)
@@ -80,9 +92,11 @@ def analyze(ctx: RunContext, p: FunboParams) -> dict[str, Any]:
                  t.sampled, t.valid, best.score, seed_score or math.nan, best_val)
     return {"sampler": sampler.label, "candidates": t.sampled, "valid": t.valid, "valid_rate": t.valid / max(t.sampled, 1),
             "duplicates": t.duplicates, "prompts": t.prompts, "resets": t.resets, "failures": t.reasons,
-            "seed_train_score": seed_score, "best_train_score": max(p.score for p in search.db.programs()),
+            "seed_train_score": seed_score, "best_train_score": pool[0].score,
             "chosen_train_score": best.score, "chosen_validation_score": best_val,
-            "seed_validation_score": _mean(seed_val), "top_considered": len(rows),
+            "seed_validation_score": _mean(seed_val), "programs_scored": len(pool), "top_considered": len(rows),
+            "selection": "top share by training, best validation" if math.isfinite(best_val) else
+            "training only: no program of the top share ran on the validation functions",
             "af_file": str(ctx.artifact(RESULT)), "train": train, "validation": validation}
 
 
@@ -101,7 +115,7 @@ def score(ref: str, specs: list[bo.ProblemSpec], p: Protocol, backend: str = "nu
     if backend == "botorch":
         from llmx.plugins.funbo import botorch_check
 
-        return [botorch_check.score(source, s, p) for s in specs]
+        return [botorch_check.score(source, s, p, p.grid_seed * 7919 + i) for i, s in enumerate(specs)]
     if source is None:
         rows = []
         for i, s in enumerate(specs):
@@ -138,14 +152,18 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
         if "funbo_af" not in ctx.state:
             raise UsageError("af found scores the AF of this run's funbo stage: put analyze --method funbo before it")
         p = p.model_copy(update={"af": ctx.state["funbo_af"]})
-    for ref in (p.af, p.against):
+    for field, ref in (("af", p.af), ("against", p.against)):
         if ref is not None:
-            afs.load(ref)
+            _checked(field, ref)
+    if p.backend == "botorch" and importlib.util.find_spec("botorch") is None:
+        raise MissingRequirement("backend botorch needs BoTorch: pip install 'llmx[funbo]'")
     problems = names(p.functions, p.instances, p.instance_seed)
     specs = _specs(ctx, problems, p)
     rows = score(p.af, specs, p, p.backend)
     out: dict[str, Any] = {"af": p.af, "backend": p.backend, "problems": len(rows), **_summary(rows)}
-    if p.against and p.against != p.af:
+    if p.against and p.against == p.af:
+        ctx.log.info("acquisition: against is the af itself; no paired comparison")
+    elif p.against:
         base = score(p.against, specs, p, p.backend)
         out |= {"against": p.against, **{f"against_{k}": v for k, v in _summary(base).items()}, **paired(rows, base)}
     per_function: dict[str, list[float]] = {}

@@ -18,26 +18,59 @@ WRAPS = ("np.sqrt(np.abs({}))", "np.exp({})", "np.log1p(np.abs({}))", "np.tanh({
 OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div)
 
 
+INDEX_WRAPPERS = {"int", "argmax", "argmin", "nanargmax", "nanargmin", "int64", "int32"}
+
+
+def _call_name(node: ast.expr) -> str:
+    func = node.func if isinstance(node, ast.Call) else None
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
 def _targets(fn: ast.FunctionDef) -> list[ast.expr]:
-    """Expressions a mutation may replace: operands and values, never a call's function, an attribute's object or a
-    returned value itself (the index)."""
-    skip = {id(node.value) for node in ast.walk(fn) if isinstance(node, ast.Return)}
+    """Expressions a mutation may replace: operands and values, never a call's function, an attribute's object, an
+    index, a keyword argument, a loop's iterable, or the returned index itself (through ``int(np.argmax(...))``, down
+    to the scores argmax is given)."""
+    skip: set[int] = set()
+
+    def skip_tree(node: ast.AST) -> None:
+        skip.update(id(n) for n in ast.walk(node))
+
     for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and node.value is not None:
+            value = node.value
+            skip.add(id(value))
+            while isinstance(value, ast.Call) and _call_name(value) in ("int", "int64", "int32") and value.args:
+                value = value.args[0]
+                skip.add(id(value))
         if isinstance(node, ast.Call):
-            skip.add(id(node.func))
-            skip.update(id(n) for n in ast.walk(node.func))
+            skip_tree(node.func)
+            for kw in node.keywords:
+                skip_tree(kw.value)
         if isinstance(node, ast.Attribute):
-            skip.update(id(n) for n in ast.walk(node.value))
+            skip_tree(node.value)
+        if isinstance(node, ast.Subscript):
+            skip_tree(node.slice)
+        if isinstance(node, (ast.For, ast.comprehension)):
+            skip_tree(node.iter)
     out = []
     for node in ast.walk(fn):
         if id(node) in skip or not isinstance(node, (ast.BinOp, ast.UnaryOp, ast.Call, ast.Name, ast.Constant)):
             continue
+        if isinstance(node, ast.Call) and _call_name(node) in INDEX_WRAPPERS:
+            continue  # an index-valued call: wrapping it in arithmetic would return a float
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             continue
         if isinstance(node, ast.Constant) and (isinstance(node.value, bool) or not isinstance(node.value, (int, float))):
             continue
         out.append(node)
     return out
+
+
+def _line(fn: ast.FunctionDef, node: ast.expr) -> int | None:
+    """The line of the innermost statement holding ``node`` (a node built by an earlier mutation has none)."""
+    lines = [stmt.lineno for stmt in ast.walk(fn)
+             if isinstance(stmt, ast.stmt) and stmt is not fn and any(n is node for n in ast.walk(stmt))]
+    return lines[-1] if lines else None
 
 
 def _variables(fn: ast.FunctionDef, before: int | None = None) -> list[str]:
@@ -84,12 +117,12 @@ class Mutator:
             new = ast.parse(WRAPS[int(self.rng.integers(len(WRAPS)))].format(ast.unparse(node)), mode="eval").body
             _replace(fn, node, new)
         elif op == "extend":
-            names = _variables(fn, getattr(node, "lineno", None))
+            names = _variables(fn, _line(fn, node))
             other = ast.Name(names[int(self.rng.integers(len(names)))], ast.Load()) if self.rng.random() < 0.6 \
                 else ast.Constant(self._constant())
             _replace(fn, node, ast.BinOp(node, OPS[int(self.rng.integers(len(OPS)))](), other))
         else:
-            known = set(_variables(fn, getattr(node, "lineno", None))) | {"np", "norm"}
+            known = set(_variables(fn, _line(fn, node))) | {"np", "norm"}
             pool = [e for e in _targets(donor) if {n.id for n in ast.walk(e) if isinstance(n, ast.Name)} <= known]
             if pool:
                 _replace(fn, node, copy.deepcopy(pool[int(self.rng.integers(len(pool)))]))

@@ -55,7 +55,7 @@ class OpenAISampler:
 
     def __init__(self, endpoint: str, model: str, api_key: str | None, max_tokens: int, temperature: float,
                  timeout: float = 120.0):
-        self.url = endpoint.rstrip("/")
+        self.url = endpoint.rstrip("/").removesuffix("/v1")
         self.model, self.key, self.max_tokens, self.temperature, self.timeout = (model, api_key, max_tokens,
                                                                                temperature, timeout)
         self.label = f"openai ({self.url}, {model})"
@@ -65,20 +65,40 @@ class OpenAISampler:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, headers=headers, method="POST" if data else "GET")
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 -- the user's own endpoint
-            return json.loads(resp.read())
+            reply = json.loads(resp.read())
+        if not isinstance(reply, dict):
+            raise ValueError(f"a {type(reply).__name__} where a JSON object was expected")
+        return reply
+
+    def _call(self, path: str, body: dict | None, timeout: float, tries: int = 2) -> dict:
+        """One request, retried once on a timeout or a dropped connection; any failure as one line naming it."""
+        for attempt in range(tries):
+            try:
+                return self._request(path, body, timeout)
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace").strip().replace("\n", " ")[:200]
+                raise UsageError(f"endpoint {self.url}{path}: HTTP {e.code} {e.reason}: {detail}") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                if attempt + 1 == tries:
+                    reason = getattr(e, "reason", e)
+                    raise UsageError(f"endpoint {self.url} is unreachable ({reason})") from None
+            except ValueError as e:
+                raise UsageError(f"endpoint {self.url}{path}: not an OpenAI reply ({e})") from None
+        raise AssertionError("unreachable")
 
     def probe(self) -> None:
-        try:
-            self._request("/v1/models", None, 5.0)
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", e)
-            raise UsageError(f"endpoint {self.url} is unreachable ({reason})") from None
+        """The server answers ``/v1/models`` and lists ``model`` (when it lists any)."""
+        listed = [m.get("id") for m in self._call("/v1/models", None, 5.0, tries=1).get("data", [])
+                  if isinstance(m, dict)]
+        if listed and self.model not in listed:
+            raise UsageError(f"endpoint {self.url} serves {', '.join(map(str, listed[:5]))}, not '{self.model}': "
+                             "set endpoint_model")
 
     def sample(self, prompt: str, n: int) -> list[str]:
-        reply = self._request("/v1/completions", {"model": self.model, "prompt": prompt, "n": n,
-                                                  "max_tokens": self.max_tokens, "temperature": self.temperature},
-                              self.timeout)
-        return [c.get("text", "") for c in reply.get("choices", [])][:n]
+        reply = self._call("/v1/completions", {"model": self.model, "prompt": prompt, "n": n,
+                                               "max_tokens": self.max_tokens, "temperature": self.temperature},
+                           self.timeout)
+        return [c.get("text", "") if isinstance(c, dict) else "" for c in reply.get("choices", [])][:n]
 
 
 def make(p, ctx) -> MutateSampler | HFSampler | OpenAISampler:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmx.core import atomic
+from llmx.errors import UsageError
 from llmx.plugins.funbo import prompt as P
 from llmx.plugins.funbo.database import Database, Program
 from llmx.plugins.funbo.program import ProgramError, key
@@ -115,13 +116,38 @@ class Search:
             self.save(save)
 
     def save(self, path: Path) -> None:
-        self.db.save(path, {"tally": self.tally.__dict__, "seen": {k: o.__dict__ for k, o in self.seen.items()}})
+        self.db.save(path, {"tally": self.tally.__dict__, "seen": {k: o.__dict__ for k, o in self.seen.items()},
+                            "setup": self.setup()})
         atomic.write_jsonl(path.with_name("candidates.jsonl"), self.log)
+
+    def setup(self) -> dict:
+        """What a resumed search must share with the saved one for its scores to be comparable."""
+        return {"problems": [p.as_dict() for p in self.problems], "protocol": self.protocol}
+
+    def evaluated(self, seed: str) -> list[Program]:
+        """Every distinct valid program the search has scored (by normalised AST; wiped islands' too), the seed
+        included, best first: the pool the result is chosen from."""
+        pool = {key(seed): Program(seed, self.seen[key(seed)].scores, self.db.reduced(self.seen[key(seed)].scores),
+                                   len(seed))} if key(seed) in self.seen and self.seen[key(seed)].ok else {}
+        for row in self.log:
+            if row["ok"] and row["source"]:
+                pool.setdefault(key(row["source"]), Program(row["source"], row["scores"], row["score"],
+                                                            len(row["source"])))
+        return sorted(pool.values(), key=lambda p: -p.score)
 
     @classmethod
     def resume(cls, path: Path, **kw) -> Search:
-        d = json.loads(Path(path).read_text())
-        search = cls(Database.from_dict(d), **kw)
+        """The search saved in ``path``; UsageError when it is unreadable or was run on other problems or protocol.
+        The database continues its own sequence; the sampler starts afresh."""
+        try:
+            d = json.loads(Path(path).read_text())
+            db = Database.from_dict(d)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"resume {path}: not a funbo database.json ({type(e).__name__})") from None
+        search = cls(db, **kw)
+        if d.get("setup") != json.loads(json.dumps(search.setup())):
+            raise UsageError(f"resume {path}: saved with other training problems or protocol; resume with the same "
+                             "train, grid and protocol settings")
         search.tally = Tally(**d["tally"])
         search.seen = {k: Outcome(**o) for k, o in d["seen"].items()}
         log = Path(path).with_name("candidates.jsonl")
@@ -131,15 +157,16 @@ class Search:
 
 def choose(programs: list[Program], top_share: float, validation: list, protocol: dict, limits: Limits,
            workers: int) -> tuple[Program, float, list[dict]]:
-    """The best validation score among the top ``top_share`` by training score (ties: the better training score)."""
+    """The best validation score among the top ``top_share`` by training score (ties: the better training score, then
+    the earlier program)."""
     top = programs[: max(1, math.ceil(top_share * len(programs)))]
     outcomes = evaluate_many([p.source for p in top], validation, workers, limits=limits, **protocol)
     rows = [{"train": p.score, "validation": sum(o.scores) / len(o.scores) if o.ok else None, "reason": o.reason}
             for p, o in zip(top, outcomes, strict=True)]
-    scored = [(r["validation"], p.score, i) for i, (p, r) in enumerate(zip(top, rows, strict=True))
+    scored = [(r["validation"], p.score, -i) for i, (p, r) in enumerate(zip(top, rows, strict=True))
               if r["validation"] is not None]
     if not scored:
         return top[0], float("nan"), rows
     val, _, i = max(scored)
-    return top[i], val, rows
+    return top[-i], val, rows
 
