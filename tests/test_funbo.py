@@ -380,3 +380,15 @@ def test_eval_refuses_a_broken_af_file_and_resume_refuses_another_setup(cli, tmp
             "--set", "samples_per_prompt=2", "--set", "islands=1", "--set", "train=levy-1d", "--set", "grid_points=200",
             "-o", tmp_path / "more")
     assert r.code == 0 and r.json()["stages"][0]["metrics"]["candidates"] == 4  # 2 saved + 2 more
+
+
+@pytest.mark.gpu
+def test_the_hf_sampler_samples_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from llmx.core import models
+
+    model, tok = models.load("ref:llama-test", device="cuda")
+    out = samplers.HFSampler(model, tok, 16, 1.0, 0).sample(P.build([EI]), 3)
+    assert len(out) == 3 and all(isinstance(t, str) for t in out)
