@@ -64,7 +64,7 @@ def acquisition(name_or_source: str, model, incumbent: float, beta: float):
             mean, var = mean.reshape(-1).detach().numpy(), (sigma ** 2).reshape(-1).detach().numpy()
             with np.errstate(all="ignore"):
                 index = bo.check_index(program(mean, np.maximum(var, bo.VAR_FLOOR), incumbent, beta), len(mean))
-            out = torch.zeros(len(mean), dtype=X.dtype)
+            out = torch.zeros(len(mean), dtype=X.dtype, device=X.device)
             out[index] = 1.0
             return out
 
