@@ -21,6 +21,7 @@ BUILTIN = (
     "llmx.plugins.llava.plugin",
     "llmx.plugins.lift.plugin",
     "llmx.plugins.overtraining.plugin",
+    "llmx.plugins.upcycling.plugin",
     "llmx.plugins.fope.plugin",
     "llmx.plugins.crow.plugin",
     "llmx.plugins.backdoor.plugin",

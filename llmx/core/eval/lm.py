@@ -65,10 +65,12 @@ def unigram_nll(train: torch.Tensor, test: torch.Tensor, vocab_size: int) -> flo
 
 @torch.no_grad()
 def mean_nll(model: torch.nn.Module, batch: torch.Tensor, chunk: int = 16) -> float:
-    """Mean LM loss over ``[n, seq]`` windows (each window scored on its own, on the model's device)."""
+    """Mean next-token NLL over ``[n, seq]`` windows (each window scored on its own, on the model's device). From
+    the logits, not ``.loss``: an MoE trained with a load-balancing loss adds it to ``.loss``."""
     device = next(model.parameters()).device
     total = 0.0
     for i in range(0, len(batch), chunk):
         x = batch[i:i + chunk].to(device)
-        total += model(input_ids=x, labels=x).loss.item() * len(x)
+        logits = model(input_ids=x).logits[:, :-1].float()
+        total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).item() * len(x)
     return total / len(batch)

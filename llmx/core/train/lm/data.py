@@ -18,13 +18,15 @@ def fingerprint(stream: torch.Tensor) -> str:
 
 
 class TokenWindows:
-    def __init__(self, stream: torch.Tensor, seq_len: int, seed: int):
+    def __init__(self, stream: torch.Tensor, seq_len: int, seed: int, skip: int = 0):
+        """``skip`` windows of the seeded order are passed over: a converted model continues its source's data."""
         n = len(stream) // seq_len
         if n < 1:
             raise UsageError(f"the training data has {len(stream)} tokens, fewer than one window of {seq_len}")
         self.windows = stream[: n * seq_len].view(n, seq_len)
-        self.order = EpochOrder(n, seed)
+        self.order, self.skip = EpochOrder(n, seed), skip
 
     def batch(self, i: int, size: int) -> torch.Tensor:
         """The ``size`` windows of micro-batch ``i`` (``[size, seq_len]``)."""
-        return self.windows[self.order.batch(i, size)]
+        first = self.skip + i * size
+        return self.windows[[self.order[k] for k in range(first, first + size)]]

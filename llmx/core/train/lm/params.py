@@ -17,6 +17,9 @@ class LMParams(TrainParams):
                                                    "weights; scratch: a fresh init from its config (seeded).")
     seq_len: int = Field(128, gt=1, description="Tokens per window; documents are packed with an EOS between them.")
     max_tokens: int | None = Field(None, gt=0, description="Cap on the training tokens read from the source.")
+    data_offset: int = Field(0, ge=0, description="Tokens of the seeded data order to pass over first (rounded down "
+                             "to whole windows): a model converted from a checkpoint continues that run's data "
+                             "instead of re-reading it.")
     lr: float = Field(1e-3, gt=0)
     warmup: int = Field(20, ge=0)
     steps: int = Field(200, gt=0)

@@ -46,7 +46,8 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
     if convert is not None:
         model = convert(model)
     stream = token_stream(tok, data, "train", p.max_tokens, ctx.config.data.splitting)
-    windows = TokenWindows(stream, p.seq_len, ctx.config.seed)
+    offset = _offset(p, info)
+    windows = TokenWindows(stream, p.seq_len, ctx.config.seed, offset // p.seq_len)
     held = fixed_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len,
                                       ctx.config.data.splitting), p.seq_len,
                          p.eval_windows)
@@ -57,7 +58,8 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
              "decay_steps": config.decay_steps, "min_lr_ratio": p.min_lr_ratio, "weight_decay": p.weight_decay,
              "tokens_per_step": tps, "seq_len": p.seq_len, "batch_size": p.batch_size, "grad_accum": p.grad_accum,
              "world_size": size, "seed": ctx.config.seed, "model": source, "init": p.init,
-             "data": {"source": data, "fingerprint": fingerprint(stream), "tokens": len(stream)}}
+             "data": {"source": data, "fingerprint": fingerprint(stream), "tokens": len(stream),
+                      "offset": offset}}
     if info is not None:
         config = series.cooldown(info, shape, p.cooldown_fraction, config)
         shape.update(schedule="wsd", steps=config.steps, decay_steps=config.decay_steps, lr=config.lr,
@@ -88,6 +90,14 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
     if info is not None:
         out.update(cooldown_from=p.cooldown_from, branch_step=int(info["step"]), cooldown_steps=config.decay_steps)
     return out
+
+
+def _offset(p: LMParams, info: dict[str, Any] | None) -> int:
+    """The data offset: a cooldown branch keeps its checkpoint run's."""
+    then = int(info["run"]["data"].get("offset", 0)) if info is not None else None
+    if then is None or p.data_offset in (0, then):
+        return then or p.data_offset
+    raise UsageError(f"cooldown_from: data_offset is {p.data_offset} here and {then} in the checkpoint's run")
 
 
 def _branch(ctx: RunContext, p: LMParams) -> str:

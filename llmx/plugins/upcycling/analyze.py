@@ -1,0 +1,119 @@
+"""``llmx analyze --method upcycling-law``: fit the upcycling law with and without the D1·D2 interaction on a grid of
+runs, intervals for its constants, held-out error, a power check for alpha3, and budget guidance against MoE and
+dense models trained from scratch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmx.core.context import RunContext
+from llmx.errors import UsageError
+from llmx.plugins.upcycling import grid as grids
+from llmx.plugins.upcycling import guidance, law
+from llmx.plugins.upcycling.config import LawParams
+
+
+def _rmse(f: law.Fit, g: grids.Grid, mask: np.ndarray) -> float | None:
+    if not mask.any():
+        return None
+    return float(np.sqrt(np.mean((np.log(f.predict(g.d1[mask], g.d2[mask])) - np.log(g.loss[mask])) ** 2)))
+
+
+def power(f: law.Fit, d1: np.ndarray, d2: np.ndarray, alpha3: float, sims: int, level: float, seed: int,
+          f_scale: float) -> dict[str, Any]:
+    """How often a grid like this one, from the fitted law with ``alpha3`` at the fit's residual noise, gives an
+    asymptotic interval for alpha3 above 0."""
+    n, p = len(d1), len(f.x)
+    sigma = float(np.sqrt(np.sum(f.residuals ** 2) / max(n - p, 1)))
+    x = np.concatenate([f.x[:4], [alpha3]])
+    truth = law.Fit("interaction", f.unit, x, 0.0, np.zeros(0), np.zeros((0, 5))).predict(d1, d2)
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(sims):
+        noisy = truth * np.exp(rng.normal(0.0, sigma, n))
+        s = law.fit("interaction", noisy, d1, d2, f.unit, f_scale, [x], scales=(1.0,))
+        hits += s.intervals(level)["alpha3"][0] > 0
+    return {"alpha3": alpha3, "noise_log_sd": sigma, "sims": sims, "power": hits / sims,
+            "interval": "asymptotic"}
+
+
+def _per_d1(f: law.Fit, g: grids.Grid) -> list[dict[str, Any]]:
+    """Per dense budget: the law's effective D2 exponent and the measured log-log slope of loss in D2."""
+    a = f.params
+    out = []
+    for d1 in np.unique(g.d1):
+        m = g.d1 == d1
+        slope = float(np.polyfit(np.log(g.d2[m]), np.log(g.loss[m]), 1)[0]) if len(np.unique(g.d2[m])) > 1 else None
+        out.append({"D1": float(d1), "effective_alpha2": a["alpha2"] - a.get("alpha3", 0.0) * float(np.log(d1 / f.unit)),
+                    "measured_log_slope": slope, "points": int(m.sum())})
+    return out
+
+
+def _guidance(p: LawParams, f: law.Fit, g: grids.Grid, unit: float) -> dict[str, Any]:
+    scratch = {}
+    for kind, (tokens, loss, n) in g.scratch.items():
+        if len(tokens) > 3:
+            scratch[kind] = (law.fit("scratch", loss, tokens, unit=unit, f_scale=p.huber_scale), n)
+    costs = guidance.Costs(dense=g.dense, moe=g.active)
+    d1_range = (float(g.d1.min()), float(g.d1.max()))
+    dense_tokens = p.dense_tokens or d1_range[1]
+    spent = 6 * g.active * g.d2 + (0.0 if p.sunk_dense else 6 * g.dense * g.d1)
+    budgets = p.budgets or list(np.geomspace(spent.min(), 100 * spent.max(), 8))
+    rows = [guidance.compare(c, f, scratch, costs, d1_range, p.sunk_dense, dense_tokens) for c in budgets]
+    out: dict[str, Any] = {"sunk_dense": p.sunk_dense, "dense_tokens": dense_tokens if p.sunk_dense else None,
+                           "budgets": rows, "scratch_fits": {k: {"params": s.params, "log_rmse": s.log_rmse(),
+                                                                 "points": len(g.scratch[k][0]), "active_params": n}
+                                                             for k, (s, n) in scratch.items()}}
+    if "moe" in scratch:
+        lo, hi = min(budgets) / 10, max(budgets) * 10
+        out["crossovers"] = guidance.crossovers(f, scratch["moe"], costs, d1_range, p.sunk_dense, dense_tokens, lo, hi)
+        out["crossover_range"] = [lo, hi]
+    return out
+
+
+def run(ctx: RunContext, p: LawParams) -> dict[str, Any]:
+    g = grids.read(p.runs)
+    tokens = np.concatenate([g.d1, g.d2, *[t for t, _, _ in g.scratch.values()]])
+    unit = law.auto_unit(tokens) if p.token_unit == "auto" else float(p.token_unit)
+    fitted = g.d2 < g.d2.max() if p.holdout == "largest_d2" else np.ones(len(g.loss), bool)
+    n_params = 1 + len(law.FORMS["interaction"])
+    if fitted.sum() <= n_params:
+        raise UsageError(f"upcycling-law: {int(fitted.sum())} grid rows to fit"
+                         f"{' (below the largest D2)' if p.holdout == 'largest_d2' else ''}; the law has {n_params} "
+                         "parameters and needs more rows than that")
+    held = ~fitted
+    forms: dict[str, Any] = {}
+    fits = {}
+    for form in ("interaction", "separable"):
+        f = law.fit(form, g.loss[fitted], g.d1[fitted], g.d2[fitted], unit, p.huber_scale)
+        fits[form] = f
+        entry: dict[str, Any] = {"params": f.params, "intervals": f.intervals(p.level),
+                                 "log_rmse_fit": _rmse(f, g, fitted), "log_rmse_heldout": _rmse(f, g, held)}
+        if p.bootstrap:
+            entry["bootstrap"] = law.bootstrap(form, g.loss[fitted], g.d1[fitted], g.d2[fitted], unit,
+                                               p.huber_scale, p.bootstrap, p.level, ctx.config.seed, f)
+        if held.any():
+            entry["heldout"] = [{"D1": float(a), "D2": float(b), "loss": float(c), "predicted": float(d)}
+                                for a, b, c, d in zip(g.d1[held], g.d2[held], g.loss[held],
+                                                      f.predict(g.d1[held], g.d2[held]))]
+        forms[form] = entry
+        ctx.log.info("upcycling-law: %s fit %s", form, f.params)
+    inter = forms["interaction"]
+    a3 = inter.get("bootstrap", inter["intervals"])["alpha3"]
+    out: dict[str, Any] = {
+        "rows": int(len(g.loss)), "fitted_rows": int(fitted.sum()), "heldout_rows": int(held.sum()),
+        "token_unit": unit, "level": p.level, "fits": forms,
+        "alpha3": {"estimate": inter["params"]["alpha3"], "interval": list(a3),
+                   "interval_kind": "bootstrap" if p.bootstrap else "asymptotic", "excludes_zero": bool(a3[0] > 0
+                                                                                                   or a3[1] < 0)},
+        "rmse_ratio_fit": forms["separable"]["log_rmse_fit"] / max(inter["log_rmse_fit"], 1e-300),
+        "per_d1": _per_d1(fits[p.form], g)}
+    if held.any():
+        out["rmse_ratio_heldout"] = forms["separable"]["log_rmse_heldout"] / max(inter["log_rmse_heldout"], 1e-300)
+    if p.power_alpha3 is not None:
+        out["power"] = power(fits["interaction"], g.d1[fitted], g.d2[fitted], p.power_alpha3, p.power_sims, p.level,
+                             ctx.config.seed, p.huber_scale)
+    out["guidance"] = _guidance(p, fits[p.form], g, unit)
+    return out
