@@ -70,6 +70,9 @@ def _guidance(p: LawParams, f: law.Fit, g: grids.Grid, unit: float) -> dict[str,
         lo, hi = min(budgets) / 10, max(budgets) * 10
         out["crossovers"] = guidance.crossovers(f, scratch["moe"], costs, d1_range, p.sunk_dense, dense_tokens, lo, hi)
         out["crossover_range"] = [lo, hi]
+        out["crossover_d2_by_d1"] = [{"D1": float(d1), **guidance.crossover_tokens(f, scratch["moe"], costs, d1,
+                                                                                   lo, hi)}
+                                     for d1 in np.unique(g.d1)]
     return out
 
 

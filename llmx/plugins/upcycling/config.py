@@ -59,8 +59,8 @@ class LawParams(Params):
     power_alpha3: float | None = Field(0.03, description="Power check: synthetic grids from the fitted law with "
                                        "this alpha3 at the fit's residual noise; null: skip.")
     power_sims: int = Field(100, gt=0)
-    sunk_dense: bool = Field(False, description="true: the dense phase is already paid for (C buys D2 only); "
-                             "false: C counts both phases.")
+    sunk_dense: bool = Field(True, description="true (the paper's Figure 1 framing): the dense phase is already "
+                             "paid for, C buys D2 only; false: C counts both phases.")
     dense_tokens: float | None = Field(None, gt=0, description="D1 of the dense model in hand when sunk_dense "
                                        "(default: the grid's largest D1).")
     budgets: list[float] = Field(default_factory=list, description="Compute budgets (FLOPs) for the guidance; "

@@ -2,8 +2,11 @@
 upcycling (dense for D1 at N_dense, then D2 at the MoE's active N) against the MoE and the dense model trained from
 scratch on all of C, and the budgets where upcycling and MoE-from-scratch cross.
 
-``sunk_dense: true`` takes the dense model as already paid for (C buys D2 only, D1 fixed); ``false`` charges D1 too
-and picks the best D1 within the grid's measured range (the law is not extrapolated in D1).
+``sunk_dense: true`` takes the dense model as already paid for (C buys D2 only, D1 fixed), as the paper's Figure 1
+frames it ("efficiency of upcycling diminishes with sunk cost"); ``false`` charges D1 too and picks the best D1 within
+the grid's measured range (the law is not extrapolated in D1). ``crossover_tokens`` is that figure's curve: per sunk
+D1, the additional tokens D2* above which the MoE from scratch on the same compute is ahead (the paper's Eq. 13,
+solved numerically here; its closed form is not in the notes).
 """
 
 from __future__ import annotations
@@ -67,3 +70,14 @@ def crossovers(law: Fit, moe: tuple[Fit, float], costs: Costs, d1_range: tuple[f
             c = float(np.exp(brentq(gap, a, b)))
             out.append({"compute": c, "upcycling_ahead": "below" if ga < 0 else "above"})
     return out
+
+
+def crossover_tokens(law: Fit, moe: tuple[Fit, float], costs: Costs, d1: float, lo: float,
+                     hi: float) -> dict[str, object]:
+    """For a dense model of ``d1`` tokens already paid for: the first D2 (and its compute) in ``[lo, hi]`` FLOPs
+    where the MoE from scratch on the same compute catches up, or None when upcycling stays ahead (or behind)."""
+    found = crossovers(law, moe, costs, (d1, d1), True, d1, lo, hi)
+    first = next((c for c in found if c["upcycling_ahead"] == "below"), None)
+    if first is None:
+        return {"D2": None, "compute": None}
+    return {"D2": first["compute"] / (6 * costs.moe), "compute": first["compute"]}

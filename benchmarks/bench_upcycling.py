@@ -1,0 +1,214 @@
+"""Upcycling scaling law at small scale (Liew et al., ICML 2025): a D1 x D2 grid of upcycled MoEs, the law fitted
+with and without the D1·D2 interaction, and upcycling against MoE and dense trained from scratch.
+
+    python benchmarks/bench_upcycling.py [--scale 1.0] [--workers 2]
+
+A dense Llama (width 128, 4 layers, FFN 384, 4 heads / 2 KV heads, tied embeddings, a 2048-token BPE trained on the
+corpus) pre-trained on the standard-library corpus at a constant rate after a 50-step warmup, batch 32 x 128, with
+checkpoints at D1 in {0.25, 0.5, 1, 2, 4}M tokens and continued to 8M (the dense baseline). Each D1 checkpoint is
+upcycled to 8 experts top-2 (``train --method upcycle``, its logits checked against the dense model's, the data order
+continued past D1, warmup redone to the same peak rate) and trained at constant rate with checkpoints at 0.9 D2 for
+D2 in {0.25, 0.5, 1, 2}M; every point is measured after a cooldown branched at 0.9 of its phase that ends at the
+point (linear decay to 0 over the last 10%), on one fixed held-out set of 128 windows. The same MoE from scratch
+(to 4M) and the dense series get the same cooldowns. ``analyze --method upcycling-law`` then fits the 15 points below
+the largest D2, predicts that column, and gives intervals, a power check for alpha3 = 0.03 and the budget guidance
+(dense phase sunk, as the paper's Figure 1 frames it, and charged). ``--scale`` multiplies every token budget (0.05
+for a quick check). Finished runs are kept in ``--work`` under their spec's digest, so an interrupted run resumes.
+Writes benchmarks/results/upcycling.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cached, child, machine, markdown, run_pipeline, write  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SEQ, BATCH, LR, WARMUP, EVAL = 128, 32, 2e-3, 50, 128
+TPS = SEQ * BATCH
+D1S = [250_000, 500_000, 1_000_000, 2_000_000, 4_000_000]
+D2S = [250_000, 500_000, 1_000_000, 2_000_000]
+SCRATCH_MOE = [250_000, 500_000, 1_000_000, 2_000_000, 4_000_000]
+DENSE = [*D1S, 8_000_000]
+EXPERTS, TOP_K = 8, 2
+
+
+def initial(folder: Path) -> str:
+    """The dense Llama's folder (a BPE trained on the corpus' train split; weights drawn by ``init: scratch``)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmx.core import models
+    from llmx.core.data import documents
+    from llmx.core.tokenizer import train_bpe
+
+    if (folder / "config.json").is_file():
+        return str(folder)
+    tok = train_bpe(documents("stdlib", "train"), 2048)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    models.save(LlamaForCausalLM(cfg), tok, folder)
+    return str(folder)
+
+
+def steps(tokens: float) -> int:
+    return max(1, round(tokens / TPS))
+
+
+def branch(t: int) -> int:
+    """The cooldown's branch point: 0.9 of the phase, on a step, at least one step before its end."""
+    return min(steps(0.9 * t), steps(t) - 1) * TPS
+
+
+def lm(method: str = "lm", **extra) -> dict:
+    return {"method": method, "params": {"data": "stdlib", "seq_len": SEQ, "batch_size": BATCH, "lr": LR,
+                                         "warmup": WARMUP, "schedule": "constant", "weight_decay": 0.1,
+                                         "eval_every": None, "eval_windows": EVAL, "save": False, **extra}}
+
+
+class Bench:
+    def __init__(self, work: Path, scale: float):
+        self.work, self.scale = work, scale
+        self.model = initial(work / "init")
+
+    def t(self, tokens: int) -> int:
+        return steps(tokens * self.scale) * TPS
+
+    def run(self, name: str, model: str, stage: dict) -> dict:
+        folder = self.work / name
+        return cached(__file__, folder / "result", {"model": model, "out": str(folder / "runs"), "seed": 0,
+                                                    "stages": [stage]})[0]
+
+    def series(self, name: str, model: str, stage: dict, points: list[int],
+               sources: list[int] = ()) -> tuple[dict, list[dict]]:
+        """A constant-rate run saving at 0.9 T of each point (and at each of ``sources``, the checkpoints to upcycle),
+        then each point's cooldown: (run, one row a point)."""
+        at = [self.t(p) for p in points]
+        saves = {branch(t) for t in at} | {self.t(s) for s in sources}
+        stage["params"].update(steps=max(saves) // TPS, save_at_tokens=sorted(saves))
+        out = self.run(name, model, stage)
+        manifest = Path(out["series"])
+        saved = {e["tokens"]: e for e in json.loads(manifest.read_text())["checkpoints"]}
+        rows = []
+        for p, t in zip(points, at):
+            b = branch(t)
+            cool = self.run(f"{name}_cool_{p}", model, lm(init="pretrained", cooldown_from=str(
+                manifest.parent / saved[b]["path"]), cooldown_fraction=(t - b) / b, min_lr_ratio=0.0))
+            rows.append({"point": p, "tokens": b + cool["cooldown_steps"] * TPS, "loss": cool["heldout_loss"]})
+        return out, rows
+
+    def dense(self) -> tuple[dict, list[dict]]:
+        return self.series("dense", self.model, lm(init="scratch"), DENSE, sources=D1S)
+
+    def moe_scratch(self) -> tuple[dict, list[dict]]:
+        return self.series("moe_scratch", self.model, lm("upcycle", init="scratch", num_experts=EXPERTS,
+                                                         top_k=TOP_K), SCRATCH_MOE)
+
+    def upcycled(self, dense_series: dict, d1: int) -> tuple[dict, list[dict]]:
+        manifest = Path(dense_series["series"])
+        saved = {e["tokens"]: e for e in json.loads(manifest.read_text())["checkpoints"]}
+        source = str(manifest.parent / saved[self.t(d1)]["path"])
+        return self.series(f"upcycled_{d1}", source, lm("upcycle", init="pretrained", num_experts=EXPERTS,
+                                                        top_k=TOP_K, data_offset=self.t(d1)), D2S)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=float, default=1.0, help="Multiplies every token budget (0.05: a quick check).")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-upcycling"))
+    ap.add_argument("--bootstrap", type=int, default=400)
+    ap.add_argument("--power-sims", type=int, default=200)
+    ap.add_argument("--child")
+    args = ap.parse_args()
+    if args.child:
+        return child(json.loads(args.child))
+    work = Path(args.work) / f"scale_{args.scale:g}"
+    work.mkdir(parents=True, exist_ok=True)
+    bench = Bench(work, args.scale)
+    with ThreadPoolExecutor(args.workers) as pool:
+        dense_job, moe_job = pool.submit(bench.dense), pool.submit(bench.moe_scratch)
+        dense_run, dense_rows = dense_job.result()
+        up_jobs = {d1: pool.submit(bench.upcycled, dense_run, d1) for d1 in D1S}
+        moe_run, moe_rows = moe_job.result()
+        upcycled = {d1: job.result() for d1, job in up_jobs.items()}
+    corpus = dense_run["train_tokens"]
+    dense_n = upcycled[D1S[0]][0]["dense_params"]["active_params"]
+    moe_n = upcycled[D1S[0]][0]["moe_params"]
+    grid = [{"kind": "upcycled", "D1": bench.t(d1), "D2": r["tokens"], "loss": r["loss"],
+             "active_params": moe_n["active_params"], "dense_params": dense_n} for d1 in D1S for r in upcycled[d1][1]]
+    grid += [{"kind": "moe", "tokens": r["tokens"], "loss": r["loss"], "active_params": moe_n["active_params"]}
+             for r in moe_rows]
+    grid += [{"kind": "dense", "tokens": r["tokens"], "loss": r["loss"], "active_params": dense_n}
+             for r in dense_rows]
+    grid_path = work / "grid.jsonl"
+    grid_path.write_text("".join(json.dumps(r) + "\n" for r in grid))
+    law = {sunk: run_pipeline(bench.model, [{"method": "upcycling-law", "params": {
+        "runs": str(grid_path), "sunk_dense": sunk, "bootstrap": args.bootstrap, "power_sims": args.power_sims}}],
+        seed=0)[0] for sunk in (True, False)}
+    scratch_at = {r["point"]: r["loss"] for r in moe_rows}
+    rows = []
+    for d1 in D1S:
+        identity = upcycled[d1][0]["identity_max_logit_error"]
+        for p, r in zip(D2S, upcycled[d1][1]):
+            rows.append({"D1": bench.t(d1), "D2": r["tokens"], "epochs": round((bench.t(d1) + r["tokens"]) / corpus, 3),
+                         "upcycled": r["loss"], "moe_scratch_same_D2": scratch_at.get(p),
+                         "gain_vs_scratch": scratch_at[p] - r["loss"] if p in scratch_at else None,
+                         "dense_at_D1": next(x["loss"] for x in dense_rows if x["point"] == d1),
+                         "identity_error": identity})
+    payload = {"benchmark": "upcycling", "scale": args.scale, "corpus_tokens": corpus, "tokens_per_step": TPS,
+               "lr": LR, "warmup": WARMUP, "experts": EXPERTS, "top_k": TOP_K,
+               "aux_loss_coef": upcycled[D1S[0]][0]["aux_loss_coef"], "dense_params": upcycled[D1S[0]][0][
+                   "dense_params"], "moe_params": moe_n, "grid": grid, "rows": rows,
+               "dense": dense_rows, "moe_scratch": moe_rows, "law_sunk": law[True], "law_charged": law[False],
+               "machine": machine()}
+    write("upcycling", payload)
+    (ROOT / "benchmarks" / "results" / "upcycling.md").write_text(report(payload) + "\n")
+    print(report(payload))
+
+
+def report(m: dict) -> str:
+    law = m["law_sunk"]
+    fits = law["fits"]
+    text = markdown(["D1", "D2", "epochs", "upcycled", "moe_scratch_same_D2", "gain_vs_scratch", "dense_at_D1",
+                     "identity_error"], m["rows"])
+    text += "\n\nScratch series (cooled):\n\n" + markdown(["series", "tokens", "loss"], [
+        {"series": k, **r} for k in ("dense", "moe_scratch") for r in m[k]])
+    consts = []
+    for form, f in fits.items():
+        for k, v in f["params"].items():
+            boot = f.get("bootstrap", {}).get(k)
+            consts.append({"form": form, "param": k, "value": v, "bootstrap_lo": boot and boot[0],
+                           "bootstrap_hi": boot and boot[1], "asymptotic_lo": f["intervals"][k][0],
+                           "asymptotic_hi": f["intervals"][k][1]})
+    text += f"\n\nLaw fitted on {law['fitted_rows']} points, token unit {law['token_unit']:g}:\n\n"
+    text += markdown(["form", "param", "value", "bootstrap_lo", "bootstrap_hi", "asymptotic_lo", "asymptotic_hi"],
+                     consts)
+    text += "\n\n" + markdown(["form", "log_rmse_fit", "log_rmse_heldout"], [
+        {"form": k, "log_rmse_fit": f["log_rmse_fit"], "log_rmse_heldout": f["log_rmse_heldout"]}
+        for k, f in fits.items()])
+    text += (f"\n\nalpha3 = {law['alpha3']['estimate']:.4g}, {law['alpha3']['interval_kind']} interval "
+             f"{law['alpha3']['interval']}, excludes 0: {law['alpha3']['excludes_zero']}; power to detect "
+             f"alpha3 = {law['power']['alpha3']} at noise {law['power']['noise_log_sd']:.3g}: "
+             f"{law['power']['power']:.2f}\n\nPer D1 (effective D2 exponent, measured slope):\n\n")
+    text += markdown(["D1", "effective_alpha2", "measured_log_slope", "points"], law["per_d1"])
+    for name in ("law_sunk", "law_charged"):
+        g = m[name]["guidance"]
+        text += f"\n\nGuidance, sunk_dense {g['sunk_dense']}: crossovers {g.get('crossovers')}\n\n"
+        text += markdown(["compute", "upcycled", "moe", "dense"], [
+            {"compute": b["compute"], **{k: b[k] and round(b[k]["loss"], 4) for k in ("upcycled", "moe", "dense")
+                                         if k in b}} for b in g["budgets"]])
+    return text
+
+
+if __name__ == "__main__":
+    main()
