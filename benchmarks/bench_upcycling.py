@@ -7,7 +7,7 @@ A dense Llama (width 128, 4 layers, FFN 384, 4 heads / 2 KV heads, tied embeddin
 corpus) pre-trained on the standard-library corpus at a constant rate after a 50-step warmup, batch 32 x 128, with
 checkpoints at D1 in {0.25, 0.5, 1, 2, 4}M tokens and continued to 8M (the dense baseline). Each D1 checkpoint is
 upcycled to 8 experts top-2 (``train --method upcycle``, its logits checked against the dense model's, the data order
-continued past D1, warmup redone to the same peak rate) and trained at constant rate with checkpoints at 0.9 D2 for
+continued past D1, a 10-step warmup to the same peak rate) and trained at constant rate with checkpoints at 0.9 D2 for
 D2 in {0.25, 0.5, 1, 2}M; every point is measured after a cooldown branched at 0.9 of its phase that ends at the
 point (linear decay to 0 over the last 10%), on one fixed held-out set of 128 windows. The same MoE from scratch
 (to 4M) and the dense series get the same cooldowns. ``analyze --method upcycling-law`` then fits the 15 points below
@@ -31,6 +31,7 @@ from common import cached, child, machine, markdown, run_pipeline, write  # noqa
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ, BATCH, LR, WARMUP, EVAL = 128, 32, 2e-3, 50, 128
+UP_WARMUP = 10  # the upcycled phase re-warms from trained weights: 10 steps, so a 61-step D2 point is not all warmup
 TPS = SEQ * BATCH
 D1S = [250_000, 500_000, 1_000_000, 2_000_000, 4_000_000]
 D2S = [250_000, 500_000, 1_000_000, 2_000_000]
@@ -118,7 +119,7 @@ class Bench:
         saved = {e["tokens"]: e for e in json.loads(manifest.read_text())["checkpoints"]}
         source = str(manifest.parent / saved[self.t(d1)]["path"])
         return self.series(f"upcycled_{d1}", source, lm("upcycle", init="pretrained", num_experts=EXPERTS,
-                                                        top_k=TOP_K, data_offset=self.t(d1)), D2S)
+                                                        top_k=TOP_K, data_offset=self.t(d1), warmup=UP_WARMUP), D2S)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from llmx.core.eval.lm import mean_nll
-from llmx.core.models.upcycle import UpcycleConfig, parameter_counts, upcycle
+from llmx.core.models.upcycle import UpcycleConfig, balance_loss_kwargs, parameter_counts, upcycle
 from llmx.core.train.lm.data import TokenWindows
 from llmx.errors import UsageError
 
@@ -77,9 +77,18 @@ def test_the_saved_moe_reloads_through_auto_model_with_the_same_logits(tmp_path)
     models.save(moe, tok, tmp_path / "moe")
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "moe").eval()
     assert type(back).__name__ == "MixtralForCausalLM"
-    assert back.config.router_aux_loss_coef == 0.02 and back.config.output_router_logits
+    assert back.config.router_aux_loss_coef == 0.02 and not back.config.output_router_logits
     assert error(moe, back, vocab=len(tok)) < 1e-6
     assert error(d, back, vocab=len(tok)) < 1e-5
+
+
+def test_a_qwen2_moe_export_reloads_with_norm_topk_prob(tmp_path):
+    d = dense("qwen2")
+    moe = upcycle(d, UpcycleConfig(num_experts=4)).eval()
+    moe.save_pretrained(tmp_path / "moe")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "moe").eval()
+    assert type(back).__name__ == "Qwen2MoeForCausalLM" and back.config.norm_topk_prob
+    assert error(d, back) < 1e-5
 
 
 def test_the_balance_loss_trains_but_held_out_scores_are_the_nll_alone():
@@ -87,10 +96,13 @@ def test_the_balance_loss_trains_but_held_out_scores_are_the_nll_alone():
     moe = upcycle(d, UpcycleConfig(num_experts=4, aux_loss_coef=0.5)).eval()
     x = torch.randint(96, (3, 20), generator=torch.Generator().manual_seed(2))
     assert abs(mean_nll(moe, x) - mean_nll(d, x)) < 1e-5
+    assert balance_loss_kwargs(d) == {} and balance_loss_kwargs(moe) == {"output_router_logits": True}
     with torch.no_grad():
-        out = moe(input_ids=x, labels=x)
+        out = moe(input_ids=x, labels=x, **balance_loss_kwargs(moe))  # as the lm stage trains it
+        plain = moe(input_ids=x, labels=x)
     assert out.aux_loss is not None and float(out.aux_loss) > 0
     assert float(out.loss) == pytest.approx(mean_nll(d, x) + 0.5 * float(out.aux_loss), abs=1e-4)
+    assert float(plain.loss) == pytest.approx(mean_nll(d, x), abs=1e-5)
 
 
 def test_parameter_counts_take_top_k_of_the_experts():
@@ -116,6 +128,7 @@ def test_a_model_with_real_widths_gqa_and_biases_upcycles_exactly():
      UpcycleConfig(), "no gated dense FFN"),
     (lambda: dense(attention_bias=True), UpcycleConfig(), "attention_bias"),
     (lambda: dense(mlp_bias=True), UpcycleConfig(), "mlp_bias"),
+    (lambda: dense("qwen2", use_sliding_window=True, sliding_window=16), UpcycleConfig(), "use_sliding_window"),
     (dense, UpcycleConfig(num_experts=4, top_k=5), "above the 4 experts"),
     (dense, UpcycleConfig(renormalize=False), "always renormalises"),
     (lambda: dense("qwen2"), UpcycleConfig(target="mixtral"), "no q/k/v biases")])

@@ -113,7 +113,8 @@ def test_the_cli_fits_holds_out_the_largest_d2_and_guides(cli, tmp_path):
     m = r.json()["stages"][0]["metrics"]
     assert m["fitted_rows"] == 48 and m["heldout_rows"] == 8
     assert m["alpha3"]["excludes_zero"] and m["alpha3"]["interval"][0] > 0
-    assert m["rmse_ratio_heldout"] > 5 and m["power"]["power"] >= 0.9
+    assert m["rmse_ratio_heldout"] > 5 and m["power"]["power"] >= 0.9 and m["power"]["false_positive_rate"] <= 0.2
+    assert m["fits"]["interaction"]["at_bounds"] == [] and m["alpha3"]["interval_kind"] == "bootstrap over runs"
     effective = [r["effective_alpha2"] for r in m["per_d1"]]
     assert effective == sorted(effective, reverse=True)  # alpha3 > 0: D2 buys less as D1 grows
     g = m["guidance"]
@@ -123,17 +124,61 @@ def test_the_cli_fits_holds_out_the_largest_d2_and_guides(cli, tmp_path):
 
 def test_a_grid_that_cannot_fit_the_law_or_has_bad_rows_is_exit_2_with_nothing_left(cli, tmp_path):
     d1, d2, loss = notes_grid()
-    small = write_grid(tmp_path / "small.jsonl", d1[:6], d2[:6], loss[:6], scratch=False)
+    pick = (d1 <= 4e9) & (d2 <= 1e9)  # 3 D1 x 2 D2 below the held-out column: 3 points to fit
+    small = write_grid(tmp_path / "small.jsonl", d1[pick], d2[pick], loss[pick], scratch=False)
+    one = d1 == 8e9
+    single = write_grid(tmp_path / "single.jsonl", d1[one], d2[one], loss[one], scratch=False)
     bad = write_grid(tmp_path / "bad.jsonl", d1, d2, loss)
     lines = bad.read_text().splitlines()
     lines[3] = lines[3].replace('"D2": ', '"D2": -')
     bad.write_text("\n".join(lines) + "\n")
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"kind": "upcycled", "D1": 1\n')
-    for path, words in ((small, "parameters and needs more rows"), (bad, "bad.jsonl:4: D2 must be a positive"),
+    for path, words in ((small, "needs more points"), (single, "vary both D1 and D2"),
+                        (bad, "bad.jsonl:4: D2 must be a positive"),
                         (broken, "broken.jsonl:1 is not JSON")):
         out = tmp_path / f"runs_{path.stem}"
         r = cli("analyze", "--method", "upcycling-law", "--model", "tiny:llama", "-o", out, "--set", f"runs={path}")
         assert r.code == 2 and words in r.err, r.err
         assert len(r.err.strip().splitlines()) == 1
         assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_with_the_dense_phase_sunk_the_dense_baseline_is_that_model_continued():
+    up = fixed("separable", [1.0, np.log(4.0), 0.2, 0.3])
+    dense = fixed("scratch", [1.0, np.log(30.0), 0.3])
+    costs = guidance.Costs(dense=1.0, moe=2.0)
+    row = guidance.compare(600.0, up, {"dense": (dense, 1.0)}, costs, (10.0, 100.0), True, 50.0)
+    assert row["dense"]["tokens"] == pytest.approx(50.0 + 100.0)
+    charged = guidance.compare(600.0, up, {"dense": (dense, 1.0)}, costs, (10.0, 100.0), False, 50.0)
+    assert charged["dense"]["tokens"] == pytest.approx(100.0)
+
+
+def test_without_a_crossing_the_guidance_says_which_side_upcycling_stays_on():
+    costs = guidance.Costs(dense=1.0, moe=1.0)
+    up = fixed("separable", [1.0, np.log(4.0), 0.2, 0.3])
+    for b_coef, side in ((100.0, "always"), (0.01, "never")):
+        scratch = fixed("scratch", [1.0, np.log(b_coef), 0.3])  # the same exponent: the gap never closes
+        got = guidance.crossover_tokens(up, (scratch, 1.0), costs, 10.0, 6.0, 6e6)
+        assert got == {"D2": None, "compute": None, "upcycling_ahead": side}
+
+
+def test_resampling_by_run_draws_whole_runs_and_by_point_does_not(monkeypatch):
+    d1, d2, loss = notes_grid()
+    f = law.fit("interaction", loss, d1, d2, unit=1e9)
+    seen, real = [], law.fit
+    monkeypatch.setattr(law, "fit", lambda form, lo, a, *rest, **kw: seen.append(a) or real(form, lo, a, *rest, **kw))
+    law.bootstrap("interaction", loss, d1, d2, 1e9, 1e-3, 10, 0.95, 0, f, groups=d1)
+    assert len(seen) == 10
+    assert all(np.all(np.unique(a, return_counts=True)[1] % 7 == 0) for a in seen)  # 7 D2 points a run
+    seen.clear()
+    law.bootstrap("interaction", loss, d1, d2, 1e9, 1e-3, 10, 0.95, 0, f)
+    assert any(np.any(np.unique(a, return_counts=True)[1] % 7) for a in seen)
+
+
+def test_a_parameter_on_its_bound_is_flagged():
+    d = np.geomspace(1e6, 1e9, 7)
+    f = law.fit("scratch", np.exp(1.5) * (d / 1e6) ** -0.3, d, unit=1e6)  # E = 0 planted
+    assert "E" in f.at_bounds()
+    g = law.fit("scratch", 2.0 + np.exp(1.5) * (d / 1e6) ** -0.3, d, unit=1e6)
+    assert g.at_bounds() == []

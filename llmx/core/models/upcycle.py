@@ -46,6 +46,8 @@ def _dense_ffn(model: Any) -> str | None:
         return "upcycle: the dense FFN has biases (mlp_bias); Mixtral and Qwen2-MoE experts have none"
     if getattr(config, "attention_bias", False):
         return "upcycle: attention_bias puts a bias on o_proj, which neither Mixtral nor Qwen2-MoE has"
+    if config.model_type == "qwen2" and getattr(config, "use_sliding_window", False):
+        return "upcycle: a Qwen2 model with use_sliding_window has no Qwen2-MoE counterpart here"
     return None
 
 
@@ -67,8 +69,8 @@ def moe_config(model: Any, c: UpcycleConfig) -> Any:
         raise UsageError("upcycle: Mixtral's router always renormalises the top-k weights; renormalize: false needs "
                          "target qwen2_moe")
     common = {k: getattr(src, k) for k in COPIED if getattr(src, k, None) is not None}
-    common.update(num_experts_per_tok=c.top_k, output_router_logits=True, router_aux_loss_coef=c.aux_loss_coef,
-                  use_cache=True)
+    common.update(num_experts_per_tok=c.top_k, output_router_logits=False, router_aux_loss_coef=c.aux_loss_coef,
+                  use_cache=True)  # the lm stage asks for the balance loss (core.train.lm); plain .loss stays NLL
     if target == "mixtral":
         from transformers import MixtralConfig
 
@@ -93,9 +95,9 @@ def upcycle(model: Any, c: UpcycleConfig | None = None) -> Any:
         raise UsageError(problem)
     config = moe_config(model, c)
     weight = next(model.parameters())
-    with warnings.catch_warnings():  # Qwen2-MoE's zero-width shared expert warns at init
-        warnings.simplefilter("ignore")
-        moe = AutoModelForCausalLM.from_config(config, dtype=weight.dtype).to(weight.device)
+    with warnings.catch_warnings(), torch.device(weight.device):  # built where the dense model is
+        warnings.simplefilter("ignore")  # Qwen2-MoE's zero-width shared expert warns at init
+        moe = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
     dense = model.state_dict()
     target = moe.state_dict()
     std = c.router_std if c.router_std is not None else config.initializer_range
@@ -119,6 +121,14 @@ def upcycle(model: Any, c: UpcycleConfig | None = None) -> Any:
             else:
                 raise UsageError(f"upcycle: no rule for the MoE tensor {name}")
     return moe
+
+
+def balance_loss_kwargs(model: Any) -> dict[str, bool]:
+    """Forward kwargs that add an MoE's load-balancing loss (``router_aux_loss_coef`` x aux) to ``.loss`` while
+    training; saved configs keep ``output_router_logits`` off, so a plain ``.loss`` elsewhere is the NLL."""
+    config = getattr(model, "config", None)
+    coef = getattr(config, "router_aux_loss_coef", 0.0) if hasattr(config, "output_router_logits") else 0.0
+    return {"output_router_logits": True} if coef else {}
 
 
 def parameter_counts(model: Any) -> dict[str, int]:

@@ -21,22 +21,42 @@ def _rmse(f: law.Fit, g: grids.Grid, mask: np.ndarray) -> float | None:
     return float(np.sqrt(np.mean((np.log(f.predict(g.d1[mask], g.d2[mask])) - np.log(g.loss[mask])) ** 2)))
 
 
-def power(f: law.Fit, d1: np.ndarray, d2: np.ndarray, alpha3: float, sims: int, level: float, seed: int,
-          f_scale: float) -> dict[str, Any]:
-    """How often a grid like this one, from the fitted law with ``alpha3`` at the fit's residual noise, gives an
-    asymptotic interval for alpha3 above 0."""
-    n, p = len(d1), len(f.x)
-    sigma = float(np.sqrt(np.sum(f.residuals ** 2) / max(n - p, 1)))
+def _detections(f: law.Fit, d1: np.ndarray, d2: np.ndarray, alpha3: float, sigma: float, sims: int, level: float,
+                rng: np.random.Generator, f_scale: float) -> float:
+    """The share of synthetic grids (this grid's points, the fitted law with ``alpha3``, log-normal noise ``sigma``)
+    whose asymptotic interval for alpha3 lies above 0."""
     x = np.concatenate([f.x[:4], [alpha3]])
     truth = law.Fit("interaction", f.unit, x, 0.0, np.zeros(0), np.zeros((0, 5))).predict(d1, d2)
-    rng = np.random.default_rng(seed)
     hits = 0
     for _ in range(sims):
-        noisy = truth * np.exp(rng.normal(0.0, sigma, n))
-        s = law.fit("interaction", noisy, d1, d2, f.unit, f_scale, [x], scales=(1.0,))
-        hits += s.intervals(level)["alpha3"][0] > 0
-    return {"alpha3": alpha3, "noise_log_sd": sigma, "sims": sims, "power": hits / sims,
-            "interval": "asymptotic"}
+        noisy = truth * np.exp(rng.normal(0.0, sigma, len(d1)))
+        hits += law.fit("interaction", noisy, d1, d2, f.unit, f_scale, [x], scales=(1.0,)).intervals(level)[
+            "alpha3"][0] > 0
+    return hits / sims
+
+
+def power(f: law.Fit, d1: np.ndarray, d2: np.ndarray, alpha3: float, sims: int, level: float, seed: int,
+          f_scale: float) -> dict[str, Any]:
+    """Would a grid like this one detect ``alpha3``? Synthetic grids from the fitted law at the fit's residual noise
+    (which also holds any lack of fit, so it errs towards more noise), scored by the asymptotic interval; the same
+    rule at alpha3 = 0 gives its false-positive rate."""
+    n, p = len(d1), len(f.x)
+    sigma = float(np.sqrt(np.sum(f.residuals ** 2) / max(n - p, 1)))
+    rng = np.random.default_rng(seed)
+    return {"alpha3": alpha3, "noise_log_sd": sigma, "sims": sims, "interval": "asymptotic",
+            "power": _detections(f, d1, d2, alpha3, sigma, sims, level, rng, f_scale),
+            "false_positive_rate": _detections(f, d1, d2, 0.0, sigma, sims, level, rng, f_scale)}
+
+
+def _fit(p: LawParams, form: str, loss: np.ndarray, d1: np.ndarray, d2: np.ndarray | None, unit: float,
+         extra: list[np.ndarray] = ()) -> tuple[law.Fit, float]:
+    """A fit at ``huber_scale`` (``extra`` starts join the grid); ``auto`` refits at the first fit's robust scale."""
+    scale = 1e-3 if p.huber_scale == "auto" else p.huber_scale
+    f = law.fit(form, loss, d1, d2, unit, scale, extra)
+    if p.huber_scale == "auto":
+        scale = law.robust_scale(f)
+        f = law.fit(form, loss, d1, d2, unit, scale, [*extra, f.x])
+    return f, scale
 
 
 def _per_d1(f: law.Fit, g: grids.Grid) -> list[dict[str, Any]]:
@@ -46,8 +66,9 @@ def _per_d1(f: law.Fit, g: grids.Grid) -> list[dict[str, Any]]:
     for d1 in np.unique(g.d1):
         m = g.d1 == d1
         slope = float(np.polyfit(np.log(g.d2[m]), np.log(g.loss[m]), 1)[0]) if len(np.unique(g.d2[m])) > 1 else None
-        out.append({"D1": float(d1), "effective_alpha2": a["alpha2"] - a.get("alpha3", 0.0) * float(np.log(d1 / f.unit)),
-                    "measured_log_slope": slope, "points": int(m.sum())})
+        effective = a["alpha2"] - a.get("alpha3", 0.0) * float(np.log(d1 / f.unit))
+        out.append({"D1": float(d1), "effective_alpha2": effective, "measured_log_slope": slope,
+                    "points": int(m.sum()), "flat_or_rising": effective <= 0})
     return out
 
 
@@ -55,13 +76,14 @@ def _guidance(p: LawParams, f: law.Fit, g: grids.Grid, unit: float) -> dict[str,
     scratch = {}
     for kind, (tokens, loss, n) in g.scratch.items():
         if len(tokens) > 3:
-            scratch[kind] = (law.fit("scratch", loss, tokens, unit=unit, f_scale=p.huber_scale), n)
+            scratch[kind] = (_fit(p, "scratch", loss, tokens, None, unit)[0], n)
     costs = guidance.Costs(dense=g.dense, moe=g.active)
     d1_range = (float(g.d1.min()), float(g.d1.max()))
     dense_tokens = p.dense_tokens or d1_range[1]
     spent = 6 * g.active * g.d2 + (0.0 if p.sunk_dense else 6 * g.dense * g.d1)
     budgets = p.budgets or list(np.geomspace(spent.min(), 100 * spent.max(), 8))
-    rows = [guidance.compare(c, f, scratch, costs, d1_range, p.sunk_dense, dense_tokens) for c in budgets]
+    rows = [{**guidance.compare(c, f, scratch, costs, d1_range, p.sunk_dense, dense_tokens),
+             "extrapolated": bool(c > spent.max())} for c in budgets]
     out: dict[str, Any] = {"sunk_dense": p.sunk_dense, "dense_tokens": dense_tokens if p.sunk_dense else None,
                            "budgets": rows, "scratch_fits": {k: {"params": s.params, "log_rmse": s.log_rmse(),
                                                                  "points": len(g.scratch[k][0]), "active_params": n}
@@ -81,22 +103,25 @@ def run(ctx: RunContext, p: LawParams) -> dict[str, Any]:
     tokens = np.concatenate([g.d1, g.d2, *[t for t, _, _ in g.scratch.values()]])
     unit = law.auto_unit(tokens) if p.token_unit == "auto" else float(p.token_unit)
     fitted = g.d2 < g.d2.max() if p.holdout == "largest_d2" else np.ones(len(g.loss), bool)
-    n_params = 1 + len(law.FORMS["interaction"])
-    if fitted.sum() <= n_params:
-        raise UsageError(f"upcycling-law: {int(fitted.sum())} grid rows to fit"
-                         f"{' (below the largest D2)' if p.holdout == 'largest_d2' else ''}; the law has {n_params} "
-                         "parameters and needs more rows than that")
+    problem = law.identifiable("interaction", g.d1[fitted], g.d2[fitted], unit)
+    if problem:
+        where = " below the largest D2" if p.holdout == "largest_d2" else ""
+        raise UsageError(f"upcycling-law: {p.runs}: the {int(fitted.sum())} rows to fit{where}: {problem}")
     held = ~fitted
     forms: dict[str, Any] = {}
-    fits = {}
-    for form in ("interaction", "separable"):
-        f = law.fit(form, g.loss[fitted], g.d1[fitted], g.d2[fitted], unit, p.huber_scale)
-        fits[form] = f
-        entry: dict[str, Any] = {"params": f.params, "intervals": f.intervals(p.level),
-                                 "log_rmse_fit": _rmse(f, g, fitted), "log_rmse_heldout": _rmse(f, g, held)}
+    fits: dict[str, law.Fit] = {}
+    scales: dict[str, float] = {}
+    for form in ("separable", "interaction"):
+        extra = [np.concatenate([fits["separable"].x, [0.0]])] if form == "interaction" else []
+        args = (form, g.loss[fitted], g.d1[fitted], g.d2[fitted], unit)
+        f, scale = _fit(p, *args, extra=extra)
+        fits[form], scales[form] = f, scale
+        entry: dict[str, Any] = {"params": f.params, "intervals": f.intervals(p.level), "huber_scale": scale,
+                                 "at_bounds": f.at_bounds(), "log_rmse_fit": _rmse(f, g, fitted),
+                                 "log_rmse_heldout": _rmse(f, g, held)}
         if p.bootstrap:
-            entry["bootstrap"] = law.bootstrap(form, g.loss[fitted], g.d1[fitted], g.d2[fitted], unit,
-                                               p.huber_scale, p.bootstrap, p.level, ctx.config.seed, f)
+            groups = g.run[fitted] if p.bootstrap_unit == "run" else None
+            entry["bootstrap"] = law.bootstrap(*args, scale, p.bootstrap, p.level, ctx.config.seed, f, groups)
         if held.any():
             entry["heldout"] = [{"D1": float(a), "D2": float(b), "loss": float(c), "predicted": float(d)}
                                 for a, b, c, d in zip(g.d1[held], g.d2[held], g.loss[held],
@@ -105,18 +130,20 @@ def run(ctx: RunContext, p: LawParams) -> dict[str, Any]:
         ctx.log.info("upcycling-law: %s fit %s", form, f.params)
     inter = forms["interaction"]
     a3 = inter.get("bootstrap", inter["intervals"])["alpha3"]
+    asym = inter["intervals"]["alpha3"]
     out: dict[str, Any] = {
         "rows": int(len(g.loss)), "fitted_rows": int(fitted.sum()), "heldout_rows": int(held.sum()),
         "token_unit": unit, "level": p.level, "fits": forms,
         "alpha3": {"estimate": inter["params"]["alpha3"], "interval": list(a3),
-                   "interval_kind": "bootstrap" if p.bootstrap else "asymptotic", "excludes_zero": bool(a3[0] > 0
-                                                                                                   or a3[1] < 0)},
+                   "interval_kind": f"bootstrap over {p.bootstrap_unit}s" if p.bootstrap else "asymptotic",
+                   "excludes_zero": bool(a3[0] > 0 or a3[1] < 0), "asymptotic_interval": list(asym),
+                   "asymptotic_excludes_zero": bool(asym[0] > 0 or asym[1] < 0)},
         "rmse_ratio_fit": forms["separable"]["log_rmse_fit"] / max(inter["log_rmse_fit"], 1e-300),
         "per_d1": _per_d1(fits[p.form], g)}
     if held.any():
         out["rmse_ratio_heldout"] = forms["separable"]["log_rmse_heldout"] / max(inter["log_rmse_heldout"], 1e-300)
     if p.power_alpha3 is not None:
         out["power"] = power(fits["interaction"], g.d1[fitted], g.d2[fitted], p.power_alpha3, p.power_sims, p.level,
-                             ctx.config.seed, p.huber_scale)
+                             ctx.config.seed, scales["interaction"])
     out["guidance"] = _guidance(p, fits[p.form], g, unit)
     return out

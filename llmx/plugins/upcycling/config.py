@@ -25,10 +25,9 @@ class UpcycleParams(LMParams):
                                  "value is not confirmed in the notes), saved in the MoE's config.")
     target: Literal["auto", "mixtral", "qwen2_moe"] = Field("auto", description="The transformers class: Mixtral "
                                                             "for Llama/Mistral, Qwen2-MoE for Qwen2 (q/k/v biases).")
-    renormalize: bool = Field(True, description="Renormalise the top-k weights to sum to 1 (Mixtral always does); "
-                              "false, Switch-style, needs qwen2_moe and breaks the dense identity.")
-    identity_tol: float = Field(1e-4, gt=0, description="Largest logit error allowed between the upcycled MoE and "
-                                "the dense model before training (checked unless init is scratch).")
+    identity_tol: float | None = Field(None, gt=0, description="Largest logit error allowed between the upcycled "
+                                       "MoE and the dense model before training (checked unless init is scratch); "
+                                       "default 1e-4 in float32, 0.1 in 16-bit (summation order differs).")
 
     @model_validator(mode="after")
     def _checks(self) -> UpcycleParams:
@@ -51,10 +50,15 @@ class LawParams(Params):
                                                       "E + A D1^-a1 D2^(-a2 + a3 ln D1), separable has a3 = 0.")
     token_unit: float | Literal["auto"] = Field("auto", description="Token counts are divided by this before "
                                                 "fitting; auto: a power of ten near the median count.")
-    huber_scale: float = Field(1e-3, gt=0, description="Huber f_scale on log-loss residuals.")
+    huber_scale: float | Literal["auto"] = Field(1e-3, description="Huber f_scale on log-loss residuals (1e-3, "
+                                                 "Chinchilla's delta); auto: 1.345 x the residuals' robust sd, from "
+                                                 "a first fit at 1e-3.")
     holdout: Literal["largest_d2", "none"] = Field("largest_d2", description="largest_d2: fit the rows below the "
                                                    "largest D2 and predict that column.")
-    bootstrap: int = Field(200, ge=0, description="Refits on resampled rows for the intervals (0: none).")
+    bootstrap: int = Field(200, ge=0, description="Refits on resampled data for the intervals (0: none).")
+    bootstrap_unit: Literal["run", "point"] = Field("run", description="run: resample whole upcycled runs (rows "
+                                                    "sharing a 'run' label, else a D1), whose checkpoints share "
+                                                    "noise; point: resample rows.")
     level: float = Field(0.95, gt=0, lt=1)
     power_alpha3: float | None = Field(0.03, description="Power check: synthetic grids from the fitted law with "
                                        "this alpha3 at the fit's residual noise; null: skip.")
@@ -68,6 +72,8 @@ class LawParams(Params):
 
     @model_validator(mode="after")
     def _checks(self) -> LawParams:
+        if self.huber_scale != "auto" and self.huber_scale <= 0:
+            raise ValueError("huber_scale must be positive")
         if self.token_unit != "auto" and self.token_unit <= 0:
             raise ValueError("token_unit must be positive")
         if any(b <= 0 for b in self.budgets):

@@ -20,6 +20,7 @@ class Grid:
     d1: np.ndarray
     d2: np.ndarray
     loss: np.ndarray
+    run: np.ndarray  # the upcycled run each row came from (its 'run' field, else its D1)
     active: float  # the upcycled MoE's active parameters
     dense: float  # the dense source's parameters
     scratch: dict[str, tuple[np.ndarray, np.ndarray, float]]  # kind -> (tokens, loss, active_params)
@@ -35,6 +36,7 @@ def _positive(path: Path, line: int, row: dict, key: str) -> float:
 def read(path: str) -> Grid:
     p = Path(path)
     up: list[tuple[float, float, float]] = []
+    runs: list[str] = []
     scratch: dict[str, list[tuple[float, float]]] = {}
     sizes: dict[str, set[float]] = {"upcycled": set(), "dense_source": set(), "moe": set(), "dense": set()}
     for line, text in enumerate(p.read_text().splitlines(), 1):
@@ -55,6 +57,7 @@ def read(path: str) -> Grid:
         if kind == "upcycled":
             sizes["dense_source"].add(v["dense_params"])
             up.append((v["D1"], v["D2"], v["loss"]))
+            runs.append(str(row.get("run", v["D1"])))
         else:
             scratch.setdefault(kind, []).append((v["tokens"], v["loss"]))
     for kind, seen in sizes.items():
@@ -64,6 +67,6 @@ def read(path: str) -> Grid:
     if not up:
         raise UsageError(f"upcycling-law: {p} has no upcycled rows")
     arr = np.array(up)
-    return Grid(arr[:, 0], arr[:, 1], arr[:, 2], sizes["upcycled"].pop(), sizes["dense_source"].pop(),
+    return Grid(arr[:, 0], arr[:, 1], arr[:, 2], np.array(runs), sizes["upcycled"].pop(), sizes["dense_source"].pop(),
                 {k: (np.array([t for t, _ in r]), np.array([x for _, x in r]), sizes[k].pop())
                  for k, r in scratch.items()})

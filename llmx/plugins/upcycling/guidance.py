@@ -43,10 +43,11 @@ def upcycled(law: Fit, c: float, costs: Costs, d1_range: tuple[float, float], su
 
 def compare(c: float, law: Fit, scratch: dict[str, tuple[Fit, float]], costs: Costs, d1_range: tuple[float, float],
             sunk: bool, dense_tokens: float) -> dict[str, object]:
-    """One budget: upcycling's best split and each from-scratch model (its own fit and parameter count)."""
+    """One budget: upcycling's best split and each from-scratch model (its own fit and parameter count). With the
+    dense phase sunk, the dense baseline is that model continued (``dense_tokens`` + C / 6N), not a new one."""
     row: dict[str, object] = {"compute": c, "upcycled": upcycled(law, c, costs, d1_range, sunk, dense_tokens)}
     for kind, (f, n) in scratch.items():
-        d = c / (6 * n)
+        d = c / (6 * n) + (dense_tokens if sunk and kind == "dense" else 0.0)
         row[kind] = {"loss": float(f.predict(np.array([d]))[0]), "tokens": d}
     return row
 
@@ -75,9 +76,14 @@ def crossovers(law: Fit, moe: tuple[Fit, float], costs: Costs, d1_range: tuple[f
 def crossover_tokens(law: Fit, moe: tuple[Fit, float], costs: Costs, d1: float, lo: float,
                      hi: float) -> dict[str, object]:
     """For a dense model of ``d1`` tokens already paid for: the first D2 (and its compute) in ``[lo, hi]`` FLOPs
-    where the MoE from scratch on the same compute catches up, or None when upcycling stays ahead (or behind)."""
+    where the MoE from scratch on the same compute catches up (``upcycling_ahead: below``; ``above`` when the
+    only crossing goes the other way); without one, whether upcycling is ahead throughout (``always``) or behind
+    (``never``)."""
     found = crossovers(law, moe, costs, (d1, d1), True, d1, lo, hi)
-    first = next((c for c in found if c["upcycling_ahead"] == "below"), None)
-    if first is None:
-        return {"D2": None, "compute": None}
-    return {"D2": first["compute"] / (6 * costs.moe), "compute": first["compute"]}
+    if found:
+        first = next((c for c in found if c["upcycling_ahead"] == "below"), found[0])
+        return {"D2": first["compute"] / (6 * costs.moe), "compute": first["compute"],
+                "upcycling_ahead": first["upcycling_ahead"]}
+    up = upcycled(law, lo, costs, (d1, d1), True, d1)
+    ahead = up["loss"] < float(moe[0].predict(np.array([lo / (6 * moe[1])]))[0])
+    return {"D2": None, "compute": None, "upcycling_ahead": "always" if ahead else "never"}

@@ -47,6 +47,7 @@ class Fit:
     cost: float
     residuals: np.ndarray
     jacobian: np.ndarray
+    e_max: float = float("inf")  # E's upper bound: just under the smallest loss fitted
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -64,6 +65,12 @@ class Fit:
 
     def log_rmse(self) -> float:
         return float(np.sqrt(np.mean(self.residuals ** 2)))
+
+    def at_bounds(self) -> list[str]:
+        """Parameters the solver left on a bound (E at 0 or at the smallest loss, say): their intervals mean little."""
+        lo, hi = bounds(self.form, self.e_max)
+        return [k for k, v, a, b in zip(self.names, self.x, lo, hi) if np.isclose(v, a, atol=1e-9) or
+                np.isclose(v, b, atol=1e-9)]
 
     def intervals(self, level: float) -> dict[str, tuple[float, float]]:
         """Asymptotic intervals: σ² (JᵀJ)⁻¹ with σ² the residual variance on n − p degrees of freedom."""
@@ -85,6 +92,24 @@ def _jacobian(x: np.ndarray, phi: np.ndarray, log_loss: np.ndarray) -> np.ndarra
     reducible = np.exp(phi @ x[1:])
     pred = x[0] + reducible
     return np.concatenate([(1.0 / pred)[:, None], (reducible / pred)[:, None] * phi], axis=1)
+
+
+def bounds(form: str, e_max: float) -> tuple[list[float], list[float]]:
+    return [0.0] + [BOUNDS[k][0] for k in FORMS[form]], [e_max] + [BOUNDS[k][1] for k in FORMS[form]]
+
+
+def identifiable(form: str, d1: np.ndarray, d2: np.ndarray | None, unit: float) -> str | None:
+    """Why the grid cannot pin the form's parameters, or None: more distinct points than parameters and a design
+    of full column rank (so at least two values of D1 and of D2, and three D2 per D1 pattern for the interaction)."""
+    pts = np.unique(np.stack([d1, d1 if d2 is None else d2], axis=1), axis=0)
+    p = 1 + len(FORMS[form])
+    if len(pts) <= p:
+        return f"{len(pts)} distinct points; the {form} law has {p} parameters and needs more points than that"
+    phi = design(form, pts[:, 0] / unit, None if d2 is None else pts[:, 1] / unit)
+    if np.linalg.matrix_rank(phi) < phi.shape[1]:
+        return (f"the points cannot separate the {form} law's exponents (its design has rank "
+                f"{np.linalg.matrix_rank(phi)} of {phi.shape[1]}): vary both D1 and D2")
+    return None
 
 
 def starts(phi: np.ndarray, loss: np.ndarray, e_max: float,
@@ -113,8 +138,7 @@ def fit(form: str, loss: np.ndarray, d1: np.ndarray, d2: np.ndarray | None = Non
     phi = design(form, np.asarray(d1, float) / unit, None if d2 is None else np.asarray(d2, float) / unit)
     log_loss = np.log(loss)
     e_max = (1.0 - 1e-6) * float(loss.min())
-    lo = [0.0] + [BOUNDS[k][0] for k in FORMS[form]]
-    hi = [e_max] + [BOUNDS[k][1] for k in FORMS[form]]
+    lo, hi = bounds(form, e_max)
     best = None
     for x0 in [*starts(phi, loss, e_max, scales), *extra_starts]:
         x0 = np.clip(x0, lo, hi)
@@ -122,7 +146,7 @@ def fit(form: str, loss: np.ndarray, d1: np.ndarray, d2: np.ndarray | None = Non
                           args=(phi, log_loss), x_scale="jac", max_nfev=2000)
         if best is None or r.cost < best.cost:
             best = r
-    return Fit(form, unit, best.x, float(best.cost), best.fun, _jacobian(best.x, phi, log_loss))
+    return Fit(form, unit, best.x, float(best.cost), best.fun, _jacobian(best.x, phi, log_loss), e_max)
 
 
 def auto_unit(tokens: np.ndarray) -> float:
@@ -130,16 +154,32 @@ def auto_unit(tokens: np.ndarray) -> float:
     return float(10.0 ** math.floor(math.log10(float(np.median(tokens)))))
 
 
+def robust_scale(fit_: Fit) -> float:
+    """Huber's tuning 1.345 sigma, sigma from the residuals' median absolute deviation (``huber_scale: auto``)."""
+    r = fit_.residuals
+    return float(1.345 * 1.4826 * np.median(np.abs(r - np.median(r)))) or 1e-3
+
+
 def bootstrap(form: str, loss: np.ndarray, d1: np.ndarray, d2: np.ndarray | None, unit: float, f_scale: float,
-              draws: int, level: float, seed: int, start: Fit) -> dict[str, tuple[float, float]]:
-    """Percentile intervals from refits on rows resampled with replacement, each from the full fit's solution and
-    the grid's E values (resamples with no more distinct rows than parameters are drawn again)."""
+              draws: int, level: float, seed: int, start: Fit, groups: np.ndarray | None = None
+              ) -> dict[str, tuple[float, float]]:
+    """Percentile intervals from refits on resampled data, each from the full fit's solution and the grid's E
+    values. ``groups`` (one label a row: the run it came from) resamples whole runs, since a run's checkpoints share
+    its noise; None resamples rows. Resamples the law cannot be identified on are drawn again."""
+    from llmx.errors import UsageError
+
     rng = np.random.default_rng(seed)
-    n, p = len(loss), len(start.x)
-    samples = []
+    labels = np.arange(len(loss)) if groups is None else np.asarray(groups)
+    units = np.unique(labels)
+    members = [np.flatnonzero(labels == u) for u in units]
+    samples, tries = [], 0
     while len(samples) < draws:
-        idx = rng.integers(0, n, n)
-        if len(set(idx.tolist())) <= p:
+        tries += 1
+        if tries > 50 * draws:
+            raise UsageError(f"upcycling-law: too few runs ({len(units)}) to bootstrap the {form} law; set "
+                             "bootstrap_unit: point or bootstrap: 0")
+        idx = np.concatenate([members[k] for k in rng.integers(0, len(units), len(units))])
+        if identifiable(form, d1[idx], None if d2 is None else d2[idx], unit):
             continue
         f = fit(form, loss[idx], d1[idx], None if d2 is None else d2[idx], unit, f_scale, [start.x], scales=(1.0,))
         samples.append(f.x)

@@ -11,6 +11,7 @@ import torch
 
 from llmx.core import models
 from llmx.core.context import RunContext
+from llmx.core.models.upcycle import balance_loss_kwargs
 from llmx.core.train import adapters
 from llmx.core.train.distributed import world
 from llmx.core.train.lm import series
@@ -65,13 +66,14 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
         shape.update(schedule="wsd", steps=config.steps, decay_steps=config.decay_steps, lr=config.lr,
                      warmup=config.warmup, cooldown_from=p.cooldown_from)
     at = series.budget_steps(p.save_at_tokens, tps, config.steps)
+    moe = balance_loss_kwargs(model)  # before prepare wraps it
     model = prepare(ctx, model, p)
     device = next(model.parameters()).device
     before = mean_nll(model.eval(), held)
 
     def loss(i: int) -> torch.Tensor:
         x = windows.batch(i, p.batch_size).to(device)
-        return model(input_ids=x, labels=x).loss
+        return model(input_ids=x, labels=x, **moe).loss
 
     resume = p.resume or p.cooldown_from
     folder = ctx.artifact("series")
