@@ -14,7 +14,7 @@ from llmx.core.train.lm.params import LMParams
 
 class UpcycleParams(LMParams):
     """The ``lm`` stage on the upcycled MoE. ``init: scratch`` trains the same MoE from a fresh init (the
-    from-scratch baseline); ``data_offset`` set to the dense run's tokens seen continues its data order."""
+    from-scratch baseline); upcycling a series checkpoint continues its run's data order by default."""
 
     num_experts: int = Field(8, ge=2, description="Experts per layer, each a copy of the dense FFN (official 8).")
     top_k: int = Field(2, ge=1, description="Experts per token (official 2).")
@@ -25,12 +25,18 @@ class UpcycleParams(LMParams):
                                  "value is not confirmed in the notes), saved in the MoE's config.")
     target: Literal["auto", "mixtral", "qwen2_moe"] = Field("auto", description="The transformers class: Mixtral "
                                                             "for Llama/Mistral, Qwen2-MoE for Qwen2 (q/k/v biases).")
+    data_offset: int | Literal["source"] = Field("source", description="Tokens of the seeded data order to pass "
+                                                 "over first. source: a --model that is an lm series checkpoint "
+                                                 "continues that run's data (its tokens seen, same data, seq_len "
+                                                 "and seed required); 0 otherwise and for init: scratch.")
     identity_tol: float | None = Field(None, gt=0, description="Largest logit error allowed between the upcycled "
                                        "MoE and the dense model before training (checked unless init is scratch); "
                                        "default 1e-4 in float32, 0.1 in 16-bit (summation order differs).")
 
     @model_validator(mode="after")
     def _checks(self) -> UpcycleParams:
+        if self.data_offset != "source" and self.data_offset < 0:
+            raise ValueError("data_offset must be >= 0 or 'source'")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k {self.top_k} is above num_experts {self.num_experts}")
         if self.cooldown_from:

@@ -4,13 +4,16 @@ series at ``save_at_tokens``. ``init: scratch`` trains the same MoE from a fresh
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from llmx.core.context import RunContext
 from llmx.core.models.upcycle import UpcycleConfig, parameter_counts, upcycle
-from llmx.errors import RunFailed
+from llmx.core.train.checkpoint import INFO
+from llmx.errors import RunFailed, UsageError
 from llmx.plugins.upcycling.config import UpcycleParams
 
 
@@ -27,8 +30,27 @@ def logit_error(dense: torch.nn.Module, moe: torch.nn.Module, seed: int, length:
     return err
 
 
+def source_offset(ctx: RunContext, p: UpcycleParams) -> int:
+    """``data_offset: source``: where the dense run that saved ``--model`` (a series checkpoint) stopped reading."""
+    info = Path(ctx.config.model) / INFO
+    if p.init == "scratch" or not info.is_file():
+        return 0
+    saved = json.loads(info.read_text())
+    run = saved["run"]
+    mine = {"data": p.data or ctx.config.data.source, "seq_len": p.seq_len, "seed": ctx.config.seed}
+    theirs = {"data": run["data"]["source"], "seq_len": run["seq_len"], "seed": run["seed"]}
+    for key, value in mine.items():
+        if value != theirs[key]:
+            raise UsageError(f"data_offset source: {key} is {value!r} here and {theirs[key]!r} in the run that saved "
+                             f"{ctx.config.model}; set data_offset to a number")
+    return int(saved["tokens_seen"]) + int(run["data"].get("offset", 0))
+
+
 def run(ctx: RunContext, p: UpcycleParams) -> dict[str, Any]:
     from llmx.core.train.lm import run as lm
+
+    if p.data_offset == "source":
+        p = p.model_copy(update={"data_offset": source_offset(ctx, p)})
 
     c = UpcycleConfig(num_experts=p.num_experts, top_k=p.top_k, router_init=p.router_init, router_std=p.router_std,
                       aux_loss_coef=p.aux_loss_coef, target=p.target, seed=ctx.config.seed)
