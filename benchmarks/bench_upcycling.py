@@ -100,7 +100,7 @@ class Bench:
         manifest = Path(out["series"])
         saved = {e["tokens"]: e for e in json.loads(manifest.read_text())["checkpoints"]}
         rows = []
-        for p, t in zip(points, at):
+        for p, t in zip(points, at, strict=True):
             b = branch(t)
             cool = self.run(f"{name}_cool_{p}", model, lm(init="pretrained", cooldown_from=str(
                 manifest.parent / saved[b]["path"]), cooldown_fraction=(t - b) / b, min_lr_ratio=0.0))
@@ -160,7 +160,7 @@ def main() -> None:
     rows = []
     for d1 in D1S:
         identity = upcycled[d1][0]["identity_max_logit_error"]
-        for p, r in zip(D2S, upcycled[d1][1]):
+        for p, r in zip(D2S, upcycled[d1][1], strict=True):
             rows.append({"D1": bench.t(d1), "D2": r["tokens"], "epochs": round((bench.t(d1) + r["tokens"]) / corpus, 3),
                          "upcycled": r["loss"], "moe_scratch_same_D2": scratch_at.get(p),
                          "gain_vs_scratch": scratch_at[p] - r["loss"] if p in scratch_at else None,

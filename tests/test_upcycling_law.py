@@ -95,7 +95,7 @@ def test_charging_the_dense_phase_picks_the_best_split_and_refuses_budgets_that_
 
 def write_grid(path, d1, d2, loss, scratch=True):
     rows = [{"kind": "upcycled", "D1": a, "D2": b, "loss": c, "active_params": 1.2e6, "dense_params": 8e5}
-            for a, b, c in zip(d1.tolist(), d2.tolist(), loss.tolist())]
+            for a, b, c in zip(d1.tolist(), d2.tolist(), loss.tolist(), strict=True)]
     if scratch:
         d = np.geomspace(5e8, 64e9, 6)
         rows += [{"kind": "moe", "tokens": t, "loss": 1.9 + 3.0 * (t / 1e9) ** -0.3, "active_params": 1.2e6}

@@ -125,7 +125,7 @@ def run(ctx: RunContext, p: LawParams) -> dict[str, Any]:
         if held.any():
             entry["heldout"] = [{"D1": float(a), "D2": float(b), "loss": float(c), "predicted": float(d)}
                                 for a, b, c, d in zip(g.d1[held], g.d2[held], g.loss[held],
-                                                      f.predict(g.d1[held], g.d2[held]))]
+                                                      f.predict(g.d1[held], g.d2[held]), strict=True)]
         forms[form] = entry
         ctx.log.info("upcycling-law: %s fit %s", form, f.params)
     inter = forms["interaction"]

@@ -66,7 +66,7 @@ def crossovers(law: Fit, moe: tuple[Fit, float], costs: Costs, d1_range: tuple[f
     grid = np.linspace(np.log(lo), np.log(hi), points)
     values = [gap(g) for g in grid]
     out = []
-    for a, b, ga, gb in zip(grid, grid[1:], values, values[1:]):
+    for a, b, ga, gb in zip(grid, grid[1:], values, values[1:], strict=False):
         if np.isfinite(ga) and np.isfinite(gb) and ga * gb < 0:
             c = float(np.exp(brentq(gap, a, b)))
             out.append({"compute": c, "upcycling_ahead": "below" if ga < 0 else "above"})

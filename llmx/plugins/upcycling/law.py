@@ -55,7 +55,7 @@ class Fit:
 
     @property
     def params(self) -> dict[str, float]:
-        return dict(zip(self.names, map(float, self.x)))
+        return dict(zip(self.names, map(float, self.x), strict=True))
 
     def predict(self, d1: np.ndarray, d2: np.ndarray | None = None) -> np.ndarray:
         """Loss at raw token counts."""
@@ -69,7 +69,7 @@ class Fit:
     def at_bounds(self) -> list[str]:
         """Parameters the solver left on a bound (E at 0 or at the smallest loss, say): their intervals mean little."""
         lo, hi = bounds(self.form, self.e_max)
-        return [k for k, v, a, b in zip(self.names, self.x, lo, hi) if np.isclose(v, a, atol=1e-9) or
+        return [k for k, v, a, b in zip(self.names, self.x, lo, hi, strict=True) if np.isclose(v, a, atol=1e-9) or
                 np.isclose(v, b, atol=1e-9)]
 
     def intervals(self, level: float) -> dict[str, tuple[float, float]]:
@@ -81,7 +81,7 @@ class Fit:
         cov = sigma2 * np.linalg.pinv(self.jacobian.T @ self.jacobian)
         z = float(norm.ppf(0.5 + level / 2))
         se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-        return {k: (float(v - z * s), float(v + z * s)) for k, v, s in zip(self.names, self.x, se)}
+        return {k: (float(v - z * s), float(v + z * s)) for k, v, s in zip(self.names, self.x, se, strict=True)}
 
 
 def _residuals(x: np.ndarray, phi: np.ndarray, log_loss: np.ndarray) -> np.ndarray:
