@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, markdown, run_pipeline, write  # noqa: E402
+from common import machine, markdown, narrow_llama, run_pipeline, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -35,19 +35,9 @@ GAMMAS, LRS, SEEDS = [0.5, 1.0, 2.0, 4.0], [3e-4, 1e-3, 3e-3], [0, 1]
 
 def initial(folder: Path, tokenizer_from: str) -> str:
     """The narrow Llama's folder (its weights are redrawn by init: scratch)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from llmx.core import models
 
-    _, tok = models.load(tokenizer_from)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=384, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    models.save(LlamaForCausalLM(cfg), tok, folder)
-    return str(folder)
+    return narrow_llama(folder, models.load(tokenizer_from)[1], layers=3, seq_len=SEQ)
 
 
 def budgets(top: int) -> list[int]:

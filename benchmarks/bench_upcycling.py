@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cached, child, machine, markdown, run_pipeline, write  # noqa: E402
+from common import cached, child, machine, markdown, narrow_llama, run_pipeline, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ, BATCH, LR, WARMUP, EVAL = 128, 32, 2e-3, 50, 128
@@ -42,23 +42,12 @@ EXPERTS, TOP_K = 8, 2
 
 def initial(folder: Path) -> str:
     """The dense Llama's folder (a BPE trained on the corpus' train split; weights drawn by ``init: scratch``)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from llmx.core import models
     from llmx.core.data import documents
     from llmx.core.tokenizer import train_bpe
 
     if (folder / "config.json").is_file():
         return str(folder)
-    tok = train_bpe(documents("stdlib", "train"), 2048)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    models.save(LlamaForCausalLM(cfg), tok, folder)
-    return str(folder)
+    return narrow_llama(folder, train_bpe(documents("stdlib", "train"), 2048), layers=4, seq_len=SEQ)
 
 
 def steps(tokens: float) -> int:

@@ -177,6 +177,23 @@ def cached(script: str, folder: Path, spec: dict[str, Any]) -> list[dict]:
     return metrics
 
 
+def narrow_llama(folder: Path, tok, layers: int, seq_len: int) -> str:
+    """A width-128 Llama (FFN 384, 4 heads over 2 KV heads, tied embeddings) saved with ``tok`` in ``folder``; its
+    weights are seeded, and ``init: scratch`` stages redraw them."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmx.core import models
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=384, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=seq_len,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    models.save(LlamaForCausalLM(cfg), tok, folder)
+    return str(folder)
+
+
 def timed(fn, *args, repeats: int = 10) -> float:
     """Median seconds per call of ``fn(*args)`` after one warm-up call."""
     fn(*args)
