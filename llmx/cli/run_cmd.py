@@ -25,7 +25,9 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
                    "llmx train --method clover --model ref:llama",
                    "llmx train --method llava --model ref:llava --data conversations.json --set stage=2",
                    "llmx train --method crow --model runs/RUN/artifacts/0_sft/adapter --data defence.jsonl",
-                   "llmx train --method feeder --model ref:llama-icl --data pool.jsonl --set outer_rounds=2")),
+                   "llmx train --method feeder --model ref:llama-icl --data pool.jsonl --set outer_rounds=2",
+                   "llmx train --method upcycle --model runs/RUN/artifacts/0_lm/series/tokens_1000000 "
+                   "--set num_experts=8 --set top_k=2")),
     "align": ("Align a model on preference data (--data is the .jsonl of preference rows).",
                   ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
     "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
@@ -39,7 +41,8 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
                                                         "llmx analyze --method task --set task=brackets --model ref:llama",
                                                         "llmx analyze --method backdoor --set poison_rate=0.2",
                                                         "llmx analyze --method icl-episodes --set cues=32",
-                                                        "llmx analyze --method feeder --model ref:llama-icl --data pool.jsonl")),
+                                                        "llmx analyze --method feeder --model ref:llama-icl --data pool.jsonl",
+                                                        "llmx analyze --method upcycling-law --set runs=grid.jsonl")),
 }
 
 
