@@ -12,9 +12,10 @@ D2 in {0.25, 0.5, 1, 2}M; every point is measured after a cooldown branched at 0
 point (linear decay to 0 over the last 10%), on one fixed held-out set of 128 windows. The same MoE from scratch
 (to 4M) and the dense series get the same cooldowns. ``analyze --method upcycling-law`` then fits the 15 points below
 the largest D2, predicts that column, and gives intervals, a power check for alpha3 = 0.03 and the budget guidance
-(dense phase sunk, as the paper's Figure 1 frames it, and charged). ``--scale`` multiplies every token budget (0.05
-for a quick check). Finished runs are kept in ``--work`` under their spec's digest, so an interrupted run resumes.
-Writes benchmarks/results/upcycling.json and .md.
+(dense phase sunk, as the paper's Figure 1 frames it, and charged); the power check is repeated at the run-to-run
+noise measured by redrawing the router (seed 1) at D1 = 0.25M and 4M for the first two D2 points. ``--scale``
+multiplies every token budget (0.05 for a quick check). Finished runs are kept in ``--work`` under their spec's
+digest, so an interrupted run resumes. Writes benchmarks/results/upcycling.json and .md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached, child, machine, markdown, narrow_llama, run_pipeline, write  # noqa: E402
@@ -103,12 +106,18 @@ class Bench:
         return self.series("moe_scratch", self.model, lm("upcycle", init="scratch", num_experts=EXPERTS,
                                                          top_k=TOP_K), SCRATCH_MOE)
 
-    def upcycled(self, dense_series: dict, d1: int) -> tuple[dict, list[dict]]:
+    def upcycled(self, dense_series: dict, d1: int, router_seed: int | None = None) -> tuple[dict, list[dict]]:
+        """The upcycled series from D1; ``router_seed`` redraws the router on the same data (the first two D2
+        points only: a seed-noise reading)."""
         manifest = Path(dense_series["series"])
         saved = {e["tokens"]: e for e in json.loads(manifest.read_text())["checkpoints"]}
         source = str(manifest.parent / saved[self.t(d1)]["path"])
-        return self.series(f"upcycled_{d1}", source, lm("upcycle", init="pretrained", num_experts=EXPERTS,
-                                                        top_k=TOP_K, data_offset=self.t(d1), warmup=UP_WARMUP), D2S)
+        stage = lm("upcycle", init="pretrained", num_experts=EXPERTS, top_k=TOP_K, data_offset=self.t(d1),
+                   warmup=UP_WARMUP)
+        if router_seed is None:
+            return self.series(f"upcycled_{d1}", source, stage, D2S)
+        stage["params"]["router_seed"] = router_seed
+        return self.series(f"upcycled_{d1}_router{router_seed}", source, stage, D2S[:2])
 
 
 def main() -> None:
@@ -129,8 +138,13 @@ def main() -> None:
         dense_job, moe_job = pool.submit(bench.dense), pool.submit(bench.moe_scratch)
         dense_run, dense_rows = dense_job.result()
         up_jobs = {d1: pool.submit(bench.upcycled, dense_run, d1) for d1 in D1S}
+        noise_jobs = {d1: pool.submit(bench.upcycled, dense_run, d1, 1) for d1 in (D1S[0], D1S[-1])}
         moe_run, moe_rows = moe_job.result()
         upcycled = {d1: job.result() for d1, job in up_jobs.items()}
+        redrawn = {d1: job.result()[1] for d1, job in noise_jobs.items()}
+    pairs = [{"D1": bench.t(d1), "D2": r["tokens"], "router_seed_0": a["loss"], "router_seed_1": r["loss"]}
+             for d1, rows in redrawn.items() for a, r in zip(upcycled[d1][1], rows, strict=False)]
+    seed_noise = float(np.sqrt(np.mean([np.log(x["router_seed_1"] / x["router_seed_0"]) ** 2 for x in pairs]) / 2))
     corpus = dense_run["train_tokens"]
     dense_n = upcycled[D1S[0]][0]["dense_params"]["active_params"]
     moe_n = upcycled[D1S[0]][0]["moe_params"]
@@ -143,7 +157,7 @@ def main() -> None:
     grid_path = work / "grid.jsonl"
     grid_path.write_text("".join(json.dumps(r) + "\n" for r in grid))
     variants = {"sunk": {}, "charged": {"sunk_dense": False}, "huber_auto": {"huber_scale": "auto"},
-                "by_point": {"bootstrap_unit": "point"}}
+                "by_point": {"bootstrap_unit": "point"}, "seed_noise": {"power_noise": seed_noise}}
     law = {name: run_pipeline(bench.model, [{"method": "upcycling-law", "params": {
         "runs": str(grid_path), "bootstrap": args.bootstrap, "power_sims": args.power_sims, **extra}}],
         seed=0)[0] for name, extra in variants.items()}
@@ -161,7 +175,7 @@ def main() -> None:
                "lr": LR, "warmup": WARMUP, "experts": EXPERTS, "top_k": TOP_K,
                "aux_loss_coef": upcycled[D1S[0]][0]["aux_loss_coef"], "dense_params": upcycled[D1S[0]][0][
                    "dense_params"], "moe_params": moe_n, "grid": grid, "rows": rows,
-               "dense": dense_rows, "moe_scratch": moe_rows, "law": law,
+               "dense": dense_rows, "moe_scratch": moe_rows, "law": law, "seed_pairs": pairs, "seed_noise_log_sd": seed_noise,
                "machine": machine()}
     write("upcycling", payload)
     (ROOT / "benchmarks" / "results" / "upcycling.md").write_text(report(payload) + "\n")
@@ -177,6 +191,7 @@ def verdicts(m: dict) -> list[str]:
     shrinking = all(b > a for a, b in zip(slopes, slopes[1:], strict=False))
     a3 = law["alpha3"]
     robust = {k: m["law"][k]["alpha3"] for k in ("huber_auto", "by_point")}
+    seeded = m["law"]["seed_noise"]["power"]
     return [
         f"Upcycling ahead of the MoE from scratch at the smallest D2 (equal tokens and compute, dense phase sunk): "
         f"{ahead} of {len(first)} D1.",
@@ -187,9 +202,11 @@ def verdicts(m: dict) -> list[str]:
         f"{'excludes 0' if a3['excludes_zero'] else 'contains 0'}; huber auto {robust['huber_auto']['estimate']:.4f} "
         f"{[round(x, 4) for x in robust['huber_auto']['interval']]}, bootstrap over points "
         f"{[round(x, 4) for x in robust['by_point']['interval']]}.",
-        f"Power at the fit's residual noise (log sd {law['power']['noise_log_sd']:.4f}) to detect alpha3 = "
-        f"{law['power']['alpha3']}: {law['power']['power']:.2f} (false positives at 0: "
-        f"{law['power']['false_positive_rate']:.2f}).",
+        f"Power to detect alpha3 = {law['power']['alpha3']}: {law['power']['power']:.2f} at the fit's residual "
+        f"noise (log sd {law['power']['noise_log_sd']:.4f}; false positives at 0: "
+        f"{law['power']['false_positive_rate']:.2f}), {seeded['power']:.2f} at the measured router-seed noise "
+        f"(log sd {seeded['noise_log_sd']:.4f}, {len(m['seed_pairs'])} pairs; false positives "
+        f"{seeded['false_positive_rate']:.2f}).",
         f"Epochs over the {m['corpus_tokens']}-token corpus: up to {max(r['epochs'] for r in rows):.2f} for the "
         f"upcycled points (D1 + D2), {max(r['tokens'] for r in m['dense']) / m['corpus_tokens']:.2f} for the dense "
         f"series, {max(r['tokens'] for r in m['moe_scratch']) / m['corpus_tokens']:.2f} for the MoE from scratch: "
@@ -203,6 +220,8 @@ def report(m: dict) -> str:
     text = "\n".join(f"- {v}" for v in verdicts(m)) + "\n\n"
     text += markdown(["D1", "D2", "epochs", "upcycled", "moe_scratch_same_D2", "gain_vs_scratch", "dense_at_D1",
                       "identity_error"], m["rows"])
+    text += "\n\nRouter redrawn on the same data (seed noise):\n\n" + markdown(
+        ["D1", "D2", "router_seed_0", "router_seed_1"], m["seed_pairs"])
     text += "\n\nScratch series (cooled):\n\n" + markdown(["series", "tokens", "loss"], [
         {"series": k, **r} for k in ("dense", "moe_scratch") for r in m[k]])
     consts = []

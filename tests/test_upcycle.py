@@ -151,12 +151,13 @@ def train(cli, out, *sets):
 
 
 def test_the_cli_upcycles_checks_trains_saves_and_continues_the_data(cli, tmp_path):
-    r = train(cli, tmp_path / "runs", "--set", "data_offset=640", "--set", "save_at_tokens=[128]")
+    r = train(cli, tmp_path / "runs", "--set", "data_offset=640", "--set", "save_at_tokens=[128]", "--set",
+              "router_seed=5")
     assert r.code == 0, r.err
     m = r.json()["stages"][0]["metrics"]
     assert m["architecture"] == "MixtralForCausalLM" and m["identity_max_logit_error"] < 1e-5
     assert m["moe_params"]["active_params"] < m["moe_params"]["total_params"]
-    assert m["heldout_loss_before"] > 0 and m["data_offset"] == 640
+    assert m["heldout_loss_before"] > 0 and m["data_offset"] == 640 and m["router_seed"] == 5
     manifest = json.loads(open(m["series"]).read())
     assert manifest["run"]["data"]["offset"] == 640 and manifest["checkpoints"][0]["tokens"] == 128
     back = AutoModelForCausalLM.from_pretrained(m["model_dir"])

@@ -120,6 +120,11 @@ def test_the_cli_fits_holds_out_the_largest_d2_and_guides(cli, tmp_path):
     g = m["guidance"]
     assert g["sunk_dense"] and "moe" in g["scratch_fits"]
     assert all(c["D2"] is None or c["D2"] > 0 for c in g["crossover_d2_by_d1"])
+    noisy = cli("--json", "analyze", "--method", "upcycling-law", "--model", "tiny:llama", "-o", tmp_path / "runs2",
+                "--set", f"runs={grid}", "--set", "bootstrap=0", "--set", "power_sims=10", "--set", "power_noise=0.05")
+    assert noisy.code == 0, noisy.err
+    weak = noisy.json()["stages"][0]["metrics"]["power"]
+    assert weak["noise_from"] == "given" and weak["noise_log_sd"] == 0.05 and weak["power"] < m["power"]["power"]
 
 
 def test_a_grid_that_cannot_fit_the_law_or_has_bad_rows_is_exit_2_with_nothing_left(cli, tmp_path):

@@ -36,14 +36,15 @@ def _detections(f: law.Fit, d1: np.ndarray, d2: np.ndarray, alpha3: float, sigma
 
 
 def power(f: law.Fit, d1: np.ndarray, d2: np.ndarray, alpha3: float, sims: int, level: float, seed: int,
-          f_scale: float) -> dict[str, Any]:
-    """Would a grid like this one detect ``alpha3``? Synthetic grids from the fitted law at the fit's residual noise
-    (which also holds any lack of fit, so it errs towards more noise), scored by the asymptotic interval; the same
+          f_scale: float, noise: float | None = None) -> dict[str, Any]:
+    """Would a grid like this one detect ``alpha3``? Synthetic grids from the fitted law at log-noise ``noise`` (by
+    default the fit's residual sd, which also holds any lack of fit), scored by the asymptotic interval; the same
     rule at alpha3 = 0 gives its false-positive rate."""
     n, p = len(d1), len(f.x)
-    sigma = float(np.sqrt(np.sum(f.residuals ** 2) / max(n - p, 1)))
+    sigma = noise or float(np.sqrt(np.sum(f.residuals ** 2) / max(n - p, 1)))
     rng = np.random.default_rng(seed)
-    return {"alpha3": alpha3, "noise_log_sd": sigma, "sims": sims, "interval": "asymptotic",
+    return {"alpha3": alpha3, "noise_log_sd": sigma, "noise_from": "given" if noise else "fit residuals",
+            "sims": sims, "interval": "asymptotic",
             "power": _detections(f, d1, d2, alpha3, sigma, sims, level, rng, f_scale),
             "false_positive_rate": _detections(f, d1, d2, 0.0, sigma, sims, level, rng, f_scale)}
 
@@ -144,6 +145,6 @@ def run(ctx: RunContext, p: LawParams) -> dict[str, Any]:
         out["rmse_ratio_heldout"] = forms["separable"]["log_rmse_heldout"] / max(inter["log_rmse_heldout"], 1e-300)
     if p.power_alpha3 is not None:
         out["power"] = power(fits["interaction"], g.d1[fitted], g.d2[fitted], p.power_alpha3, p.power_sims, p.level,
-                             ctx.config.seed, scales["interaction"])
+                             ctx.config.seed, scales["interaction"], p.power_noise)
     out["guidance"] = _guidance(p, fits[p.form], g, unit)
     return out

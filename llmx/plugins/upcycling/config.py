@@ -21,6 +21,8 @@ class UpcycleParams(LMParams):
     router_init: Literal["normal", "zeros"] = Field("normal", description="The new router: N(0, router_std) or "
                                                     "zeros (every expert ties until the router learns).")
     router_std: float | None = Field(None, gt=0, description="Default: the model's initializer_range.")
+    router_seed: int | None = Field(None, description="Seed of the router's draw (default: the run's seed, which "
+                                    "also orders the data): another draw on the same data measures seed noise.")
     aux_loss_coef: float = Field(0.01, ge=0, description="Load-balancing loss weight (Switch's 0.01; the paper's "
                                  "value is not confirmed in the notes), saved in the MoE's config.")
     target: Literal["auto", "mixtral", "qwen2_moe"] = Field("auto", description="The transformers class: Mixtral "
@@ -69,6 +71,8 @@ class LawParams(Params):
     power_alpha3: float | None = Field(0.03, description="Power check: synthetic grids from the fitted law with "
                                        "this alpha3 at the fit's residual noise; null: skip.")
     power_sims: int = Field(100, gt=0)
+    power_noise: float | None = Field(None, gt=0, description="Log-loss noise sd of the power check (a measured "
+                                      "run-to-run spread); default: the fit's residual sd.")
     sunk_dense: bool = Field(True, description="true (the paper's Figure 1 framing): the dense phase is already "
                              "paid for, C buys D2 only; false: C counts both phases.")
     dense_tokens: float | None = Field(None, gt=0, description="D1 of the dense model in hand when sunk_dense "

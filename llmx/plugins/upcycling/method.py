@@ -53,7 +53,8 @@ def run(ctx: RunContext, p: UpcycleParams) -> dict[str, Any]:
         p = p.model_copy(update={"data_offset": source_offset(ctx, p)})
 
     c = UpcycleConfig(num_experts=p.num_experts, top_k=p.top_k, router_init=p.router_init, router_std=p.router_std,
-                      aux_loss_coef=p.aux_loss_coef, target=p.target, seed=ctx.config.seed)
+                      aux_loss_coef=p.aux_loss_coef, target=p.target,
+                      seed=ctx.config.seed if p.router_seed is None else p.router_seed)
     report: dict[str, Any] = {}
 
     def convert(dense: torch.nn.Module) -> torch.nn.Module:
@@ -74,4 +75,4 @@ def run(ctx: RunContext, p: UpcycleParams) -> dict[str, Any]:
 
     out = lm.run(ctx, p, method="upcycle", convert=convert)
     return {**out, **report, "num_experts": p.num_experts, "top_k": p.top_k, "router_init": p.router_init,
-            "aux_loss_coef": p.aux_loss_coef, "data_offset": p.data_offset}
+            "aux_loss_coef": p.aux_loss_coef, "data_offset": p.data_offset, "router_seed": c.seed}
