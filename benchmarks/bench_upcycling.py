@@ -125,8 +125,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="Multiplies every token budget (0.05: a quick check).")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-upcycling"))
-    ap.add_argument("--bootstrap", type=int, default=400)
-    ap.add_argument("--power-sims", type=int, default=200)
+    ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--power-sims", type=int, default=100)
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:

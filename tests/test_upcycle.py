@@ -167,7 +167,7 @@ def test_the_cli_upcycles_checks_trains_saves_and_continues_the_data(cli, tmp_pa
 def test_upcycling_a_series_checkpoint_continues_its_runs_data_by_default(cli, tmp_path):
     r = cli("--json", "train", "--method", "lm", "--model", "ref:llama-test", "-o", tmp_path / "dense", "--set",
             "steps=3", "--set", "batch_size=2", "--set", "seq_len=32", "--set", "max_tokens=8000", "--set",
-            "eval_every=3", "--set", "eval_windows=2", "--set", "save_at_tokens=[128]", "--set", "save=false")
+            "eval_every=3", "--set", "eval_windows=2", "--set", "save_at_tokens=[100]", "--set", "save=false")
     assert r.code == 0, r.err
     manifest = json.loads(open(r.json()["stages"][0]["metrics"]["series"]).read())
     source = str(tmp_path / "dense" / next((tmp_path / "dense").iterdir()) / "artifacts" / "0_lm" / "series" /
@@ -176,12 +176,14 @@ def test_upcycling_a_series_checkpoint_continues_its_runs_data_by_default(cli, t
              "--set", "batch_size=2", "--set", "seq_len=32", "--set", "max_tokens=8000", "--set", "eval_windows=2",
              "--set", "num_experts=4", "--set", "save=false")
     assert up.code == 0, up.err
-    assert up.json()["stages"][0]["metrics"]["data_offset"] == 128
-    other = tmp_path / "other"
-    bad = cli("train", "--method", "upcycle", "--model", source, "-o", other, "--set", "steps=1", "--set",
-              "seq_len=16", "--set", "num_experts=4")
-    assert bad.code == 2 and "seq_len is 16 here and 32" in bad.err, bad.err
-    assert not other.exists() or list(other.iterdir()) == []
+    assert up.json()["stages"][0]["metrics"]["data_offset"] == 128  # the tokens seen: 2 steps of 64
+    for i, (sets, words) in enumerate(((["seq_len=16"], "seq_len is 16 here and 32"),
+                                       (["seq_len=32", "max_tokens=6000"], "training data differs"))):
+        other = tmp_path / f"other{i}"
+        bad = cli("train", "--method", "upcycle", "--model", source, "-o", other, "--set", "steps=1", "--set",
+                  "num_experts=4", "--set", "batch_size=2", *[x for s in sets for x in ("--set", s)])
+        assert bad.code == 2 and words in bad.err, bad.err
+        assert not other.exists() or list(other.iterdir()) == []
 
 
 def test_init_scratch_is_the_same_moe_from_a_fresh_init(cli, tmp_path):

@@ -121,8 +121,12 @@ def test_the_cli_fits_holds_out_the_largest_d2_and_guides(cli, tmp_path):
     assert g["sunk_dense"] and "moe" in g["scratch_fits"]
     assert all(c["D2"] is None or c["D2"] > 0 for c in g["crossover_d2_by_d1"])
     noisy = cli("--json", "analyze", "--method", "upcycling-law", "--model", "tiny:llama", "-o", tmp_path / "runs2",
-                "--set", f"runs={grid}", "--set", "bootstrap=0", "--set", "power_sims=10", "--set", "power_noise=0.05")
+                "--set", f"runs={grid}", "--set", "bootstrap=0", "--set", "power_sims=10", "--set", "power_noise=0.05",
+                "--set", "huber_scale=auto")
     assert noisy.code == 0, noisy.err
+    auto = noisy.json()["stages"][0]["metrics"]["fits"]["interaction"]
+    assert auto["huber_scale"] != 1e-3 and abs(auto["params"]["alpha3"] - 0.03) < 0.005
+    assert [b["extrapolated"] for b in g["budgets"]][0] is False and g["budgets"][-1]["extrapolated"]
     weak = noisy.json()["stages"][0]["metrics"]["power"]
     assert weak["noise_from"] == "given" and weak["noise_log_sd"] == 0.05 and weak["power"] < m["power"]["power"]
 
@@ -168,17 +172,24 @@ def test_without_a_crossing_the_guidance_says_which_side_upcycling_stays_on():
         assert got == {"D2": None, "compute": None, "upcycling_ahead": side}
 
 
-def test_resampling_by_run_draws_whole_runs_and_by_point_does_not(monkeypatch):
+def test_the_run_bootstrap_keeps_the_design_and_scales_each_runs_residuals_by_one_weight(monkeypatch):
     d1, d2, loss = notes_grid()
     f = law.fit("interaction", loss, d1, d2, unit=1e9)
     seen, real = [], law.fit
-    monkeypatch.setattr(law, "fit", lambda form, lo, a, *rest, **kw: seen.append(a) or real(form, lo, a, *rest, **kw))
+    monkeypatch.setattr(law, "fit", lambda form, lo, a, *rest, **kw: seen.append((lo, a)) or real(form, lo, a, *rest,
+                                                                                                   **kw))
     law.bootstrap("interaction", loss, d1, d2, 1e9, 1e-3, 10, 0.95, 0, f, groups=d1)
     assert len(seen) == 10
-    assert all(np.all(np.unique(a, return_counts=True)[1] % 7 == 0) for a in seen)  # 7 D2 points a run
+    base = np.log(f.predict(d1, d2))
+    for boot, design in seen:
+        assert np.array_equal(design, d1)
+        w = (base - np.log(boot)) / f.residuals
+        for run in np.unique(d1):
+            mine = w[d1 == run]
+            assert np.allclose(mine, mine[0]) and np.isclose(np.abs(law.WEBB), abs(mine[0])).any()
     seen.clear()
     law.bootstrap("interaction", loss, d1, d2, 1e9, 1e-3, 10, 0.95, 0, f)
-    assert any(np.any(np.unique(a, return_counts=True)[1] % 7) for a in seen)
+    assert any(len(np.unique(a)) < 8 or not np.array_equal(np.sort(a), np.sort(d1)) for _, a in seen)
 
 
 def test_a_parameter_on_its_bound_is_flagged():

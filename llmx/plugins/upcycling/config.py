@@ -64,9 +64,10 @@ class LawParams(Params):
     holdout: Literal["largest_d2", "none"] = Field("largest_d2", description="largest_d2: fit the rows below the "
                                                    "largest D2 and predict that column.")
     bootstrap: int = Field(200, ge=0, description="Refits on resampled data for the intervals (0: none).")
-    bootstrap_unit: Literal["run", "point"] = Field("run", description="run: resample whole upcycled runs (rows "
-                                                    "sharing a 'run' label, else a D1), whose checkpoints share "
-                                                    "noise; point: resample rows.")
+    bootstrap_unit: Literal["run", "point"] = Field("run", description="run: a wild cluster bootstrap (one Webb "
+                                                    "weight on each run's residuals; a run is the rows sharing a "
+                                                    "'run' label, else a D1), whose checkpoints share noise; point: "
+                                                    "rows resampled with replacement.")
     level: float = Field(0.95, gt=0, lt=1)
     power_alpha3: float | None = Field(0.03, description="Power check: synthetic grids from the fitted law with "
                                        "this alpha3 at the fit's residual noise; null: skip.")

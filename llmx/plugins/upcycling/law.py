@@ -69,8 +69,8 @@ class Fit:
     def at_bounds(self) -> list[str]:
         """Parameters the solver left on a bound (E at 0 or at the smallest loss, say): their intervals mean little."""
         lo, hi = bounds(self.form, self.e_max)
-        return [k for k, v, a, b in zip(self.names, self.x, lo, hi, strict=True) if np.isclose(v, a, atol=1e-9) or
-                np.isclose(v, b, atol=1e-9)]
+        return [k for k, v, a, b in zip(self.names, self.x, lo, hi, strict=True)
+                if min(v - a, b - v) <= 1e-6 * (b - a)]
 
     def intervals(self, level: float) -> dict[str, tuple[float, float]]:
         """Asymptotic intervals: σ² (JᵀJ)⁻¹ with σ² the residual variance on n − p degrees of freedom."""
@@ -154,35 +154,39 @@ def auto_unit(tokens: np.ndarray) -> float:
     return float(10.0 ** math.floor(math.log10(float(np.median(tokens)))))
 
 
+WEBB = np.array([-np.sqrt(1.5), -1.0, -np.sqrt(0.5), np.sqrt(0.5), 1.0, np.sqrt(1.5)])  # Webb's six-point weights
+
+
 def robust_scale(fit_: Fit) -> float:
-    """Huber's tuning 1.345 sigma, sigma from the residuals' median absolute deviation (``huber_scale: auto``)."""
+    """Huber's tuning 1.345 sigma, sigma from the residuals' median absolute deviation (``huber_scale: auto``),
+    floored at 1e-4."""
     r = fit_.residuals
-    return float(1.345 * 1.4826 * np.median(np.abs(r - np.median(r)))) or 1e-3
+    return max(float(1.345 * 1.4826 * np.median(np.abs(r - np.median(r)))), 1e-4)
 
 
 def bootstrap(form: str, loss: np.ndarray, d1: np.ndarray, d2: np.ndarray | None, unit: float, f_scale: float,
               draws: int, level: float, seed: int, start: Fit, groups: np.ndarray | None = None
               ) -> dict[str, tuple[float, float]]:
-    """Percentile intervals from refits on resampled data, each from the full fit's solution and the grid's E
-    values. ``groups`` (one label a row: the run it came from) resamples whole runs, since a run's checkpoints share
-    its noise; None resamples rows. Resamples the law cannot be identified on are drawn again."""
-    from llmx.errors import UsageError
+    """Percentile intervals from refits, each from the full fit's solution and the grid's E values.
 
+    ``groups`` (one label a row: the run it came from): a wild cluster bootstrap, since a run's checkpoints share
+    its noise and a grid has few runs: the design stays fixed and each run's log residuals are multiplied by one
+    Webb weight. None: rows resampled with replacement (resamples the law cannot be identified on are redrawn)."""
     rng = np.random.default_rng(seed)
-    labels = np.arange(len(loss)) if groups is None else np.asarray(groups)
-    units = np.unique(labels)
-    members = [np.flatnonzero(labels == u) for u in units]
-    samples, tries = [], 0
+    samples = []
+    if groups is not None:
+        _, run = np.unique(np.asarray(groups), return_inverse=True)
+        fitted = np.log(start.predict(d1, d2))
+        for _ in range(draws):
+            weights = rng.choice(WEBB, run.max() + 1)[run]
+            boot = np.exp(fitted - weights * start.residuals)  # residuals are log fit - log loss
+            samples.append(fit(form, boot, d1, d2, unit, f_scale, [start.x], scales=(1.0,)).x)
     while len(samples) < draws:
-        tries += 1
-        if tries > 50 * draws:
-            raise UsageError(f"upcycling-law: too few runs ({len(units)}) to bootstrap the {form} law; set "
-                             "bootstrap_unit: point or bootstrap: 0")
-        idx = np.concatenate([members[k] for k in rng.integers(0, len(units), len(units))])
-        if identifiable(form, d1[idx], None if d2 is None else d2[idx], unit):
+        idx = rng.integers(0, len(loss), len(loss))
+        sub = (d1[idx], None if d2 is None else d2[idx])
+        if identifiable(form, *sub, unit):
             continue
-        f = fit(form, loss[idx], d1[idx], None if d2 is None else d2[idx], unit, f_scale, [start.x], scales=(1.0,))
-        samples.append(f.x)
+        samples.append(fit(form, loss[idx], *sub, unit, f_scale, [start.x], scales=(1.0,)).x)
     arr = np.array(samples)
     q = ((1 - level) / 2, (1 + level) / 2)
     return {k: tuple(float(v) for v in np.quantile(arr[:, j], q)) for j, k in enumerate(start.names)}

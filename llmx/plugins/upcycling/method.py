@@ -30,27 +30,28 @@ def logit_error(dense: torch.nn.Module, moe: torch.nn.Module, seed: int, length:
     return err
 
 
-def source_offset(ctx: RunContext, p: UpcycleParams) -> int:
-    """``data_offset: source``: where the dense run that saved ``--model`` (a series checkpoint) stopped reading."""
+def source_offset(ctx: RunContext, p: UpcycleParams) -> tuple[int, str | None]:
+    """``data_offset: source``: where the run that saved ``--model`` (a series checkpoint) stopped reading, and its
+    data fingerprint (the lm stage refuses another stream); (0, None) for any other model and for init: scratch."""
     info = Path(ctx.config.model) / INFO
     if p.init == "scratch" or not info.is_file():
-        return 0
+        return 0, None
     saved = json.loads(info.read_text())
     run = saved["run"]
-    mine = {"data": p.data or ctx.config.data.source, "seq_len": p.seq_len, "seed": ctx.config.seed}
-    theirs = {"data": run["data"]["source"], "seq_len": run["seq_len"], "seed": run["seed"]}
-    for key, value in mine.items():
-        if value != theirs[key]:
-            raise UsageError(f"data_offset source: {key} is {value!r} here and {theirs[key]!r} in the run that saved "
+    for key, mine in (("seq_len", p.seq_len), ("seed", ctx.config.seed)):
+        if mine != run[key]:
+            raise UsageError(f"data_offset source: {key} is {mine!r} here and {run[key]!r} in the run that saved "
                              f"{ctx.config.model}; set data_offset to a number")
-    return int(saved["tokens_seen"]) + int(run["data"].get("offset", 0))
+    return int(saved["tokens_seen"]) + int(run["data"].get("offset", 0)), run["data"]["fingerprint"]
 
 
 def run(ctx: RunContext, p: UpcycleParams) -> dict[str, Any]:
     from llmx.core.train.lm import run as lm
 
+    continues = None
     if p.data_offset == "source":
-        p = p.model_copy(update={"data_offset": source_offset(ctx, p)})
+        offset, continues = source_offset(ctx, p)
+        p = p.model_copy(update={"data_offset": offset})
 
     c = UpcycleConfig(num_experts=p.num_experts, top_k=p.top_k, router_init=p.router_init, router_std=p.router_std,
                       aux_loss_coef=p.aux_loss_coef, target=p.target,
@@ -73,6 +74,6 @@ def run(ctx: RunContext, p: UpcycleParams) -> dict[str, Any]:
         report["architecture"] = type(moe).__name__
         return moe
 
-    out = lm.run(ctx, p, method="upcycle", convert=convert)
+    out = lm.run(ctx, p, method="upcycle", convert=convert, continues=continues)
     return {**out, **report, "num_experts": p.num_experts, "top_k": p.top_k, "router_init": p.router_init,
             "aux_loss_coef": p.aux_loss_coef, "data_offset": p.data_offset, "router_seed": c.seed}

@@ -32,9 +32,12 @@ def fresh(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def run(ctx: RunContext, p: LMParams, method: str = "lm",
-        convert: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> dict[str, Any]:
+        convert: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+        continues: str | None = None) -> dict[str, Any]:
     """Train; ``convert`` (a plugin's architecture change: FoPE's position step, say) is applied to the model to
-    train, after a scratch init and before the optimiser sees it; ``method`` names the stage in what it saves."""
+    train, after a scratch init and before the optimiser sees it; ``method`` names the stage in what it saves;
+    ``continues`` is the data fingerprint of the run whose data order ``data_offset`` continues (refused if the
+    training stream differs)."""
     from llmx.core.data import fixed_windows, token_stream
     from llmx.core.eval.lm import mean_nll
 
@@ -47,6 +50,9 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
     if convert is not None:
         model = convert(model)
     stream = token_stream(tok, data, "train", p.max_tokens, ctx.config.data.splitting)
+    if continues is not None and continues != fingerprint(stream):
+        raise UsageError(f"data_offset: the training data differs from the source run's (fingerprint "
+                         f"{fingerprint(stream)} vs {continues}); set data_offset to a number")
     offset = _offset(p, info)
     windows = TokenWindows(stream, p.seq_len, ctx.config.seed, offset // p.seq_len)
     held = fixed_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len,
