@@ -30,9 +30,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cached, child, machine, markdown, narrow_llama, run_pipeline, write  # noqa: E402
+from common import RESULTS, cached, child, machine, markdown, narrow_llama, run_pipeline, write  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 SEQ, BATCH, LR, WARMUP, EVAL = 128, 32, 2e-3, 50, 128
 UP_WARMUP = 10  # the upcycled phase re-warms from trained weights: 10 steps, so a 61-step D2 point is not all warmup
 TPS = SEQ * BATCH
@@ -177,8 +176,9 @@ def main() -> None:
                    "dense_params"], "moe_params": moe_n, "grid": grid, "rows": rows,
                "dense": dense_rows, "moe_scratch": moe_rows, "law": law, "seed_pairs": pairs, "seed_noise_log_sd": seed_noise,
                "machine": machine()}
-    write("upcycling", payload)
-    (ROOT / "benchmarks" / "results" / "upcycling.md").write_text(report(payload) + "\n")
+    name = "upcycling" if args.scale == 1 else f"upcycling_scale{args.scale:g}"
+    write(name, payload)
+    (RESULTS / f"{name}.md").write_text(report(payload) + "\n")
     print(report(payload))
 
 
