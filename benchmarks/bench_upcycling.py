@@ -13,7 +13,8 @@ point (linear decay to 0 over the last 10%), on one fixed held-out set of 128 wi
 (to 4M) and the dense series get the same cooldowns. ``analyze --method upcycling-law`` then fits the 15 points below
 the largest D2, predicts that column, and gives intervals, a power check for alpha3 = 0.03 and the budget guidance
 (dense phase sunk, as the paper's Figure 1 frames it, and charged); the power check is repeated at the run-to-run
-noise measured by redrawing the router (seed 1) at D1 = 0.25M and 4M for the first two D2 points. ``--scale``
+noise measured by redrawing the router (seed 1) at D1 = 0.25M and 4M for the first two D2 points, and the MoE from
+scratch gets its own rate sweep (1e-3 and 4e-3 against the grid's 2e-3, to 1M tokens). ``--scale``
 multiplies every token budget (0.05 for a quick check). Finished runs are kept in ``--work`` under their spec's
 digest, so an interrupted run resumes. Writes benchmarks/results/upcycling.json and .md.
 """
@@ -40,6 +41,7 @@ D2S = [250_000, 500_000, 1_000_000, 2_000_000]
 SCRATCH_MOE = [250_000, 500_000, 1_000_000, 2_000_000, 4_000_000]
 DENSE = [*D1S, 8_000_000]
 EXPERTS, TOP_K = 8, 2
+SCRATCH_LRS, SCRATCH_LR_POINTS = [1e-3, 4e-3], [250_000, 1_000_000]
 
 
 def initial(folder: Path) -> str:
@@ -105,6 +107,11 @@ class Bench:
         return self.series("moe_scratch", self.model, lm("upcycle", init="scratch", num_experts=EXPERTS,
                                                          top_k=TOP_K), SCRATCH_MOE)
 
+    def moe_scratch_lr(self, lr: float) -> list[dict]:
+        """The MoE from scratch at another peak rate, to 1M tokens: its own tuning."""
+        return self.series(f"moe_scratch_lr{lr:g}", self.model, lm("upcycle", init="scratch", num_experts=EXPERTS,
+                                                                   top_k=TOP_K, lr=lr), SCRATCH_LR_POINTS)[1]
+
     def upcycled(self, dense_series: dict, d1: int, router_seed: int | None = None) -> tuple[dict, list[dict]]:
         """The upcycled series from D1; ``router_seed`` redraws the router on the same data (the first two D2
         points only: a seed-noise reading)."""
@@ -138,9 +145,13 @@ def main() -> None:
         dense_run, dense_rows = dense_job.result()
         up_jobs = {d1: pool.submit(bench.upcycled, dense_run, d1) for d1 in D1S}
         noise_jobs = {d1: pool.submit(bench.upcycled, dense_run, d1, 1) for d1 in (D1S[0], D1S[-1])}
+        lr_jobs = {lr: pool.submit(bench.moe_scratch_lr, lr) for lr in SCRATCH_LRS}
         moe_run, moe_rows = moe_job.result()
         upcycled = {d1: job.result() for d1, job in up_jobs.items()}
         redrawn = {d1: job.result()[1] for d1, job in noise_jobs.items()}
+        sweep = [{"lr": lr, "tokens": r["tokens"], "loss": r["loss"]} for lr, job in lr_jobs.items()
+                 for r in job.result()]
+    sweep += [{"lr": LR, "tokens": r["tokens"], "loss": r["loss"]} for r in moe_rows if r["point"] in SCRATCH_LR_POINTS]
     pairs = [{"D1": bench.t(d1), "D2": r["tokens"], "router_seed_0": a["loss"], "router_seed_1": r["loss"]}
              for d1, rows in redrawn.items() for a, r in zip(upcycled[d1][1], rows, strict=False)]
     seed_noise = float(np.sqrt(np.mean([np.log(x["router_seed_1"] / x["router_seed_0"]) ** 2 for x in pairs]) / 2))
@@ -174,8 +185,8 @@ def main() -> None:
                "lr": LR, "warmup": WARMUP, "experts": EXPERTS, "top_k": TOP_K,
                "aux_loss_coef": upcycled[D1S[0]][0]["aux_loss_coef"], "dense_params": upcycled[D1S[0]][0][
                    "dense_params"], "moe_params": moe_n, "grid": grid, "rows": rows,
-               "dense": dense_rows, "moe_scratch": moe_rows, "law": law, "seed_pairs": pairs, "seed_noise_log_sd": seed_noise,
-               "machine": machine()}
+               "dense": dense_rows, "moe_scratch": moe_rows, "law": law, "scratch_lr_sweep": sweep,
+               "seed_pairs": pairs, "seed_noise_log_sd": seed_noise, "machine": machine()}
     name = "upcycling" if args.scale == 1 else f"upcycling_scale{args.scale:g}"
     write(name, payload)
     (RESULTS / f"{name}.md").write_text(report(payload) + "\n")
@@ -207,6 +218,10 @@ def verdicts(m: dict) -> list[str]:
         f"{law['power']['false_positive_rate']:.2f}), {seeded['power']:.2f} at the measured router-seed noise "
         f"(log sd {seeded['noise_log_sd']:.4f}, {len(m['seed_pairs'])} pairs; false positives "
         f"{seeded['false_positive_rate']:.2f}).",
+        "MoE from scratch, peak rate swept (its own tuning): " + ", ".join(
+            f"{t // 1000}k tokens: " + " / ".join(f"{r['lr']:g} -> {r['loss']:.3f}" for r in sorted(
+                (x for x in m["scratch_lr_sweep"] if x["tokens"] == t), key=lambda x: x["lr"]))
+            for t in sorted({x["tokens"] for x in m["scratch_lr_sweep"]})) + f" (the grid uses {m['lr']:g}).",
         f"Epochs over the {m['corpus_tokens']}-token corpus: up to {max(r['epochs'] for r in rows):.2f} for the "
         f"upcycled points (D1 + D2), {max(r['tokens'] for r in m['dense']) / m['corpus_tokens']:.2f} for the dense "
         f"series, {max(r['tokens'] for r in m['moe_scratch']) / m['corpus_tokens']:.2f} for the MoE from scratch: "
