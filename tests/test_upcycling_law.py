@@ -127,6 +127,7 @@ def test_the_cli_fits_holds_out_the_largest_d2_and_guides(cli, tmp_path):
     auto = noisy.json()["stages"][0]["metrics"]["fits"]["interaction"]
     assert auto["huber_scale"] != 1e-3 and abs(auto["params"]["alpha3"] - 0.03) < 0.005
     assert [b["extrapolated"] for b in g["budgets"]][0] is False and g["budgets"][-1]["extrapolated"]
+    assert all(isinstance(c["extrapolated"], bool) for c in g["crossover_d2_by_d1"] + g["crossovers"])
     weak = noisy.json()["stages"][0]["metrics"]["power"]
     assert weak["noise_from"] == "given" and weak["noise_log_sd"] == 0.05 and weak["power"] < m["power"]["power"]
 

@@ -97,7 +97,7 @@ def _guidance(p: LawParams, f: law.Fit, g: grids.Grid, unit: float) -> dict[str,
         out["crossover_range"] = [lo, hi]
         by_d1 = [{"D1": float(d1), **guidance.crossover_tokens(f, scratch["moe"], costs, d1, lo, hi)}
                  for d1 in np.unique(g.d1)]
-        out["crossover_d2_by_d1"] = [{**c, "extrapolated": c["D2"] is not None and c["D2"] > g.d2.max()}
+        out["crossover_d2_by_d1"] = [{**c, "extrapolated": bool(c["D2"] is not None and c["D2"] > g.d2.max())}
                                      for c in by_d1]
     return out
 
