@@ -21,6 +21,6 @@ class EpochOrder:
         epoch, at = divmod(k, self.n)
         return self.perm(epoch)[at]
 
-    def batch(self, i: int, size: int) -> list[int]:
-        """The items of micro-batch ``i`` of ``size`` items."""
-        return [self[k] for k in range(i * size, (i + 1) * size)]
+    def batch(self, i: int, size: int, skip: int = 0) -> list[int]:
+        """The items of micro-batch ``i`` of ``size`` items, after the first ``skip`` items of the order."""
+        return [self[k] for k in range(skip + i * size, skip + (i + 1) * size)]

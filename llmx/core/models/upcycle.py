@@ -113,9 +113,10 @@ def upcycle(model: Any, c: UpcycleConfig | None = None) -> Any:
                 tensor.copy_(torch.cat([ffn["gate"], ffn["up"]]).expand_as(tensor))
             elif name.endswith("experts.down_proj"):  # [E, H, I]
                 tensor.copy_(ffn["down"].expand_as(tensor))
-            elif name.endswith("mlp.gate.weight"):  # the router [E, H]
-                drawn = torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * std
-                tensor.copy_(drawn if c.router_init == "normal" else torch.zeros_like(drawn))
+            elif name.endswith("mlp.gate.weight") and c.router_init == "zeros":  # the router [E, H]
+                tensor.zero_()
+            elif name.endswith("mlp.gate.weight"):  # drawn on the CPU generator (the same router on any device)
+                tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * std)
             elif "shared_expert" in name:  # zero width, or the gate of a zero-width expert
                 tensor.zero_()
             else:

@@ -28,5 +28,4 @@ class TokenWindows:
 
     def batch(self, i: int, size: int) -> torch.Tensor:
         """The ``size`` windows of micro-batch ``i`` (``[size, seq_len]``)."""
-        first = self.skip + i * size
-        return self.windows[[self.order[k] for k in range(first, first + size)]]
+        return self.windows[self.order.batch(i, size, self.skip)]

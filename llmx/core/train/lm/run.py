@@ -50,9 +50,10 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
     if convert is not None:
         model = convert(model)
     stream = token_stream(tok, data, "train", p.max_tokens, ctx.config.data.splitting)
-    if continues is not None and continues != fingerprint(stream):
+    stream_print = fingerprint(stream)
+    if continues is not None and continues != stream_print:
         raise UsageError(f"data_offset: the training data differs from the source run's (fingerprint "
-                         f"{fingerprint(stream)} vs {continues}); set data_offset to a number")
+                         f"{stream_print} vs {continues}); set data_offset to a number")
     offset = _offset(p, info)
     windows = TokenWindows(stream, p.seq_len, ctx.config.seed, offset // p.seq_len)
     held = fixed_windows(token_stream(tok, data, "validation", 8 * p.eval_windows * p.seq_len,
@@ -65,7 +66,7 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
              "decay_steps": config.decay_steps, "min_lr_ratio": p.min_lr_ratio, "weight_decay": p.weight_decay,
              "tokens_per_step": tps, "seq_len": p.seq_len, "batch_size": p.batch_size, "grad_accum": p.grad_accum,
              "world_size": size, "seed": ctx.config.seed, "model": source, "init": p.init,
-             "data": {"source": data, "fingerprint": fingerprint(stream), "tokens": len(stream),
+             "data": {"source": data, "fingerprint": stream_print, "tokens": len(stream),
                       "offset": offset}}
     if info is not None:
         config = series.cooldown(info, shape, p.cooldown_fraction, config)
