@@ -27,4 +27,5 @@ BUILTIN = (
     "llmx.plugins.backdoor.plugin",
     "llmx.plugins.feeder.plugin",
     "llmx.plugins.funbo.plugin",
+    "llmx.plugins.cosd.plugin",
 )

@@ -67,7 +67,7 @@ def cut(text: str, stop: Sequence[str], include_stop: bool) -> tuple[str, str | 
     return text[:at + (len(s) if include_stop else 0)], s
 
 
-class _Stop:
+class StopStrings:
     """Stopping criterion: a row is done once the tail of its new text holds a stop string (one transfer from the
     device per step; only the last tokens are decoded, and the final cut decodes the whole completion anyway)."""
 
@@ -161,7 +161,7 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
         if temperature > 0:
             gens = [torch.Generator(device=device).manual_seed(row_seed(seed, *rows[r])) for r in batch]
             processors.append(_Draw(gens, temperature, top_p))
-        criteria = StoppingCriteriaList([_Stop(tok, width, stop)] if any(stop) else [])
+        criteria = StoppingCriteriaList([StopStrings(tok, width, stop)] if any(stop) else [])
         extra = inputs([rows[r][0] for r in batch]) if inputs else {}
         gen = model.generate(input_ids=ids, attention_mask=mask, generation_config=_config(model, max_new_tokens, pad, eos),
                              logits_processor=processors, stopping_criteria=criteria, **extra)

@@ -93,7 +93,7 @@ def _generate(spec, model, tok, task_rows, d: Decoding, judge_workers, ks, progr
     judge = spec.load_judge()
     jobs = [(row, c.text) for row, cs in zip(task_rows, completions, strict=True) for c in cs]
     with ThreadPoolExecutor(max_workers=max(1, judge_workers or 1)) as pool:
-        judged = list(progress(pool.map(lambda job: _judge(judge, *job), jobs), total=len(jobs), description="judging"))
+        judged = list(progress(pool.map(lambda job: judge_one(judge, *job), jobs), total=len(jobs), description="judging"))
     records, scores, passes, errors = [], [], [], 0
     for i, (row, cs) in enumerate(zip(task_rows, completions, strict=True)):
         mine = judged[i * d.samples:(i + 1) * d.samples]
@@ -112,7 +112,7 @@ def _generate(spec, model, tok, task_rows, d: Decoding, judge_workers, ks, progr
     return TaskResult(metrics, records, scores, completions)
 
 
-def _judge(judge, row: dict, completion: str) -> tuple[float, str | None, str]:
+def judge_one(judge, row: dict, completion: str) -> tuple[float, str | None, str]:
     """``(score, error, note)``: a judge returns a score, or ``(score, note)`` to say why (kept in the records)."""
     try:
         value = judge(row, completion)

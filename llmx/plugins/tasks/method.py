@@ -12,13 +12,6 @@ from llmx.errors import UsageError
 from llmx.plugins.tasks.config import TaskDataParams, TaskEvalParams, TaskSource, TracingDataParams
 
 
-def _spec(p: TaskSource) -> TaskSpec:
-    from llmx.core.plugins import host
-    from llmx.plugins.tasks import files
-
-    return host().task(p.task) if p.task else files.spec(p.file, p.answer_pattern, p.delimiter)
-
-
 def _decoding(spec: TaskSpec, p: TaskSource, seed: int, samples: int, temperature: float) -> tasks.Decoding:
     return tasks.Decoding(samples=samples, temperature=temperature, top_p=p.top_p,
                           max_new_tokens=p.max_new_tokens or spec.max_new_tokens,
@@ -36,7 +29,7 @@ def _workers(p: TaskSource) -> int:
 def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
     from llmx.core import models
 
-    spec = _spec(p)
+    spec = p.spec()
     split = p.split or spec.splits[-1]
     rows = tasks.rows(spec, split, p.rows_seed, p.limit)
     d = _decoding(spec, p, ctx.config.seed, p.samples or spec.samples,
@@ -68,7 +61,7 @@ def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
 
 
 def analyze(ctx: RunContext, p: TaskDataParams) -> dict:
-    spec = _spec(p)
+    spec = p.spec()
     splits = p.splits or list(spec.splits)
     if isinstance(p.limit, dict) and set(p.limit) - set(splits):
         raise UsageError(f"limit names splits this run does not make: {', '.join(sorted(set(p.limit) - set(splits)))}")

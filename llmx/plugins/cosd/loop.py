@@ -1,0 +1,233 @@
+"""The decoding loops of one harness, every strategy counted the same way (model calls by forward hooks, wall time):
+
+- ``cosd`` (Algorithm 1): the draft proposes ``draft_tokens`` tokens; one assistant forward over the text plus the
+  draft gives its top token y_t and P_q(y_t) at every draft position; at the first position the decision replaces,
+  y_t takes x_t's place and the rest of the draft is dropped (both KV caches are cropped back by ``Stream``);
+  otherwise the whole draft is kept. Greedy drafts, or sampled at ``draft_temperature`` (seeded).
+- ``draft`` / ``assistant``: one model alone, greedy.
+- ``average``: both models every step, the argmax of (1 - w) P_p + w P_q (a shared vocabulary only).
+- ``speculative``: transformers' assisted decoding with the assistant as target (lossless, greedy), and
+  ``ensemble``: the same with ``assistant_ensemble_weight`` (transformers' lossy verification against
+  w P_target + (1 - w) P_draft).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from llmx.core.models.stream import Stream
+from llmx.plugins.cosd.bridge import Retokenized, Shared, encode
+from llmx.plugins.cosd.decide import Decision, Position
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: int = 0  # generated tokens (the assistant's vocabulary for a different-tokenizer pair)
+    draft_forwards: int = 0
+    assistant_forwards: int = 0
+    blocks: int = 0  # draft blocks verified
+    drafted: int = 0  # draft tokens the assistant checked
+    accepted: int = 0  # of them, kept
+    replacements: int = 0
+    seconds: float = 0.0
+    stop: str | None = None  # "eos", the stop string, or None (the token budget)
+
+
+@dataclass
+class Pair:
+    draft: Any
+    draft_tok: Any
+    assistant: Any
+    assistant_tok: Any
+    shared: bool  # one tokenizer for both
+    use_cache: bool = True
+
+
+@contextlib.contextmanager
+def counted(*models):
+    """Counts each model's top-level forward calls."""
+    counts = [0] * len(models)
+    hooks = []
+    for i, m in enumerate(models):
+        def hook(*_, i=i):
+            counts[i] += 1
+
+        hooks.append(m.register_forward_hook(hook))
+    try:
+        yield counts
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def _eos(model, tok) -> set[int]:
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = ids if isinstance(ids, list) else [ids]
+    return {int(i) for i in [*ids, tok.eos_token_id] if i is not None}
+
+
+def _finish(text: str, stop: tuple[str, ...]) -> tuple[str, str | None]:
+    hits = [(text.find(s), s) for s in stop if s and s in text]
+    if not hits:
+        return text, None
+    at, s = min(hits)
+    return text[:at], s
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    draft_tokens: int = 5
+    draft_temperature: float = 0.0
+    average_weight: float = 0.5  # the assistant's weight in ``average``
+    ensemble_weight: float = 0.5  # transformers' ``assistant_ensemble_weight`` (the target's weight)
+    seed: int = 0
+
+
+def _pick(logp: torch.Tensor, temperature: float, gen: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(logp.argmax())
+    probs = torch.softmax(logp / temperature, dim=-1)
+    return int(torch.multinomial(probs.cpu(), 1, generator=gen))
+
+
+def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
+    """Collaborative speculative decoding of one prompt."""
+    bridge = (Shared(pair.draft_tok, prompt) if pair.shared
+              else Retokenized(pair.draft_tok, pair.assistant_tok, prompt))
+    draft, assistant = Stream(pair.draft, pair.use_cache), Stream(pair.assistant, pair.use_cache)
+    eos_p, eos_q = _eos(pair.draft, pair.draft_tok), _eos(pair.assistant, pair.assistant_tok)
+    gen = torch.Generator().manual_seed(s.seed)
+    out = Result("")
+    began = time.perf_counter()
+    with counted(pair.draft, pair.assistant) as calls:
+        while out.tokens < s.max_new_tokens:
+            ids, xs, pxs, rows = bridge.draft_ids(), [], [], []
+            for _ in range(min(s.draft_tokens, s.max_new_tokens - out.tokens)):
+                row = draft.logprobs(ids + xs, len(ids) + len(xs))[0]
+                x = _pick(row, s.draft_temperature, gen)
+                xs.append(x)
+                pxs.append(float(row[x].exp()))
+                rows.append(row)
+                if x in eos_p:
+                    break
+            ended = xs[-1] in eos_p
+            if not pair.shared and ended:
+                xs, pxs, rows = xs[:-1], pxs[:-1], rows[:-1]
+            view = bridge.view(xs, pxs)
+            if not view.xs:  # the draft ended (or wrote nothing the assistant reads)
+                out.stop = "eos" if ended else None
+                break
+            q_rows = assistant.logprobs(view.ids, view.start)
+            keep, token = len(view.xs), None
+            for t, x in enumerate(view.xs):
+                q = q_rows[t].exp()
+                y = int(q.argmax())
+                residual = int(torch.relu(q - rows[t].exp()).argmax()) if pair.shared else None
+                token = decision(Position(x, view.pxs[t], y, float(q[y]), float(q[x]), residual))
+                if token is not None:
+                    keep = t
+                    break
+            out.blocks += 1
+            out.drafted += len(view.xs)
+            out.accepted += keep
+            out.replacements += token is not None
+            bridge.commit(view, keep, token)
+            out.tokens += keep + (token is not None)
+            kept = view.xs[:keep] + ([token] if token is not None else [])
+            if any(t in (eos_p | eos_q if pair.shared else eos_q) for t in kept) or (ended and token is None):
+                out.stop = "eos"
+                break
+            if _finish(bridge.text(), s.stop)[1] is not None:
+                break
+        out.draft_forwards, out.assistant_forwards = calls
+    out.text, hit = _finish(bridge.text(), s.stop)
+    out.stop = out.stop or hit
+    out.seconds = time.perf_counter() - began
+    return out
+
+
+def single(model: Any, tok: Any, prompt: str, s: Settings, use_cache: bool = True, role: str = "draft") -> Result:
+    """One model alone, greedy: the ``draft`` and ``assistant`` rows."""
+    return _stepwise([model], [tok], prompt, s, use_cache, lambda rows: rows[0], role)
+
+
+def average(pair: Pair, prompt: str, s: Settings) -> Result:
+    """Token-level probability averaging: both models every step (a shared vocabulary)."""
+    if not pair.shared:
+        raise ValueError("averaging needs one tokenizer for both models")
+    w = s.average_weight
+
+    def mix(rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.log((1 - w) * rows[0].exp() + w * rows[1].exp())
+
+    return _stepwise([pair.draft, pair.assistant], [pair.draft_tok], prompt, s, pair.use_cache, mix, "both")
+
+
+def _stepwise(models, toks, prompt: str, s: Settings, use_cache: bool, combine, role: str) -> Result:
+    tok = toks[0]
+    streams = [Stream(m, use_cache) for m in models]
+    eos = _eos(models[0], tok)
+    ids = encode(tok, prompt)
+    prompt_len, out = len(ids), Result("")
+    began = time.perf_counter()
+    with counted(*models) as calls:
+        while out.tokens < s.max_new_tokens:
+            token = int(combine([st.logprobs(ids, len(ids))[0] for st in streams]).argmax())
+            ids.append(token)
+            out.tokens += 1
+            if token in eos:
+                out.stop = "eos"
+                break
+            _, hit = _finish(tok.decode(ids[prompt_len:], skip_special_tokens=True), s.stop)
+            if hit is not None:
+                out.stop = hit
+                break
+    if role == "assistant":
+        out.assistant_forwards = calls[0]
+    else:
+        out.draft_forwards = calls[0]
+        out.assistant_forwards = calls[1] if len(calls) > 1 else 0
+    out.text, hit = _finish(tok.decode(ids[prompt_len:], skip_special_tokens=True), s.stop)
+    out.stop = out.stop or hit
+    out.seconds = time.perf_counter() - began
+    return out
+
+
+def assisted(pair: Pair, prompt: str, s: Settings, ensemble: bool = False) -> Result:
+    """transformers' assisted decoding with the assistant as target and the draft as its assistant model: lossless
+    greedy speculative decoding, or with ``ensemble`` its lossy verification (``assistant_ensemble_weight``)."""
+    tok = pair.assistant_tok
+    ids = torch.tensor([encode(tok, prompt)], device=next(pair.assistant.parameters()).device)
+    kwargs: dict[str, Any] = dict(assistant_model=pair.draft, do_sample=False, max_new_tokens=s.max_new_tokens,
+                                  num_assistant_tokens=s.draft_tokens, num_assistant_tokens_schedule="constant",
+                                  assistant_confidence_threshold=0.0, attention_mask=torch.ones_like(ids),
+                                  pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    if ensemble:
+        kwargs["assistant_ensemble_weight"] = s.ensemble_weight
+    if s.stop:
+        from transformers import StoppingCriteriaList
+
+        from llmx.core.eval.generate import StopStrings
+
+        kwargs["stopping_criteria"] = StoppingCriteriaList([StopStrings(tok, ids.shape[1], s.stop)])
+    if not pair.shared:
+        kwargs.update(tokenizer=tok, assistant_tokenizer=pair.draft_tok)
+    began = time.perf_counter()
+    with counted(pair.draft, pair.assistant) as calls, torch.inference_mode():
+        seq = pair.assistant.generate(ids, **kwargs)
+    new = seq[0, ids.shape[1]:].tolist()
+    out = Result("", tokens=len(new), draft_forwards=calls[0], assistant_forwards=calls[1])
+    eos = _eos(pair.assistant, tok)
+    out.stop = "eos" if new and new[-1] in eos else None
+    out.text, hit = _finish(tok.decode(new, skip_special_tokens=True), s.stop)
+    out.stop = out.stop or hit
+    out.seconds = time.perf_counter() - began
+    return out
