@@ -27,10 +27,14 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
                    "llmx train --method crow --model runs/RUN/artifacts/0_sft/adapter --data defence.jsonl",
                    "llmx train --method feeder --model ref:llama-icl --data pool.jsonl --set outer_rounds=2",
                    "llmx train --method upcycle --model runs/RUN/artifacts/0_lm/series/tokens_1000000 "
-                   "--set num_experts=8 --set top_k=2")),
+                   "--set num_experts=8 --set top_k=2",
+                   "llmx train --method cosd-tree --model ref:facts-code --set assistant=ref:facts-docs "
+                   "--set task=api-facts --set examples=5")),
     "align": ("Align a model on preference data (--data is the .jsonl of preference rows).",
                   ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
-    "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",)),
+    "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",
+                                                                "llmx decode --method cosd --model ref:facts-code "
+                                                                "--set assistant=ref:facts-docs --set task=api-facts")),
     "eval": ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",
                                    "llmx eval --method task --set task=humaneval --set limit=10 --model ref:llama",
                                    "llmx eval --method scenes-vqa --model ref:llava --set format=open",

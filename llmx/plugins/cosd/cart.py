@@ -5,10 +5,17 @@ as plain JSON, so a fitted tree is read without pickles."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from llmx.errors import UsageError
+
+FORMAT = "llmx-cosd-tree"
+FEATURES = ("p_draft", "p_assistant_top")
 
 
 @dataclass(frozen=True)
@@ -82,3 +89,36 @@ def fit(xs, ys, max_depth: int = 3, min_samples_leaf: int = 1, balanced: bool = 
 
     grow(np.arange(len(y)), 0)
     return Tree(nodes)
+
+
+def save(path: Path, tree: Tree | None, info: dict) -> None:
+    """A fitted tree, or ``None``: the file then says to fall back to the rule."""
+    from llmx.core import atomic
+
+    atomic.write_json(path, {"format": FORMAT, "features": list(FEATURES), "fallback": tree is None,
+                             "nodes": tree.nodes if tree else None, **info})
+
+
+def load(path: str | Path) -> tuple[Tree | None, dict]:
+    """The tree (None when the file says to fall back to the rule) and the file's record."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path} is not a CoSD tree file ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UsageError(f"{path} is not a CoSD tree file (written by train --method cosd-tree)")
+    if data.get("fallback"):
+        return None, data
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list) or not nodes or not all(_node_ok(n, len(nodes)) for n in nodes):
+        raise UsageError(f"{path} has malformed nodes")
+    return Tree(nodes), data
+
+
+def _node_ok(node, count: int) -> bool:
+    if not isinstance(node, dict):
+        return False
+    if "value" in node:
+        return node["value"] in (0, 1)
+    return (node.get("feature") in (0, 1) and isinstance(node.get("threshold"), (int, float))
+            and all(isinstance(node.get(k), int) and 0 < node[k] < count for k in ("left", "right")))

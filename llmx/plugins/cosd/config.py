@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from llmx.core.eval.source import TaskSource
 from llmx.core.refs import ExistingPath, ModelRef
@@ -14,6 +14,8 @@ from llmx.core.refs import ExistingPath, ModelRef
 class PairParams(TaskSource):
     """The second model and the rows both models read (the run's --model is the draft)."""
 
+    task: str | None = Field("api-facts", description="A registered generate task (llmx tasks); a file of rows "
+                             "{prompt, answer} replaces it with task=null.")
     assistant: ModelRef = Field(description="The assistant model M_q (ref:NAME, a folder or a hub id); the run's "
                                 "--model drafts.")
     split: str | None = Field(None, description="Default: the task's last split.")
@@ -41,6 +43,19 @@ class CoSDParams(PairParams):
                                   "(1 - w) P_p + w P_q.")
     ensemble_weight: float = Field(0.5, gt=0, lt=1, description="strategy=ensemble: transformers' "
                                    "assistant_ensemble_weight (the target's weight).")
+
+    @field_validator("tree")
+    @classmethod
+    def _tree_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            from llmx.errors import UsageError
+            from llmx.plugins.cosd.cart import load
+
+            try:
+                load(value)
+            except UsageError as exc:
+                raise ValueError(exc.message) from None
+        return value
 
 
 class TreeTrainParams(PairParams):

@@ -10,9 +10,9 @@ from llmx.core.context import RunContext
 from llmx.core.eval import stats, tasks
 from llmx.errors import UsageError
 from llmx.plugins.cosd import cart, loop
-from llmx.plugins.cosd import tree as tree_file
 from llmx.plugins.cosd.config import CoSDParams, PairParams, TreeTrainParams
 from llmx.plugins.cosd.decide import ReleasedRule, Rule, TreeRule
+from llmx.plugins.cosd.tree import features
 
 
 def _pair(ctx: RunContext, p: PairParams) -> loop.Pair:
@@ -46,7 +46,7 @@ def _decision(ctx: RunContext, p: CoSDParams) -> tuple[object, dict]:
     path = p.tree or ctx.state.get("cosd_tree")
     if path is None:
         raise UsageError("decision=tree needs --set tree=FILE (or a train --method cosd-tree stage earlier in the run)")
-    fitted, info = tree_file.load(path)
+    fitted, info = cart.load(path)
     if fitted is None:
         ctx.log.warning("the tree file falls back to the rule (%s labelled disagreements)", info.get("disagreements"))
         return Rule(p.alpha, p.beta), {"tree_fallback": True}
@@ -111,7 +111,7 @@ def train_tree(ctx: RunContext, p: TreeTrainParams) -> dict:
         raise UsageError(f"task '{spec.name}' has no rows with a 'reference' answer to learn from")
     pair = _pair(ctx, p)
     labelled = [f for row in ctx.progress(rows, description="features")
-                for f in tree_file.features(pair, row["prompt"], row["reference"])]
+                for f in features(pair, row["prompt"], row["reference"])]
     positives = sum(f[2] for f in labelled)
     fallback = len(labelled) < max(p.min_disagreements, 1) or positives in (0, len(labelled))
     fitted = None if fallback else cart.fit([f[:2] for f in labelled], [f[2] for f in labelled], p.max_depth,
@@ -119,7 +119,7 @@ def train_tree(ctx: RunContext, p: TreeTrainParams) -> dict:
     info = {"disagreements": len(labelled), "assistant_right": positives, "examples": len(rows),
             "task": spec.name, "draft": ctx.config.model, "assistant": p.assistant, "max_depth": p.max_depth}
     path = ctx.artifact("cosd_tree.json")
-    tree_file.save(path, fitted, info)
+    cart.save(path, fitted, info)
     ctx.state["cosd_tree"] = str(path)
     train_accuracy = (stats.mean([float(fitted.predict_one(f[:2]) == f[2]) for f in labelled]) if fitted else None)
     return {"tree": str(path), "fallback": fallback, "train_accuracy": train_accuracy,

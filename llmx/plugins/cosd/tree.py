@@ -8,17 +8,10 @@ draft token holding its first character."""
 from __future__ import annotations
 
 import bisect
-import json
-from pathlib import Path
 
 from llmx.core.models.stream import Stream
-from llmx.errors import UsageError
 from llmx.plugins.cosd.bridge import encode
-from llmx.plugins.cosd.cart import Tree
 from llmx.plugins.cosd.loop import Pair
-
-FORMAT = "llmx-cosd-tree"
-FEATURES = ("p_draft", "p_assistant_top")
 
 
 def _gold(tok, prompt: str, answer: str) -> tuple[list[int], int, list[int]]:
@@ -49,35 +42,3 @@ def features(pair: Pair, prompt: str, answer: str) -> list[tuple[float, float, i
         if draft_right != assistant_right:
             out.append((float(rows_p[j][x].exp()), float(rows_q[t][y].exp()), int(assistant_right)))
     return out
-
-
-def save(path: Path, tree: Tree | None, info: dict) -> None:
-    from llmx.core import atomic
-
-    atomic.write_json(path, {"format": FORMAT, "features": list(FEATURES), "fallback": tree is None,
-                             "nodes": tree.nodes if tree else None, **info})
-
-
-def load(path: str | Path) -> tuple[Tree | None, dict]:
-    """The tree (None when the file says to fall back to the rule) and the file's record."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"tree: {path} is not a CoSD tree file ({type(exc).__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise UsageError(f"tree: {path} is not a CoSD tree file (written by train --method cosd-tree)")
-    if data.get("fallback"):
-        return None, data
-    nodes = data.get("nodes")
-    if not isinstance(nodes, list) or not nodes or not all(_node_ok(n, len(nodes)) for n in nodes):
-        raise UsageError(f"tree: {path} has malformed nodes")
-    return Tree(nodes), data
-
-
-def _node_ok(node, count: int) -> bool:
-    if not isinstance(node, dict):
-        return False
-    if "value" in node:
-        return node["value"] in (0, 1)
-    return (node.get("feature") in (0, 1) and isinstance(node.get("threshold"), (int, float))
-            and all(isinstance(node.get(k), int) and 0 < node[k] < count for k in ("left", "right")))
