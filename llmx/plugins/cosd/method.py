@@ -86,12 +86,13 @@ def decode(ctx: RunContext, p: CoSDParams) -> dict:
         scores.append(score)
         records.append({"id": row.get("id", i), "prompt": row["prompt"], "reference": row.get("reference"),
                         "completion": text, "score": score, "note": note, **asdict(result)})
-    atomic.write_jsonl(ctx.artifact("rows.jsonl"), records)
+    path = atomic.write_jsonl(ctx.artifact("rows.jsonl"), records)
     tokens = max(sum(r.tokens for r in results), 1)
     drafted = sum(r.drafted for r in results)
     seconds = sum(r.seconds for r in results)
     low, high = stats.bootstrap_ci(scores, 1000, seed=ctx.config.seed)
-    return {"task": spec.name, "split": split, "strategy": p.strategy, "prompts": len(rows), "score": stats.mean(scores),
+    return {"task": spec.name, "split": split, "strategy": p.strategy, "rows": str(path), "prompts": len(rows),
+            "score": stats.mean(scores),
             "score_ci_low": low, "score_ci_high": high, "tokens": tokens,
             "draft_forwards_per_token": sum(r.draft_forwards for r in results) / tokens,
             "assistant_forwards_per_token": sum(r.assistant_forwards for r in results) / tokens,
