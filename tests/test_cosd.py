@@ -251,3 +251,51 @@ def test_bad_input_is_exit_2_without_a_run_folder(cli, tmp_path, sets, words):
     assert r.code == 2 and words.lower() in r.err.lower() and len(r.err.strip().splitlines()) <= 2, r.err
     out = tmp_path / "runs"
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def _wide_qwen2(seed: int):
+    """A real-width Qwen2 block (hidden 2048, 16 heads over 2 KV heads, biased q/k/v), one layer, random."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from llmx.core.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=2048, intermediate_size=512, num_hidden_layers=1,
+                      num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).eval(), tok
+
+
+def test_a_real_width_gqa_model_with_biases_crops_and_reduces_exactly():
+    draft, tok = _wide_qwen2(0)
+    assistant, _ = _wide_qwen2(1)
+    assert assistant.model.layers[0].self_attn.q_proj.bias is not None
+    s = loop.Settings(max_new_tokens=12, draft_tokens=4)
+    alone = loop.single(assistant, tok, "def f(x):", s, role="assistant")
+    for use_cache in (True, False):
+        pair = loop.Pair(draft, tok, assistant, tok, shared=True, use_cache=use_cache)
+        assert loop.cosd(pair, "def f(x):", Rule(1.5, 0.0), s).text == alone.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("strategy", ["cosd", "draft", "assistant", "average", "speculative", "ensemble"])
+def test_every_strategy_decodes_on_cuda(cli, tmp_path, strategy):
+    r = cli("decode", "--method", "cosd", "--model", "ref:llama-test", "--device", "cuda", "--set",
+            "assistant=ref:opt-test", "--set", "limit=3", "--set", f"strategy={strategy}", "--json", "-o", tmp_path)
+    assert r.code == 0, r.err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_cached_loop_equals_the_uncached_one_on_cuda():
+    from llmx.core import models
+
+    d, tok = models.load("ref:llama-test", device="cuda")
+    a, tok_a = models.load("ref:opt-test", device="cuda")
+    s = loop.Settings(max_new_tokens=16, draft_tokens=4)
+    runs = [loop.cosd(loop.Pair(d, tok, a, tok_a, True, use_cache), "import os\n", Rule(), s) for use_cache in (True, False)]
+    assert runs[0].text == runs[1].text and runs[0].replacements == runs[1].replacements
+    assert loop.cosd(loop.Pair(d, tok, a, tok_a, True), "import os\n", Rule(1.5, 0.0), s).text == \
+        loop.single(a, tok_a, "import os\n", s, role="assistant").text
