@@ -25,7 +25,7 @@ def crop_cache(cache: Any, length: int) -> bool:
         return False
     try:
         cache.crop(length - have)
-    except (ValueError, NotImplementedError, TypeError):
+    except (ValueError, NotImplementedError, TypeError, RuntimeError):  # sliding-window layers past their window
         return False
     return int(cache.get_seq_length()) == length
 
@@ -47,9 +47,10 @@ class Stream:
         self.last: torch.Tensor | None = None  # log-probs after the last seen token
         self.forwards = self.fed = 0
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
+    def _forward(self, ids: list[int], keep: int) -> torch.Tensor:
+        """Log-probabilities at the last ``keep`` of the fed positions (the model computes no others)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        kwargs: dict[str, Any] = {"use_cache": self.use_cache}
+        kwargs: dict[str, Any] = {"use_cache": self.use_cache, "logits_to_keep": keep}
         if self.use_cache:
             if self.cache is None:
                 from transformers import DynamicCache
@@ -65,26 +66,26 @@ class Stream:
     def logprobs(self, ids: list[int], start: int) -> torch.Tensor:
         if not 1 <= start <= len(ids):
             raise ValueError(f"start must be in [1, {len(ids)}], not {start}")
+        need = len(ids) - start + 1  # positions start - 1 .. len(ids) - 1
         if not self.use_cache:
             self.seen = []
-            rows = self._forward(ids)
-            self.seen, self.last = list(ids), rows[-1]
-            return rows[start - 1:]
+            rows = self._forward(ids, need)
+            self.seen, self.last = list(ids), rows[-1].clone()
+            return rows
         common = 0
         for a, b in zip(self.seen, ids, strict=False):
             if a != b:
                 break
             common += 1
         if common == len(self.seen) and start >= common and self.last is not None:
-            first = common - 1  # the stored row is the distribution at position common - 1
-            rows = [self.last[None]] + ([self._forward(ids[common:])] if common < len(ids) else [])
+            # the stored row is the distribution at position common - 1; the forward gives the rest
+            fresh = [self._forward(ids[common:], min(need, len(ids) - common))] if common < len(ids) else []
+            out = torch.cat(([self.last[None]] if start == common else []) + fresh)
         else:
             keep = min(common, start - 1)
             if not crop_cache(self.cache, keep):
                 self.cache, keep = None, 0
             self.seen = self.seen[:keep]
-            first = keep
-            rows = [self._forward(ids[keep:])]
-        out = torch.cat(rows)
-        self.seen, self.last = list(ids), out[-1]
-        return out[start - 1 - first:]
+            out = self._forward(ids[keep:], need)
+        self.seen, self.last = list(ids), out[-1].clone()
+        return out

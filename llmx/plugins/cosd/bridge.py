@@ -1,7 +1,10 @@
-"""How the assistant reads the draft. ``Shared``: one tokenizer, the same ids. ``Retokenized``: different tokenizers;
-the text so far plus the detokenised draft is re-encoded for the assistant (the paper's §3.3), and each assistant
-token's P_p is the draft's probability of the draft token holding its first character (a choice of ours: the paper
-does not say how probabilities align)."""
+"""How the assistant reads the draft. ``Shared``: one tokenizer, the same ids. ``Retokenized``: different tokenizers
+(the paper's §3.3); the draft's tokens are detokenised and the draft text encoded on its own after the committed
+text's ids, so every drafted character is checked and the committed text is never re-split. Each assistant token's
+P_p is the draft's probability of the draft token holding its first character (a choice of ours: the paper does not
+say how probabilities align). Text is decoded by prefix difference over a few tokens of context, so a tokenizer
+that drops a word's leading space when decoding it alone (SentencePiece) or a token holding part of a UTF-8
+character keeps the text exact; an incomplete character at the end of a draft is held back for the next block."""
 
 from __future__ import annotations
 
@@ -9,9 +12,27 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+LOOKBEHIND = 8  # tokens of context decoded before a piece
+
 
 def encode(tok: Any, text: str) -> list[int]:
     return list(tok(text)["input_ids"])
+
+
+def pieces(tok: Any, context: list[int], new: list[int]) -> list[str]:
+    """The text each token of ``new`` adds after ``context``: a token that leaves a character incomplete adds
+    nothing, the one completing it adds the character (so a trailing incomplete one is left out)."""
+    look = context[-LOOKBEHIND:]
+    before = tok.decode(look, skip_special_tokens=True)
+    out = []
+    for i in range(len(new)):
+        text = tok.decode(look + new[:i + 1], skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            out.append("")
+            continue
+        out.append(text[len(before):])
+        before = text
+    return out
 
 
 @dataclass
@@ -37,19 +58,29 @@ class Shared:
     def draft_ids(self) -> list[int]:
         return self.ids
 
+    def incomplete(self, ids: list[int], xs: list[int]) -> bool:
+        return False
+
     def view(self, xs: list[int], pxs: list[float]) -> View:
         return View(self.ids + xs, len(self.ids), list(xs), list(pxs))
 
-    def commit(self, view: View, keep: int, token: int | None) -> None:
-        """Keep the first ``keep`` draft tokens of ``view``, then ``token`` if one replaces the next."""
-        self.ids = view.ids[:view.start + keep] + ([token] if token is not None else [])
+    def open_character(self, view: View, keep: int, tokens: list[int]) -> bool:
+        return False
+
+    def commit(self, view: View, keep: int, tokens: list[int]) -> None:
+        """Keep the first ``keep`` draft tokens of ``view``, then ``tokens`` (a replacement) in place of the next."""
+        self.ids = view.ids[:view.start + keep] + tokens
+
+    def generated(self) -> list[int]:
+        return self.ids[self.prompt_len:]
 
     def text(self) -> str:
-        return self.tok.decode(self.ids[self.prompt_len:], skip_special_tokens=True)
+        return self.tok.decode(self.generated(), skip_special_tokens=True)
 
 
 class Retokenized:
-    """Different tokenizers: the state is text; the draft and the assistant each encode it their own way."""
+    """Different tokenizers: the state is text; the draft and the assistant each encode it their own way. A draft
+    that ends with EOS shows the assistant its own EOS after the text, so the assistant may refuse it."""
 
     shared = False
 
@@ -58,37 +89,43 @@ class Retokenized:
             raise ValueError("a different-tokenizer pair needs a fast assistant tokenizer (character offsets)")
         self.draft_tok, self.assistant_tok = draft_tok, assistant_tok
         self.prompt, self.full = prompt, prompt
-        self.draft: str = ""
+        self.committed = encode(assistant_tok, prompt)
+        self.draft, self.starts = "", []
 
     def draft_ids(self) -> list[int]:
         return encode(self.draft_tok, self.full)
 
-    def view(self, xs: list[int], pxs: list[float]) -> View:
-        pieces = [self.draft_tok.decode([x], skip_special_tokens=True) for x in xs]
-        ends = []
-        for piece in pieces:
-            ends.append((ends[-1] if ends else 0) + len(piece))
-        self.draft = "".join(pieces)
-        enc = self.assistant_tok(self.full + self.draft, return_offsets_mapping=True)
-        ids, offsets, base = list(enc["input_ids"]), enc["offset_mapping"], len(self.full)
-        start = next((i for i, (a, b) in enumerate(offsets) if a >= base and b > a), len(ids))
-        out_x, out_p = [], []
-        for i in range(start, len(ids)):
-            a, b = offsets[i]
-            if b <= a:
-                break
-            out_x.append(ids[i])
-            out_p.append(pxs[min(bisect.bisect_right(ends, a - base), len(pxs) - 1)])
-        self._offsets = offsets
-        return View(ids[:start + len(out_x)], start, out_x, out_p)
+    def incomplete(self, ids: list[int], xs: list[int]) -> bool:
+        """The draft so far ends inside a character."""
+        return bool(xs) and self.draft_tok.decode(ids[-LOOKBEHIND:] + xs, skip_special_tokens=True).endswith("\ufffd")
 
-    def commit(self, view: View, keep: int, token: int | None) -> None:
-        if token is None and keep == len(view.xs):
-            self.full += self.draft
-            return
-        cut = self._offsets[view.start + keep][0]
-        head = (self.full + self.draft)[:cut]
-        self.full = head + (self.assistant_tok.decode([token], skip_special_tokens=True) if token is not None else "")
+    def view(self, xs: list[int], pxs: list[float], eos_px: float | None = None) -> View:
+        parts = pieces(self.draft_tok, encode(self.draft_tok, self.full), xs)
+        ends = []
+        for part in parts:
+            ends.append((ends[-1] if ends else 0) + len(part))
+        self.draft = "".join(parts)
+        enc = self.assistant_tok(self.draft, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        self.starts = [a for a, _ in enc["offset_mapping"]]
+        out_p = [pxs[min(bisect.bisect_right(ends, a), len(pxs) - 1)] for a in self.starts]
+        if eos_px is not None:
+            ids.append(self.assistant_tok.eos_token_id)
+            out_p.append(eos_px)
+            self.starts.append(len(self.draft))
+        return View(self.committed + ids, len(self.committed), ids, out_p)
+
+    def open_character(self, view: View, keep: int, tokens: list[int]) -> bool:
+        """The replacement ends inside a character (a byte-level vocabulary splits it): the assistant's next
+        tokens complete it."""
+        context = view.ids[max(view.start + keep - LOOKBEHIND, 0):view.start + keep]
+        return self.assistant_tok.decode(context + tokens, skip_special_tokens=True).endswith("\ufffd")
+
+    def commit(self, view: View, keep: int, tokens: list[int]) -> None:
+        head = self.draft if keep == len(view.xs) else self.draft[:self.starts[keep]]
+        tail = "".join(pieces(self.assistant_tok, view.ids[:view.start + keep], tokens))
+        self.full += head + tail
+        self.committed = encode(self.assistant_tok, self.full)
 
     def text(self) -> str:
         return self.full[len(self.prompt):]

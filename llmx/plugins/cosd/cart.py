@@ -1,7 +1,8 @@
 """A small CART (Breiman et al., 1984) for CoSD-Tree: binary splits ``x[f] <= t`` at midpoints between sorted distinct
 values, chosen by the largest weighted Gini decrease (as scikit-learn's ``DecisionTreeClassifier``, against which it
-is tested), depth-limited, with optional balanced class weights; a node splits only when that improves it. Stored
-as plain JSON, so a fitted tree is read without pickles."""
+is tested where no two splits tie: scikit-learn breaks ties by a random feature order), depth-limited, with optional
+balanced class weights; an impure node splits even when no split lowers its impurity (as scikit-learn). Stored as
+plain JSON, so a fitted tree is read without pickles."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def fit(xs, ys, max_depth: int = 3, min_samples_leaf: int = 1, balanced: bool = 
                 impurity = (lw.sum() * _gini(lw) + rw.sum() * _gini(rw)) / total
                 if best is None or impurity < best[0] - 1e-12:
                     best = (impurity, f, (values[k - 1] + values[k]) / 2)
-        if best is None or best[0] >= _gini(parent) - 1e-12:
+        if best is None:
             return me
         _, f, threshold = best
         go_left = x[idx, f] <= threshold

@@ -43,6 +43,7 @@ class ReleasedRule:
 
     alpha: float = 0.5
     beta: float = 0.5
+    needs_residual = True
 
     def __call__(self, pos: Position) -> int | None:
         if pos.x == pos.y or (pos.px > self.beta * pos.qx and pos.qx < self.alpha):

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ import torch
 from llmx.core.models.stream import Stream
 from llmx.plugins.cosd.bridge import Retokenized, Shared, encode
 from llmx.plugins.cosd.decide import Decision, Position
+
+UTF8_TAIL = 3  # tokens past a block or a replacement that may complete a character a byte-level vocabulary split
 
 
 @dataclass
@@ -98,19 +101,33 @@ def _pick(logp: torch.Tensor, temperature: float, gen: torch.Generator | None) -
     return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 
 
+def _used(tok: Any, ids: list[int], stop: tuple[str, ...]) -> int:
+    """Tokens up to the one that completes the first stop string (all of them when none does): what a model that
+    stops at the string generates; tokens drafted or accepted past it are work, not output."""
+    if not any(stop):
+        return len(ids)
+    for n in range(1, len(ids) + 1):
+        if _finish(tok.decode(ids[:n], skip_special_tokens=True), stop)[1] is not None:
+            return n
+    return len(ids)
+
+
 def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
     """Collaborative speculative decoding of one prompt."""
     bridge = (Shared(pair.draft_tok, prompt) if pair.shared
               else Retokenized(pair.draft_tok, pair.assistant_tok, prompt))
     draft, assistant = Stream(pair.draft, pair.use_cache), Stream(pair.assistant, pair.use_cache)
     eos_p, eos_q = _eos(pair.draft, pair.draft_tok), _eos(pair.assistant, pair.assistant_tok)
+    eos_kept = eos_p | eos_q if pair.shared else eos_q
+    residual = getattr(decision, "needs_residual", False) and pair.shared
     gen = torch.Generator().manual_seed(s.seed)
-    out = Result("")
+    out, committed = Result(""), 0
     began = time.perf_counter()
     with counted(pair.draft, pair.assistant) as calls:
-        while out.tokens < s.max_new_tokens:
+        while committed < s.max_new_tokens:
             ids, xs, pxs, rows = bridge.draft_ids(), [], [], []
-            for _ in range(min(s.draft_tokens, s.max_new_tokens - out.tokens)):
+            budget = min(s.draft_tokens, s.max_new_tokens - committed)
+            while len(xs) < budget or (len(xs) < budget + UTF8_TAIL and bridge.incomplete(ids, xs)):
                 row = draft.logprobs(ids + xs, len(ids) + len(xs))[0]
                 x = _pick(row, s.draft_temperature, gen)
                 xs.append(x)
@@ -119,19 +136,21 @@ def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
                 if x in eos_p:
                     break
             ended = xs[-1] in eos_p
-            if not pair.shared and ended:
-                xs, pxs, rows = xs[:-1], pxs[:-1], rows[:-1]
-            view = bridge.view(xs, pxs)
-            if not view.xs:  # the draft ended (or wrote nothing the assistant reads)
-                out.stop = "eos" if ended else None
+            view = (bridge.view(xs, pxs) if pair.shared
+                    else bridge.view(xs[:-1] if ended else xs, pxs[:-1] if ended else pxs, pxs[-1] if ended else None))
+            if not view.xs:  # the draft wrote nothing the assistant can read
                 break
             q_rows = assistant.logprobs(view.ids, view.start)
             keep, token = len(view.xs), None
             for t, x in enumerate(view.xs):
                 q = q_rows[t].exp()
                 y = int(q.argmax())
-                residual = int(torch.relu(q - rows[t].exp()).argmax()) if pair.shared else None
-                token = decision(Position(x, view.pxs[t], y, float(q[y]), float(q[x]), residual))
+                top = None
+                if residual:
+                    n = min(q.shape[-1], rows[t].shape[-1])
+                    top = int(torch.relu(q[:n] - rows[t][:n].exp()).argmax())
+                qx = float(q[x]) if x < q.shape[-1] else 0.0
+                token = decision(Position(x, view.pxs[t], y, float(q[y]), qx, top))
                 if token is not None:
                     keep = t
                     break
@@ -139,10 +158,14 @@ def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
             out.drafted += len(view.xs)
             out.accepted += keep
             out.replacements += token is not None
-            bridge.commit(view, keep, token)
-            out.tokens += keep + (token is not None)
-            kept = view.xs[:keep] + ([token] if token is not None else [])
-            if any(t in (eos_p | eos_q if pair.shared else eos_q) for t in kept) or (ended and token is None):
+            written = [] if token is None else [token]
+            while written and len(written) <= UTF8_TAIL and bridge.open_character(view, keep, written):
+                ahead = view.ids[:view.start + keep] + written
+                written.append(int(assistant.logprobs(ahead, len(ahead))[0].argmax()))
+            bridge.commit(view, keep, written)
+            committed += keep + len(written)
+            kept = view.xs[:keep] + written
+            if any(t in eos_kept for t in kept):
                 out.stop = "eos"
                 break
             if _finish(bridge.text(), s.stop)[1] is not None:
@@ -150,6 +173,11 @@ def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
         out.draft_forwards, out.assistant_forwards = calls
     out.text, hit = _finish(bridge.text(), s.stop)
     out.stop = out.stop or hit
+    if pair.shared:
+        out.tokens = _used(pair.draft_tok, bridge.generated(), s.stop)
+    else:
+        done = out.text + (hit or "")
+        out.tokens = len(pair.assistant_tok(done, add_special_tokens=False)["input_ids"]) + (out.stop == "eos")
     out.seconds = time.perf_counter() - began
     return out
 
@@ -166,7 +194,8 @@ def average(pair: Pair, prompt: str, s: Settings) -> Result:
     w = s.average_weight
 
     def mix(rows: list[torch.Tensor]) -> torch.Tensor:
-        return torch.log((1 - w) * rows[0].exp() + w * rows[1].exp())
+        n = min(r.shape[-1] for r in rows)  # padded output rows past the shared vocabulary are never mixed
+        return torch.log((1 - w) * rows[0][:n].exp() + w * rows[1][:n].exp())
 
     return _stepwise([pair.draft, pair.assistant], [pair.draft_tok], prompt, s, pair.use_cache, mix, "both")
 
@@ -207,8 +236,7 @@ def assisted(pair: Pair, prompt: str, s: Settings, ensemble: bool = False) -> Re
     tok = pair.assistant_tok
     ids = torch.tensor([encode(tok, prompt)], device=next(pair.assistant.parameters()).device)
     kwargs: dict[str, Any] = dict(assistant_model=pair.draft, do_sample=False, max_new_tokens=s.max_new_tokens,
-                                  num_assistant_tokens=s.draft_tokens, num_assistant_tokens_schedule="constant",
-                                  assistant_confidence_threshold=0.0, attention_mask=torch.ones_like(ids),
+                                  attention_mask=torch.ones_like(ids),
                                   pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     if ensemble:
         kwargs["assistant_ensemble_weight"] = s.ensemble_weight
@@ -220,11 +248,20 @@ def assisted(pair: Pair, prompt: str, s: Settings, ensemble: bool = False) -> Re
         kwargs["stopping_criteria"] = StoppingCriteriaList([StopStrings(tok, ids.shape[1], s.stop)])
     if not pair.shared:
         kwargs.update(tokenizer=tok, assistant_tokenizer=pair.draft_tok)
+    # transformers reads the draft length from the assistant model's own generation config: K fixed, no confidence
+    # stop (0 also turns off its threshold tuning), on a copy put back afterwards
+    own = pair.draft.generation_config
+    pair.draft.generation_config = copy.deepcopy(own)
+    pair.draft.generation_config.update(num_assistant_tokens=s.draft_tokens, num_assistant_tokens_schedule="constant",
+                                        assistant_confidence_threshold=0.0)
     began = time.perf_counter()
-    with counted(pair.draft, pair.assistant) as calls, torch.inference_mode():
-        seq = pair.assistant.generate(ids, **kwargs)
+    try:
+        with counted(pair.draft, pair.assistant) as calls, torch.inference_mode():
+            seq = pair.assistant.generate(ids, **kwargs)
+    finally:
+        pair.draft.generation_config = own
     new = seq[0, ids.shape[1]:].tolist()
-    out = Result("", tokens=len(new), draft_forwards=calls[0], assistant_forwards=calls[1])
+    out = Result("", tokens=_used(tok, new, s.stop), draft_forwards=calls[0], assistant_forwards=calls[1])
     eos = _eos(pair.assistant, tok)
     out.stop = "eos" if new and new[-1] in eos else None
     out.text, hit = _finish(tok.decode(new, skip_special_tokens=True), s.stop)

@@ -57,8 +57,9 @@ def decode(ctx: RunContext, p: CoSDParams) -> dict:
     spec = p.spec()
     rows, split = _rows(p, spec)
     pair = _pair(ctx, p)
-    if p.strategy == "average" and not pair.shared:
-        raise UsageError("strategy=average needs one tokenizer for both models (these two differ)")
+    if p.strategy in ("average", "ensemble") and not pair.shared:
+        raise UsageError(f"strategy={p.strategy} needs one tokenizer for both models (these two differ; transformers' "
+                         "different-tokenizer assistant gives no draft probabilities to mix)")
     decision, about = _decision(ctx, p) if p.strategy == "cosd" else (None, {})
     settings = loop.Settings(max_new_tokens=p.max_new_tokens or spec.max_new_tokens,
                              stop=tuple(spec.stop if p.stop is None else p.stop), draft_tokens=p.draft_tokens,
