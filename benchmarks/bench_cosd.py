@@ -12,8 +12,9 @@ On ``line-rest:stdlib`` and ``line-rest:pydoc`` (held-out code and prose, 400 ch
 line; the first 10 rows fit the tree, the next ``--lines`` are scored): ``ref:llama-bench`` and its pydoc fine-tune.
 Rows: each model alone, transformers' lossless speculative
 decoding (target = the assistant) and its lossy ensemble verification, token-level averaging (w = 0.5), CoSD-Rule
-(alpha = beta = 0.5), the released code's rule (``mcsd``) and CoSD-Tree, in both draft/assistant orders, and a sweep
-of the draft length K for CoSD-Rule. Finished runs are kept in ``--work`` under their spec's digest. Writes
+(alpha = beta = 0.5, and alpha = 0.9), the released code's rule (``mcsd``) and CoSD-Tree (which falls back to the rule
+below 50 labelled disagreements; a row without the fallback shows the tree itself), in both draft/assistant orders,
+and a sweep of the draft length K for CoSD-Rule. Finished runs are kept in ``--work`` under their spec's digest. Writes
 benchmarks/results/cosd.json and .md.
 """
 
@@ -51,18 +52,23 @@ class Bench:
 
     def decode(self, name: str, draft: str, assistant: str, task: str, offset: int, limit: int, **extra) -> dict:
         """One strategy's metrics on rows ``offset`` to ``offset + limit``; a tree is fitted on the rows before."""
-        stages = []
+        stages, floor = [], extra.pop("min_disagreements", None)
         if extra.get("decision") == "tree":
-            stages.append({"method": "cosd-tree", "params": {"assistant": assistant, "task": task,
-                                                             "examples": offset}})
+            stages.append({"method": "cosd-tree", "params": {"assistant": assistant, "task": task, "examples": offset,
+                                                             **({} if floor is None else {"min_disagreements": floor})}})
         stages.append({"method": "cosd", "params": {"assistant": assistant, "task": task, "offset": offset,
                                                     "limit": limit, **extra}})
         out = self.run(name, draft, stages)
         row = dict(out[-1])
         if len(out) == 2:
-            row["tree_disagreements"] = out[0]["disagreements"]
+            row["tree_disagreements"], row["tree_depth"] = out[0]["disagreements"], out[0]["depth"]
         rows = [json.loads(x) for x in Path(row["rows"]).read_text().splitlines()]
         notes = [r["note"] for r in rows]
+        if task.startswith("line-rest"):
+            from llmx.plugins.cosd.lines import prefix_share
+
+            row["prefix"] = sum(prefix_share(r["completion"].rstrip("\n").rstrip(), r["reference"].rstrip())
+                                for r in rows) / len(rows)
         if notes and all(n.startswith("code=") for n in notes):
             row["code_half"] = sum("code=1" in n for n in notes) / len(notes)
             row["docs_half"] = sum("docs=1" in n for n in notes) / len(notes)
@@ -78,7 +84,9 @@ def facts_rows(bench: Bench, code: str, docs: str, n: int, workers: int) -> list
                  (f"ensemble w=0.5 (target {a})", "ensemble", d, a, {}),
                  (f"CoSD-Rule {d}->{a}", "cosd", d, a, {}),
                  (f"released rule (mcsd) {d}->{a}", "cosd", d, a, {"decision": "mcsd"}),
-                 (f"CoSD-Tree {d}->{a}", "cosd", d, a, {"decision": "tree"})]
+                 (f"CoSD-Tree {d}->{a}", "cosd", d, a, {"decision": "tree"}),
+                 (f"CoSD-Tree {d}->{a} no fallback", "cosd", d, a, {"decision": "tree", "min_disagreements": 0}),
+                 (f"CoSD-Rule {d}->{a} alpha=0.9", "cosd", d, a, {"alpha": 0.9})]
     jobs += [(f"CoSD-Rule code->docs K={k}", "cosd", "code", "docs", {"draft_tokens": k}) for k in K_SWEEP if k != 5]
 
     def one(job):
@@ -116,9 +124,10 @@ def lines_rows(bench: Bench, tuned: str, n: int, workers: int) -> list[dict]:
 
 
 def _figures(row: dict) -> dict:
-    keep = ("score", "score_ci_low", "score_ci_high", "code_half", "docs_half", "tokens", "assistant_forwards_per_token",
+    keep = ("score", "score_ci_low", "score_ci_high", "prefix", "code_half", "docs_half", "tokens",
+            "assistant_forwards_per_token",
             "draft_forwards_per_token", "assistant_forwards_per_answer", "replacements_per_answer", "acceptance_rate",
-            "tokens_per_s", "draft_tokens", "tree_fallback", "tree_disagreements")
+            "tokens_per_s", "draft_tokens", "tree_fallback", "tree_disagreements", "tree_depth")
     return {k: row[k] for k in keep if k in row}
 
 
@@ -156,6 +165,8 @@ def verdicts(facts: list[dict], lines: list[dict]) -> dict:
         for order in ("base->pydoc", "pydoc->base"):
             out[f"{task}_rule_{order}"] = rows[f"CoSD-Rule {order}"]["score"]
             out[f"{task}_tree_{order}"] = rows[f"CoSD-Tree {order}"]["score"]
+        for label, row in rows.items():
+            out[f"{task}_prefix_{label}"] = row["prefix"]
     return out
 
 
@@ -185,7 +196,8 @@ def main() -> None:
     text = ["# CoSD (benchmarks/bench_cosd.py)", "", f"Experts alone on api-facts: {json.dumps(halves)}", "",
             f"## api-facts ({args.facts} facts)", "", markdown(cols, facts), ""]
     for task in ("line-rest:stdlib", "line-rest:pydoc"):
-        text += [f"## {task} ({args.lines} rows)", "", markdown(cols[:2] + cols[4:], [r for r in lines if r["task"] == task]),
+        text += [f"## {task} ({args.lines} rows)", "", markdown(["row", "score", "prefix"] + cols[4:],
+                                                                 [r for r in lines if r["task"] == task]),
                  ""]
     text += ["## Verdicts", "", "```", json.dumps(summary, indent=1), "```", "", PAPER, ""]
     (RESULTS / "cosd.md").write_text("\n".join(text))

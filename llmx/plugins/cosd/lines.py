@@ -24,7 +24,8 @@ def _rows(source: str, seed: int) -> list[dict]:
             indent = len(text) - len(body)
             if len(body) >= MIN_LINE and at + indent >= CONTEXT_CHARS:
                 middle = indent + len(body) // 2
-                cut = text.rfind(" ", indent, middle) + 1 or middle  # after a space before the middle, else the middle
+                space = text.rfind(" ", indent, middle)  # at a space before the middle: the rest starts with it, as
+                cut = space if space > indent else middle  # a byte-level BPE writes words (never cut after a space)
                 rest = text[cut:]
                 if 0 < len(rest) <= MAX_REST and rest.strip():
                     candidates.append({"id": f"{source}:{d}:{at + cut}",
@@ -41,5 +42,12 @@ def pydoc_rows(split: str, seed: int) -> list[dict]:
     return _rows("pydoc", seed)
 
 
-def judge(row: dict, completion: str) -> bool:
-    return completion.rstrip("\n").rstrip() == row["reference"].rstrip()
+def judge(row: dict, completion: str) -> tuple[float, str]:
+    """Exact match; the note gives the share of the reference's characters matched before the first difference."""
+    got, want = completion.rstrip("\n").rstrip(), row["reference"].rstrip()
+    return float(got == want), f"prefix={prefix_share(got, want):.3f}"
+
+
+def prefix_share(got: str, want: str) -> float:
+    same = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+    return same / max(len(want), 1)

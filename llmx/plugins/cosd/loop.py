@@ -3,7 +3,10 @@
 - ``cosd`` (Algorithm 1): the draft proposes ``draft_tokens`` tokens; one assistant forward over the text plus the
   draft gives its top token y_t and P_q(y_t) at every draft position; at the first position the decision replaces,
   y_t takes x_t's place and the rest of the draft is dropped (both KV caches are cropped back by ``Stream``);
-  otherwise the whole draft is kept. Greedy drafts, or sampled at ``draft_temperature`` (seeded).
+  otherwise the whole draft is kept (no bonus token). Greedy drafts, or sampled at ``draft_temperature`` (seeded).
+  With greedy drafts the text does not depend on K (each position's decision sees only the committed prefix); K
+  trades draft forwards against assistant forwards. A different-tokenizer pair counts ``max_new_tokens`` in the
+  assistant's tokens.
 - ``draft`` / ``assistant``: one model alone, greedy.
 - ``average``: both models every step, the argmax of (1 - w) P_p + w P_q (a shared vocabulary only).
 - ``speculative``: transformers' assisted decoding with the assistant as target (lossless, greedy), and
