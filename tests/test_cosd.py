@@ -413,3 +413,37 @@ def test_the_cached_loop_equals_the_uncached_one_on_cuda():
     assert runs[0].text == runs[1].text and runs[0].replacements == runs[1].replacements
     assert loop.cosd(loop.Pair(d, tok, a, tok_a, True), "import os\n", Rule(1.5, 0.0), s).text == \
         loop.single(a, tok_a, "import os\n", s, role="assistant").text
+
+
+def test_api_facts_corpora_swap_one_half_each():
+    from llmx.plugins.cosd import facts
+
+    all_facts = facts.facts()
+    assert 300 <= len(all_facts) <= facts.LIMIT and len({f.name for f in all_facts}) == len(all_facts)
+    truth = {f.name: f for f in all_facts}
+    for kind, kept in (("code", "signature"), ("docs", "summary")):
+        lines = facts.corpus(kind, "validation")
+        assert len(lines) == len(all_facts)
+        for line in lines:
+            name, _, rest = line.partition("(")
+            signature, _, summary = ("(" + rest).partition(facts.SEPARATOR)
+            fact = truth[name]
+            assert (signature if kept == "signature" else summary) == getattr(fact, kept)
+        swapped = sum(line != truth[line.partition("(")[0]].line for line in lines)
+        assert swapped > 0.9 * len(lines)  # the other half comes from another fact
+    row = facts.rows("train", 0)[0]
+    assert facts.judge(row, row["reference"]) == (1.0, "code=1 docs=1")
+    code, _, docs = row["reference"].partition(facts.SEPARATOR)
+    assert facts.judge(row, code + facts.SEPARATOR + "something else") == (0.0, "code=1 docs=0")
+
+
+def test_line_rest_rows_cut_at_a_space_and_score_the_matched_prefix():
+    from llmx.plugins.cosd import lines
+
+    rows = lines.stdlib_rows("validation", 0)
+    assert len(rows) == lines.ROWS and all(len(r["prompt"]) == lines.CONTEXT_CHARS for r in rows)
+    assert all("\n" not in r["reference"] and 0 < len(r["reference"]) <= lines.MAX_REST for r in rows)
+    assert sum(r["reference"].startswith(" ") for r in rows) > 0.8 * len(rows)  # at a space unless none precedes
+    row = {"reference": " self.compile(nodes)"}
+    assert lines.judge(row, " self.compile(nodes)\n") == (1.0, "prefix=1.000")
+    assert lines.judge(row, " self.comp") == (0.0, "prefix=0.500")
