@@ -447,3 +447,69 @@ def test_line_rest_rows_cut_at_a_space_and_score_the_matched_prefix():
     row = {"reference": " self.compile(nodes)"}
     assert lines.judge(row, " self.compile(nodes)\n") == (1.0, "prefix=1.000")
     assert lines.judge(row, " self.comp") == (0.0, "prefix=0.500")
+
+
+def _metaspace_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer, raw.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    raw.train_from_iterator(["hello world again and again the world"] * 5,
+                            trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "</s>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", unk_token="<unk>")
+
+
+def test_a_sentencepiece_assistant_reads_the_draft_without_an_added_space(byte_tok):
+    from llmx.plugins.cosd.bridge import Retokenized, decode
+
+    sp = _metaspace_tokenizer()
+    bridge = Retokenized(byte_tok, sp, "hel")
+    draft = byte_tok("lo world", add_special_tokens=False)["input_ids"]
+    view = bridge.view(draft, [0.5] * len(draft))
+    assert decode(sp, view.ids) == "hello world"
+    assert decode(sp, view.xs) == "lo world" and bridge.starts[0] == 0  # no dummy-prefix space before "lo"
+
+
+def test_a_replacement_inside_a_split_character_keeps_its_first_bytes(byte_tok):
+    from llmx.core import models
+    from llmx.plugins.cosd.bridge import Retokenized
+
+    _, bpe = models.load("ref:llama-test")
+    bridge = Retokenized(byte_tok, bpe, "x ")
+    draft = byte_tok("\u4e2d\u6587", add_special_tokens=False)["input_ids"]
+    view = bridge.view(draft, [0.5] * len(draft))
+    assert len(view.xs) >= 3 and bridge.starts[:3] == [0, 0, 0]  # the first character's three bytes, one offset
+    third = bpe("\u4e30", add_special_tokens=False)["input_ids"][-1]  # the last byte of another character
+    bridge.commit(view, 2, [third])
+    assert bridge.text() == "\u4e30"
+
+
+def test_cart_splits_an_impure_node_without_gain_as_scikit_learn():
+    from sklearn.tree import DecisionTreeClassifier
+
+    x, y = [[0, 0], [1, 1], [0, 1], [1, 0]], [0, 0, 1, 1]
+    theirs = DecisionTreeClassifier(max_depth=2, random_state=0).fit(x, y)
+    assert (cart.fit(x, y, max_depth=2).predict(x) == theirs.predict(x)).all()
+    assert cart.fit(x, y, max_depth=2).predict(x).tolist() == y
+
+
+def test_a_sliding_window_cache_falls_back_to_recomputing():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, sliding_window=4, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).eval()
+    cached, plain = Stream(model), Stream(model, use_cache=False)
+    ids = list(range(5, 25))
+    for seq, start in ((ids[:10], 10), (ids[:12], 11), (ids[:6] + [3, 4], 5), (ids, 15)):
+        torch.testing.assert_close(cached.logprobs(seq, start), plain.logprobs(seq, start), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("strategy", ["average", "ensemble"])
+def test_mixing_strategies_refuse_two_tokenizers(cli, tmp_path, strategy):
+    r = cli("decode", "--method", "cosd", "--model", "tiny:llama", "--set", "assistant=ref:opt-test",
+            "--set", f"strategy={strategy}", "--set", "limit=1", "-o", tmp_path / "runs")
+    assert r.code == 2 and "one tokenizer" in r.err, r.err
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []

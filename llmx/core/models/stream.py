@@ -60,7 +60,7 @@ class Stream:
         out = self.model(input_ids=x, **kwargs)
         self.forwards += 1
         self.fed += len(ids)
-        return torch.log_softmax(out.logits[0].float(), dim=-1)
+        return torch.log_softmax(out.logits[0, -keep:].float(), dim=-1)  # a model may ignore logits_to_keep
 
     @torch.inference_mode()
     def logprobs(self, ids: list[int], start: int) -> torch.Tensor:

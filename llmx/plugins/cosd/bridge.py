@@ -19,14 +19,18 @@ def encode(tok: Any, text: str) -> list[int]:
     return list(tok(text)["input_ids"])
 
 
+def decode(tok: Any, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def pieces(tok: Any, context: list[int], new: list[int]) -> list[str]:
     """The text each token of ``new`` adds after ``context``: a token that leaves a character incomplete adds
     nothing, the one completing it adds the character (so a trailing incomplete one is left out)."""
     look = context[-LOOKBEHIND:]
-    before = tok.decode(look, skip_special_tokens=True)
+    before = decode(tok, look).rstrip("\ufffd")  # a context ending inside a character: the new tokens complete it
     out = []
     for i in range(len(new)):
-        text = tok.decode(look + new[:i + 1], skip_special_tokens=True)
+        text = decode(tok, look + new[:i + 1])
         if text.endswith("\ufffd"):
             out.append("")
             continue
@@ -75,7 +79,7 @@ class Shared:
         return self.ids[self.prompt_len:]
 
     def text(self) -> str:
-        return self.tok.decode(self.generated(), skip_special_tokens=True)
+        return decode(self.tok, self.generated())
 
 
 class Retokenized:
@@ -97,7 +101,7 @@ class Retokenized:
 
     def incomplete(self, ids: list[int], xs: list[int]) -> bool:
         """The draft so far ends inside a character."""
-        return bool(xs) and self.draft_tok.decode(ids[-LOOKBEHIND:] + xs, skip_special_tokens=True).endswith("\ufffd")
+        return bool(xs) and decode(self.draft_tok, ids[-LOOKBEHIND:] + xs).endswith("\ufffd")
 
     def view(self, xs: list[int], pxs: list[float], eos_px: float | None = None) -> View:
         parts = pieces(self.draft_tok, encode(self.draft_tok, self.full), xs)
@@ -105,26 +109,51 @@ class Retokenized:
         for part in parts:
             ends.append((ends[-1] if ends else 0) + len(part))
         self.draft = "".join(parts)
-        enc = self.assistant_tok(self.draft, add_special_tokens=False, return_offsets_mapping=True)
-        ids = list(enc["input_ids"])
-        self.starts = [a for a, _ in enc["offset_mapping"]]
+        ids, self.starts = self._encode_after(self.draft)
         out_p = [pxs[min(bisect.bisect_right(ends, a), len(pxs) - 1)] for a in self.starts]
-        if eos_px is not None:
+        if eos_px is not None and self.assistant_tok.eos_token_id is not None:
             ids.append(self.assistant_tok.eos_token_id)
             out_p.append(eos_px)
             self.starts.append(len(self.draft))
         return View(self.committed + ids, len(self.committed), ids, out_p)
 
+    def _encode_after(self, text: str) -> tuple[list[int], list[int]]:
+        """``text``'s assistant ids and each one's first character, read after the committed text. A tokenizer that
+        prefixes a space to what it encodes (SentencePiece's dummy prefix) gets a newline before ``text``, whose
+        tokens are then dropped, unless the newline merges into ``text``'s first token."""
+        look = self.committed[-LOOKBEHIND:]
+        want = decode(self.assistant_tok, look) + text
+        for sentinel in ("", "\n"):
+            enc = self.assistant_tok(sentinel + text, add_special_tokens=False, return_offsets_mapping=True)
+            pairs = [(i, a - len(sentinel)) for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+                     if b > len(sentinel) or not sentinel]
+            if pairs and pairs[0][1] < 0:
+                continue
+            ids = [i for i, _ in pairs]
+            if not sentinel and decode(self.assistant_tok, look + ids) != want:
+                continue
+            return ids, [max(a, 0) for _, a in pairs]
+        enc = self.assistant_tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]]
+
     def open_character(self, view: View, keep: int, tokens: list[int]) -> bool:
         """The replacement ends inside a character (a byte-level vocabulary splits it): the assistant's next
         tokens complete it."""
         context = view.ids[max(view.start + keep - LOOKBEHIND, 0):view.start + keep]
-        return self.assistant_tok.decode(context + tokens, skip_special_tokens=True).endswith("\ufffd")
+        return decode(self.assistant_tok, context + tokens).endswith("\ufffd")
 
     def commit(self, view: View, keep: int, tokens: list[int]) -> None:
-        head = self.draft if keep == len(view.xs) else self.draft[:self.starts[keep]]
-        tail = "".join(pieces(self.assistant_tok, view.ids[:view.start + keep], tokens))
-        self.full += head + tail
+        """Keep the draft's text up to its ``keep``-th assistant token, then ``tokens``' text. A replacement inside a
+        character (byte-level tokens sharing its first offset) keeps that character's kept bytes as ids."""
+        if keep == len(view.xs):
+            self.full += self.draft
+        else:
+            first = keep
+            while first > 0 and self.starts[first - 1] == self.starts[keep]:
+                first -= 1
+            context = view.ids[:view.start + first]
+            self.full += self.draft[:self.starts[first]] + "".join(
+                pieces(self.assistant_tok, context, view.xs[first:keep] + tokens))
         self.committed = encode(self.assistant_tok, self.full)
 
     def text(self) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from llmx.core.models.stream import Stream
-from llmx.plugins.cosd.bridge import Retokenized, Shared, encode
+from llmx.plugins.cosd.bridge import Retokenized, Shared, decode, encode
 from llmx.plugins.cosd.decide import Decision, Position
 
 UTF8_TAIL = 3  # tokens past a block or a replacement that may complete a character a byte-level vocabulary split
@@ -110,7 +110,7 @@ def _used(tok: Any, ids: list[int], stop: tuple[str, ...]) -> int:
     if not any(stop):
         return len(ids)
     for n in range(1, len(ids) + 1):
-        if _finish(tok.decode(ids[:n], skip_special_tokens=True), stop)[1] is not None:
+        if _finish(decode(tok, ids[:n]), stop)[1] is not None:
             return n
     return len(ids)
 
@@ -141,13 +141,13 @@ def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
             ended = xs[-1] in eos_p
             view = (bridge.view(xs, pxs) if pair.shared
                     else bridge.view(xs[:-1] if ended else xs, pxs[:-1] if ended else pxs, pxs[-1] if ended else None))
-            if not view.xs:  # the draft wrote nothing the assistant can read
-                break
             q_rows = assistant.logprobs(view.ids, view.start)
             keep, token = len(view.xs), None
+            if not view.xs:  # the draft wrote nothing the assistant can read: the assistant writes the next token
+                token = int(q_rows[0].argmax())
             for t, x in enumerate(view.xs):
                 q = q_rows[t].exp()
-                y = int(q.argmax())
+                y = int(q[:rows[t].shape[-1]].argmax()) if pair.shared else int(q.argmax())  # ids both models have
                 top = None
                 if residual:
                     n = min(q.shape[-1], rows[t].shape[-1])
@@ -157,6 +157,9 @@ def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
                 if token is not None:
                     keep = t
                     break
+            end = next((i for i, x in enumerate(view.xs[:keep]) if x in eos_kept), None)
+            if end is not None:  # an accepted EOS ends the answer: nothing after it is kept
+                keep, token = end + 1, None
             out.blocks += 1
             out.drafted += len(view.xs)
             out.accepted += keep
@@ -218,7 +221,7 @@ def _stepwise(models, toks, prompt: str, s: Settings, use_cache: bool, combine, 
             if token in eos:
                 out.stop = "eos"
                 break
-            _, hit = _finish(tok.decode(ids[prompt_len:], skip_special_tokens=True), s.stop)
+            _, hit = _finish(decode(tok, ids[prompt_len:]), s.stop)
             if hit is not None:
                 out.stop = hit
                 break
@@ -227,7 +230,7 @@ def _stepwise(models, toks, prompt: str, s: Settings, use_cache: bool, combine, 
     else:
         out.draft_forwards = calls[0]
         out.assistant_forwards = calls[1] if len(calls) > 1 else 0
-    out.text, hit = _finish(tok.decode(ids[prompt_len:], skip_special_tokens=True), s.stop)
+    out.text, hit = _finish(decode(tok, ids[prompt_len:]), s.stop)
     out.stop = out.stop or hit
     out.seconds = time.perf_counter() - began
     return out
@@ -267,7 +270,7 @@ def assisted(pair: Pair, prompt: str, s: Settings, ensemble: bool = False) -> Re
     out = Result("", tokens=_used(tok, new, s.stop), draft_forwards=calls[0], assistant_forwards=calls[1])
     eos = _eos(pair.assistant, tok)
     out.stop = "eos" if new and new[-1] in eos else None
-    out.text, hit = _finish(tok.decode(new, skip_special_tokens=True), s.stop)
+    out.text, hit = _finish(decode(tok, new), s.stop)
     out.stop = out.stop or hit
     out.seconds = time.perf_counter() - began
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 
 from llmx.core.models.stream import Stream
-from llmx.plugins.cosd.bridge import encode
+from llmx.plugins.cosd.bridge import decode, encode
 from llmx.plugins.cosd.loop import Pair
 
 
@@ -20,7 +20,7 @@ def _gold(tok, prompt: str, answer: str) -> tuple[list[int], int, list[int]]:
     body = list(tok(answer, add_special_tokens=False)["input_ids"])
     ends, at = [], 0
     for i in range(len(body)):
-        at = len(tok.decode(body[:i + 1], skip_special_tokens=True))
+        at = len(decode(tok, body[:i + 1]))
         ends.append(at)
     return head + body, len(head), ends
 
