@@ -5,10 +5,9 @@ the same rows, counted alike.
     python benchmarks/bench_cosd.py [--facts 300] [--lines 200] [--workers 2]
 
 Experts (``train --method lm`` from ``ref:llama-bench``, one tokenizer): ``facts-code`` on ``api-facts:code`` (true
-signatures, other facts' summaries) and ``facts-docs`` on ``api-facts:docs`` (true summaries, other signatures), each
-1500 steps at 2e-3 then 1500 more at 1e-3, and ``pydoc`` on the pydoc topics' train split (400 steps). On
-``api-facts`` (recall: the prompt is the name and ``(``) the first 10 facts of the task's order fit CoSD-Tree and the
-next ``--facts`` are scored: exact match of the line and of each half.
+signatures, other facts' summaries) and ``facts-docs`` on ``api-facts:docs`` (true summaries, other signatures), and
+``pydoc`` on the pydoc topics' train split. On ``api-facts`` (recall: the prompt is the name and ``(``) the first 10
+facts of the task's order fit CoSD-Tree and the next ``--facts`` are scored: exact match of the line and of each half.
 On ``line-rest:stdlib`` and ``line-rest:pydoc`` (held-out code and prose, 400 characters of context, the rest of the
 line; the first 10 rows fit the tree, the next ``--lines`` are scored): ``ref:llama-bench`` and its pydoc fine-tune.
 Rows: each model alone, transformers' lossless speculative
@@ -34,7 +33,6 @@ from common import RESULTS, cached, child, machine, markdown, write  # noqa: E40
 BASE = "ref:llama-bench"
 EXPERT = {"steps": 1500, "lr": 2e-3, "warmup": 50, "batch_size": 16, "seq_len": 128, "eval_every": None,
           "eval_windows": 16}
-MORE = {**EXPERT, "lr": 1e-3, "warmup": 20}  # a second pass: 1500 steps from the first pass's weights at half the rate
 PYDOC = {**EXPERT, "steps": 400}
 TREE_FACTS, K_SWEEP = 10, [1, 3, 5, 8]
 PAPER = "the paper: CoSD up to +10% accuracy over fusion baselines (its Table 2-4, 7B models)"
@@ -49,13 +47,8 @@ class Bench:
         return cached(__file__, folder / "result", {"model": model, "out": str(folder / "runs"), "seed": 0,
                                                     "stages": stages})
 
-    def expert(self, name: str, data: str, phases: list[dict]) -> str:
-        """``BASE`` fine-tuned on ``data`` phase after phase (each phase its own cached run from the last one's model)."""
-        model = BASE
-        for i, params in enumerate(phases):
-            model = self.run(name if i == 0 else f"{name}_{i + 1}", model,
-                             [{"method": "lm", "params": {"data": data, **params}}])[0]["model_dir"]
-        return model
+    def expert(self, name: str, data: str, params: dict) -> str:
+        return self.run(name, BASE, [{"method": "lm", "params": {"data": data, **params}}])[0]["model_dir"]
 
     def decode(self, name: str, draft: str, assistant: str, task: str, offset: int, limit: int, **extra) -> dict:
         """One strategy's metrics on rows ``offset`` to ``offset + limit``; a tree is fitted on the rows before."""
@@ -189,15 +182,15 @@ def main() -> None:
         return child(json.loads(args.child))
     bench = Bench(Path(args.work))
     with ThreadPoolExecutor(args.workers) as pool:
-        code, docs, tuned = pool.map(lambda job: bench.expert(*job), [("expert_code", "api-facts:code", [EXPERT, MORE]),
-                                                                      ("expert_docs", "api-facts:docs", [EXPERT, MORE]),
-                                                                      ("expert_pydoc", "pydoc", [PYDOC])])
+        code, docs, tuned = pool.map(lambda job: bench.expert(*job), [("expert_code", "api-facts:code", EXPERT),
+                                                                      ("expert_docs", "api-facts:docs", EXPERT),
+                                                                      ("expert_pydoc", "pydoc", PYDOC)])
     halves = expert_halves(bench, code, docs, args.facts)
     facts = facts_rows(bench, code, docs, args.facts, args.workers)
     lines = lines_rows(bench, tuned, args.lines, args.workers)
     summary = verdicts(facts, lines)
     write("cosd", {"experts": halves, "facts": facts, "lines": lines, "verdicts": summary, "paper": PAPER,
-                   "expert_training": {"facts": [EXPERT, MORE], "pydoc": [PYDOC]}, "machine": machine()})
+                   "expert_training": {"facts": EXPERT, "pydoc": PYDOC}, "machine": machine()})
     cols = ["row", "score", "code_half", "docs_half", "assistant_forwards_per_token", "draft_forwards_per_token",
             "replacements_per_answer", "acceptance_rate", "tokens_per_s"]
     text = ["# CoSD (benchmarks/bench_cosd.py)", "", f"Experts alone on api-facts: {json.dumps(halves)}", "",
