@@ -42,7 +42,7 @@ def row_seed(seed: int, prompt: int, sample: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{prompt}:{sample}".encode(), digest_size=8).digest(), "big") >> 1
 
 
-def _eos_ids(model, tok) -> set[int]:
+def eos_ids(model, tok) -> set[int]:
     ids = getattr(model.generation_config, "eos_token_id", None)
     ids = ids if isinstance(ids, list) else [ids]
     return {int(i) for i in [*ids, tok.eos_token_id] if i is not None}
@@ -132,7 +132,7 @@ def generate(model, tok, prompts: Sequence[str], *, max_new_tokens: int, samples
         raise UsageError(f"greedy decoding (temperature 0) gives one completion per prompt, not {samples}; set "
                          "temperature > 0 to sample several")
     device = next(model.parameters()).device
-    eos = _eos_ids(model, tok)
+    eos = eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos, default=0)
     limit = context_limit(model)
     if limit and max_new_tokens >= limit:

@@ -36,7 +36,7 @@ class Stream:
 
     With ``use_cache`` the model forwards only what its cache lacks: the longest common prefix of ``ids`` and the
     tokens it saw last is kept (cropped to), the rest is fed in one forward. Without it, every call feeds all of
-    ``ids`` (the reference the cached path is tested against). ``forwards`` counts model calls, ``fed`` the tokens fed.
+    ``ids`` (the reference the cached path is tested against). ``fed`` counts the tokens fed.
     """
 
     def __init__(self, model: Any, use_cache: bool = True):
@@ -45,7 +45,7 @@ class Stream:
         self.cache: Any = None
         self.seen: list[int] = []
         self.last: torch.Tensor | None = None  # log-probs after the last seen token
-        self.forwards = self.fed = 0
+        self.fed = 0
 
     def _forward(self, ids: list[int], keep: int) -> torch.Tensor:
         """Log-probabilities at the last ``keep`` of the fed positions (the model computes no others)."""
@@ -58,7 +58,6 @@ class Stream:
                 self.cache = DynamicCache(config=self.model.config)
             kwargs["past_key_values"] = self.cache
         out = self.model(input_ids=x, **kwargs)
-        self.forwards += 1
         self.fed += len(ids)
         return torch.log_softmax(out.logits[0, -keep:].float(), dim=-1)  # a model may ignore logits_to_keep
 
@@ -68,10 +67,7 @@ class Stream:
             raise ValueError(f"start must be in [1, {len(ids)}], not {start}")
         need = len(ids) - start + 1  # positions start - 1 .. len(ids) - 1
         if not self.use_cache:
-            self.seen = []
-            rows = self._forward(ids, need)
-            self.seen, self.last = list(ids), rows[-1].clone()
-            return rows
+            return self._forward(ids, need)
         common = 0
         for a, b in zip(self.seen, ids, strict=False):
             if a != b:

@@ -53,8 +53,6 @@ class View:
 class Shared:
     """The models share a vocabulary: the state is token ids."""
 
-    shared = True
-
     def __init__(self, tok: Any, prompt: str):
         self.tok, self.ids = tok, encode(tok, prompt)
         self.prompt_len = len(self.ids)
@@ -86,25 +84,25 @@ class Retokenized:
     """Different tokenizers: the state is text; the draft and the assistant each encode it their own way. A draft
     that ends with EOS shows the assistant its own EOS after the text, so the assistant may refuse it."""
 
-    shared = False
-
     def __init__(self, draft_tok: Any, assistant_tok: Any, prompt: str):
         if not getattr(assistant_tok, "is_fast", False):
             raise ValueError("a different-tokenizer pair needs a fast assistant tokenizer (character offsets)")
         self.draft_tok, self.assistant_tok = draft_tok, assistant_tok
         self.prompt, self.full = prompt, prompt
         self.committed = encode(assistant_tok, prompt)
-        self.draft, self.starts = "", []
+        self.draft, self.starts, self.context = "", [], []
 
     def draft_ids(self) -> list[int]:
-        return encode(self.draft_tok, self.full)
+        """The draft's ids of the text so far (kept: the draft block's text is read after them)."""
+        self.context = encode(self.draft_tok, self.full)
+        return self.context
 
     def incomplete(self, ids: list[int], xs: list[int]) -> bool:
         """The draft so far ends inside a character."""
         return bool(xs) and decode(self.draft_tok, ids[-LOOKBEHIND:] + xs).endswith("\ufffd")
 
     def view(self, xs: list[int], pxs: list[float], eos_px: float | None = None) -> View:
-        parts = pieces(self.draft_tok, encode(self.draft_tok, self.full), xs)
+        parts = pieces(self.draft_tok, self.context, xs)
         ends = []
         for part in parts:
             ends.append((ends[-1] if ends else 0) + len(part))

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from llmx.core.eval.generate import cut, eos_ids
 from llmx.core.models.stream import Stream
 from llmx.plugins.cosd.bridge import Retokenized, Shared, decode, encode
 from llmx.plugins.cosd.decide import Decision, Position
@@ -72,18 +73,9 @@ def counted(*models):
             h.remove()
 
 
-def _eos(model, tok) -> set[int]:
-    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids = ids if isinstance(ids, list) else [ids]
-    return {int(i) for i in [*ids, tok.eos_token_id] if i is not None}
-
-
 def _finish(text: str, stop: tuple[str, ...]) -> tuple[str, str | None]:
-    hits = [(text.find(s), s) for s in stop if s and s in text]
-    if not hits:
-        return text, None
-    at, s = min(hits)
-    return text[:at], s
+    """The text before its earliest stop string, and that string."""
+    return cut(text, stop, include_stop=False)
 
 
 @dataclass(frozen=True)
@@ -120,7 +112,7 @@ def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
     bridge = (Shared(pair.draft_tok, prompt) if pair.shared
               else Retokenized(pair.draft_tok, pair.assistant_tok, prompt))
     draft, assistant = Stream(pair.draft, pair.use_cache), Stream(pair.assistant, pair.use_cache)
-    eos_p, eos_q = _eos(pair.draft, pair.draft_tok), _eos(pair.assistant, pair.assistant_tok)
+    eos_p, eos_q = eos_ids(pair.draft, pair.draft_tok), eos_ids(pair.assistant, pair.assistant_tok)
     eos_kept = eos_p | eos_q if pair.shared else eos_q
     residual = getattr(decision, "needs_residual", False) and pair.shared
     gen = torch.Generator().manual_seed(s.seed)
@@ -189,8 +181,13 @@ def cosd(pair: Pair, prompt: str, decision: Decision, s: Settings) -> Result:
 
 
 def single(model: Any, tok: Any, prompt: str, s: Settings, use_cache: bool = True, role: str = "draft") -> Result:
-    """One model alone, greedy: the ``draft`` and ``assistant`` rows."""
-    return _stepwise([model], [tok], prompt, s, use_cache, lambda rows: rows[0], role)
+    """One model alone, greedy: the ``draft`` and ``assistant`` rows (its forwards counted under ``role``)."""
+    out, (calls,) = _stepwise([model], tok, prompt, s, use_cache, lambda rows: rows[0])
+    if role == "assistant":
+        out.assistant_forwards = calls
+    else:
+        out.draft_forwards = calls
+    return out
 
 
 def average(pair: Pair, prompt: str, s: Settings) -> Result:
@@ -203,13 +200,16 @@ def average(pair: Pair, prompt: str, s: Settings) -> Result:
         n = min(r.shape[-1] for r in rows)  # padded output rows past the shared vocabulary are never mixed
         return torch.log((1 - w) * rows[0][:n].exp() + w * rows[1][:n].exp())
 
-    return _stepwise([pair.draft, pair.assistant], [pair.draft_tok], prompt, s, pair.use_cache, mix, "both")
+    out, calls = _stepwise([pair.draft, pair.assistant], pair.draft_tok, prompt, s, pair.use_cache, mix)
+    out.draft_forwards, out.assistant_forwards = calls
+    return out
 
 
-def _stepwise(models, toks, prompt: str, s: Settings, use_cache: bool, combine, role: str) -> Result:
-    tok = toks[0]
+def _stepwise(models, tok, prompt: str, s: Settings, use_cache: bool, combine) -> tuple[Result, list[int]]:
+    """Greedy decoding of ``combine`` (the models' next-token log-probabilities -> one row), and each model's
+    forward count."""
     streams = [Stream(m, use_cache) for m in models]
-    eos = _eos(models[0], tok)
+    eos = eos_ids(models[0], tok)
     ids = encode(tok, prompt)
     prompt_len, out = len(ids), Result("")
     began = time.perf_counter()
@@ -225,15 +225,10 @@ def _stepwise(models, toks, prompt: str, s: Settings, use_cache: bool, combine, 
             if hit is not None:
                 out.stop = hit
                 break
-    if role == "assistant":
-        out.assistant_forwards = calls[0]
-    else:
-        out.draft_forwards = calls[0]
-        out.assistant_forwards = calls[1] if len(calls) > 1 else 0
     out.text, hit = _finish(decode(tok, ids[prompt_len:]), s.stop)
     out.stop = out.stop or hit
     out.seconds = time.perf_counter() - began
-    return out
+    return out, calls
 
 
 def assisted(pair: Pair, prompt: str, s: Settings, ensemble: bool = False) -> Result:
@@ -268,7 +263,7 @@ def assisted(pair: Pair, prompt: str, s: Settings, ensemble: bool = False) -> Re
         pair.draft.generation_config = own
     new = seq[0, ids.shape[1]:].tolist()
     out = Result("", tokens=_used(tok, new, s.stop), draft_forwards=calls[0], assistant_forwards=calls[1])
-    eos = _eos(pair.assistant, tok)
+    eos = eos_ids(pair.assistant, tok)
     out.stop = "eos" if new and new[-1] in eos else None
     out.text, hit = _finish(decode(tok, new), s.stop)
     out.stop = out.stop or hit

@@ -18,11 +18,7 @@ def _gold(tok, prompt: str, answer: str) -> tuple[list[int], int, list[int]]:
     """Prompt ids then the answer's ids; where the answer starts; each answer token's end in characters."""
     head = encode(tok, prompt)
     body = list(tok(answer, add_special_tokens=False)["input_ids"])
-    ends, at = [], 0
-    for i in range(len(body)):
-        at = len(decode(tok, body[:i + 1]))
-        ends.append(at)
-    return head + body, len(head), ends
+    return head + body, len(head), [len(decode(tok, body[:i + 1])) for i in range(len(body))]
 
 
 def features(pair: Pair, prompt: str, answer: str) -> list[tuple[float, float, int]]:

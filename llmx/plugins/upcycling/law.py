@@ -172,6 +172,8 @@ def bootstrap(form: str, loss: np.ndarray, d1: np.ndarray, d2: np.ndarray | None
     ``groups`` (one label a row: the run it came from): a wild cluster bootstrap, since a run's checkpoints share
     its noise and a grid has few runs: the design stays fixed and each run's log residuals are multiplied by one
     Webb weight. None: rows resampled with replacement (resamples the law cannot be identified on are redrawn)."""
+    from llmx.errors import UsageError
+
     rng = np.random.default_rng(seed)
     samples = []
     if groups is not None:
@@ -181,7 +183,11 @@ def bootstrap(form: str, loss: np.ndarray, d1: np.ndarray, d2: np.ndarray | None
             weights = rng.choice(WEBB, run.max() + 1)[run]
             boot = np.exp(fitted - weights * start.residuals)  # residuals are log fit - log loss
             samples.append(fit(form, boot, d1, d2, unit, f_scale, [start.x], scales=(1.0,)).x)
+    tries = 0
     while len(samples) < draws:
+        tries += 1
+        if tries > 50 * draws:
+            raise UsageError(f"upcycling-law: too few points to bootstrap the {form} law by rows; set bootstrap: 0")
         idx = rng.integers(0, len(loss), len(loss))
         sub = (d1[idx], None if d2 is None else d2[idx])
         if identifiable(form, *sub, unit):
