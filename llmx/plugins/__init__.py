@@ -28,4 +28,5 @@ BUILTIN = (
     "llmx.plugins.feeder.plugin",
     "llmx.plugins.funbo.plugin",
     "llmx.plugins.cosd.plugin",
+    "llmx.plugins.reper.plugin",
 )

@@ -42,7 +42,7 @@ def load(path: str | Path, image_folder: str | Path | None = None) -> list[Conve
         raise UsageError(f"conversation data not found: {p}")
     folder = Path(image_folder) if image_folder else p.parent
     rows = _json_array(p) if p.suffix == ".json" else json_lines(p)
-    out = [_conversation(row, where, folder) for where, row in rows]
+    out = [parse_row(row, where, folder) for where, row in rows]
     if not out:
         raise UsageError(f"{p}: no conversations")
     return out
@@ -71,7 +71,7 @@ def _json_array(p: Path):
         yield where, row
 
 
-def _conversation(row: dict[str, Any], where: str, folder: Path) -> Conversation:
+def parse_row(row: dict[str, Any], where: str, folder: Path) -> Conversation:
     turns = row.get("conversations")
     if not isinstance(turns, list) or not turns:
         raise UsageError(f"{where}: 'conversations' must be a non-empty list of {{from, value}} turns")

@@ -43,6 +43,16 @@ def is_vision_language(path: str | Path) -> bool:
         return False
 
 
+def vision_language(model, proc, name: str | None = None):
+    """``(model, processor)``, or a usage error when ``model`` is not a vision-language model with a processor."""
+    if not hasattr(model.config, "vision_config") or not hasattr(proc, "image_processor"):
+        from llmx.errors import UsageError
+
+        raise UsageError(f"{name or 'the model'} is not a vision-language model with a processor (a LLaVA folder, "
+                         "ref:llava or ref:llava-test)")
+    return model, proc
+
+
 def vision_config(image_size: int, patch: int, hidden: int, layers: int, heads: int):
     from transformers import CLIPVisionConfig
 

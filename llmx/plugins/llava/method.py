@@ -13,16 +13,8 @@ from typing import Any
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
-from llmx.errors import UsageError
+from llmx.core.multimodal.model import vision_language
 from llmx.plugins.llava.config import LlavaTrainParams, ScenesVQAParams
-
-
-def _vision_language(ctx: RunContext):
-    model, proc = ctx.model, ctx.tokenizer
-    if not hasattr(model.config, "vision_config") or not hasattr(proc, "image_processor"):
-        raise UsageError(f"{ctx.config.model} is not a vision-language model with a processor (a LLaVA folder, "
-                         "ref:llava or ref:llava-test)")
-    return model, proc
 
 
 def _rows(ctx: RunContext, p: LlavaTrainParams):
@@ -42,7 +34,7 @@ def train(ctx: RunContext, p: LlavaTrainParams) -> dict[str, Any]:
     from llmx.core.multimodal.model import image_tokens
     from llmx.core.train.stage import finish, fit, prepare
 
-    model, proc = _vision_language(ctx)
+    model, proc = vision_language(ctx.model, ctx.tokenizer, ctx.config.model)
     train_rows, held_rows = _rows(ctx, p)
     n = image_tokens(model)
     items = examples(proc, train_rows, n, p.max_length)
@@ -75,7 +67,7 @@ def evaluate(ctx: RunContext, p: ScenesVQAParams) -> dict[str, Any]:
     from llmx.core.multimodal.model import image_tokens
     from llmx.core.multimodal.qa import conversations
 
-    model, proc = _vision_language(ctx)
+    model, proc = vision_language(ctx.model, ctx.tokenizer, ctx.config.model)
     convs = [c for lang in p.languages for c in conversations(p.count, "test", p.seed + 1000, {lang: 1.0},
                                                                {p.format: 1.0})]  # one scene list, asked in each
     budget = p.max_new_tokens or {"choice": 4, "open": 8, "caption": 160}[p.format]

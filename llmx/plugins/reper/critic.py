@@ -1,0 +1,173 @@
+"""Critics ``score(image, question, answer) -> (score 1-10, feedback)`` for RePer's policy/critic dialogue.
+
+``RuleCritic`` stands in for the paper's LVLM critics (GPT-4o, LLaVA-Critic) on generated digit scenes: it reads the
+scene's ground truth, parses the caption into (object, attribute, relation) tuples and applies a 10-point rubric
+(hallucinated objects cost most, then wrong attributes, missed objects, relations) with a templated rationale naming
+each error, the feedback form of the paper's data example. ``noise`` makes it a weaker critic: each error is, with
+that probability, omitted (not charged, not named) or misreported (named with a wrong correction). ``ModelCritic``
+prompts any vision-language model with the rubric, for real images."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmx.core.multimodal import languages as L
+
+COSTS = {"hallucination": 4, "attribute": 3, "miss": 2, "relation": 1}
+ASK = "Could you generate a better one?"
+RUBRIC = ("Score the caption of this image from 1 to 10. Start from 10: take 4 points for each object it mentions "
+          "that is not in the image, 3 for each wrong colour, size or place, 2 for each object it misses and 1 for "
+          "each wrong or missing relation; at least 1. Reply 'Score: N.' and name each error.")
+
+
+@dataclass(frozen=True)
+class Error:
+    kind: str  # hallucination | attribute | miss | relation
+    text: str
+
+
+class Critic(Protocol):
+    def score(self, image, question: str, answer: str) -> tuple[int, str]: ...
+
+
+def feedback(score: int, rationale: str = "") -> str:
+    """The paper's feedback turn: the score, the rationale when given, then the request for a better answer."""
+    head = "This caption gets the full score 10." if score >= 10 else f"This caption can only get the score {score}."
+    return " ".join(x for x in (head, rationale, ASK) if x)
+
+
+def _word(slot: str, value) -> str:
+    t = L.TABLES["en"]
+    if slot == "digit":
+        return t["digits"][int(value)]
+    return {"colour": t["colours"], "size": t["sizes"], "cell": t["cells"], "relation": t["relations"]}[slot][value]
+
+
+def _article(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
+def _objects(tuples: list[tuple]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for t in tuples:
+        if t[0] == "object":
+            out.setdefault(t[1], {})
+        elif t[0] == "attribute":
+            out.setdefault(t[1], {})[t[2]] = t[3]
+    return out
+
+
+def _describe(d: str, attrs: dict[str, str]) -> str:
+    return (f"the {_word('size', attrs['size'])} {_word('colour', attrs['colour'])} {_word('digit', d)} at the "
+            f"{_word('cell', attrs['cell'])}")
+
+
+def _attribute_text(d: str, slot: str, true: str, said: str) -> str:
+    if slot == "cell":
+        return f"The {_word('digit', d)} is at the {_word('cell', true)}, not the {_word('cell', said)}."
+    return f"The {_word('digit', d)} is {_word(slot, true)}, not {_word(slot, said)}."
+
+
+def errors(said: list[tuple], truth: list[tuple], rng: random.Random | None = None, noise: float = 0.0) -> list[Error]:
+    """The rubric's errors of a caption's tuples against the scene's, in caption order, then misses. With ``noise``,
+    each error is dropped or misreported with that probability (half each), drawn from ``rng``."""
+    said_o, true_o = _objects(said), _objects(truth)
+    true_rel = {t for t in truth if t[0] == "relation"}
+    said_rel = [t for t in said if t[0] == "relation"]
+    found: list[tuple[Error, tuple]] = []  # the error and what a misreport may change
+    for d, attrs in said_o.items():
+        if d not in true_o:
+            found.append((Error("hallucination", f"The caption mentions {_article(_word('digit', d))} that is not in the "
+                                                 "image."), ()))
+            continue
+        for slot, value in attrs.items():
+            if value != true_o[d][slot]:
+                found.append((Error("attribute", _attribute_text(d, slot, true_o[d][slot], value)), (d, slot, value)))
+    for _, a, rel, b in said_rel:
+        if a in true_o and b in true_o and ("relation", a, rel, b) not in true_rel:
+            found.append((Error("relation", f"The {_word('digit', a)} is not {_word('relation', rel)} the "
+                                            f"{_word('digit', b)}."), ()))
+    for d, attrs in true_o.items():
+        if d not in said_o:
+            found.append((Error("miss", f"It misses {_describe(d, attrs)}."), (d,)))
+    for t in sorted(true_rel):
+        _, a, rel, b = t
+        if a in said_o and b in said_o and t not in said_rel:
+            found.append((Error("relation", f"It does not say that the {_word('digit', a)} is "
+                                            f"{_word('relation', rel)} the {_word('digit', b)}."), ()))
+    if not noise or rng is None:
+        return [e for e, _ in found]
+    out = []
+    for e, slots in found:
+        u = rng.random()
+        if u < noise / 2:
+            continue
+        out.append(_misreport(e, slots, true_o, rng) if u < noise and slots else e)
+    return out
+
+
+def _misreport(e: Error, slots: tuple, true_o: dict, rng: random.Random) -> Error:
+    """The error named with a wrong correction: another value for an attribute, other attributes for a miss."""
+    choices = {"colour": L.COLOURS, "size": L.SIZES, "cell": L.CELLS}
+    if e.kind == "attribute":
+        d, slot, said = slots
+        wrong = rng.choice([v for v in choices[slot] if v not in (said, true_o[d][slot])] or [said])
+        return Error("attribute", _attribute_text(d, slot, wrong, said))
+    d = slots[0]
+    attrs = {s: rng.choice([v for v in choices[s] if v != true_o[d][s]]) for s in choices}
+    return Error("miss", f"It misses {_describe(d, attrs)}.")
+
+
+def rubric(found: list[Error], said: list[tuple]) -> int:
+    """10 less each error's cost, at least 1; a caption that states nothing scores 1."""
+    if not said:
+        return 1
+    return max(1, 10 - sum(COSTS[e.kind] for e in found))
+
+
+class RuleCritic:
+    """The rule critic on digit scenes (``image`` is a ``Scene``: it reads the ground truth). ``rationale=False`` is
+    the score-only feedback of the ablation; ``noise`` the weaker critic; ``seed`` its draws (a pure function of
+    seed, scene and caption)."""
+
+    def __init__(self, rationale: bool = True, noise: float = 0.0, seed: int = 0, language: str = "en"):
+        self.rationale, self.noise, self.seed, self.language = rationale, noise, seed, language
+
+    def judge(self, image, answer: str) -> tuple[int, list[Error]]:
+        if not hasattr(image, "truth"):
+            raise TypeError("the rule critic reads a generated scene's ground truth; use critic: model for images")
+        said, truth = L.parse_caption(self.language, answer), image.truth()
+        rng = random.Random(f"{self.seed}:{truth}:{answer}") if self.noise else None
+        found = errors(said, truth, rng, self.noise)
+        return rubric(found, said), found
+
+    def score(self, image, question: str, answer: str) -> tuple[int, str]:
+        score, found = self.judge(image, answer)
+        if not self.rationale:
+            return score, feedback(score)
+        text = " ".join(e.text for e in found) if found or score > 1 else "The caption does not describe the image."
+        return score, feedback(score, text)
+
+
+SCORE = re.compile(r"score\D{0,12}?(10|[1-9])\b", re.IGNORECASE)
+
+
+class ModelCritic:
+    """Any vision-language model asked with ``RUBRIC``: the first ``Score: N`` in its greedy reply is the score (1
+    when it gives none), the reply is the rationale."""
+
+    def __init__(self, model, processor, max_new_tokens: int = 128, rationale: bool = True):
+        self.model, self.processor, self.max_new_tokens, self.rationale = model, processor, max_new_tokens, rationale
+
+    def score(self, image, question: str, answer: str) -> tuple[int, str]:
+        from llmx.core.multimodal.answer import reply
+
+        ask = f"<image>\n{RUBRIC}\nQuestion: {question}\nCaption: {answer}"
+        text = reply(self.model, self.processor, [[{"role": "user", "content": ask}]], [image],
+                     self.max_new_tokens)[0]
+        m = SCORE.search(text)
+        score = int(m.group(1)) if m else 1
+        return score, feedback(score, text.strip() if self.rationale else "")

@@ -1,0 +1,347 @@
+"""RePer: the reflective unlikelihood loss, the rule critic, the dialogue data and builder, packing, the align
+objectives and the policy/critic loop."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from llmx.core.multimodal import languages as L
+from llmx.core.multimodal.scenes import Obj, Scene, scenes
+from llmx.plugins.reper import critic as C
+from llmx.plugins.reper.build import QUESTION, corrupt
+from llmx.plugins.reper.dialogues import Dialogue, assemble, load
+from llmx.plugins.reper.loss import reflective_unlikelihood
+
+SCENE = Scene((Obj(3, "red", "large", "top_left", 3), Obj(5, "blue", "small", "top_right", 5),
+               Obj(7, "green", "small", "bottom_left", 7)), "train")
+
+
+@pytest.fixture(scope="module")
+def llava():
+    from llmx.core import zoo
+    from llmx.core.multimodal.model import load as load_llava
+
+    return load_llava(zoo.locate("ref:llava-test"), torch.float32, "cpu")
+
+
+def _caption(objects, relations) -> str:
+    return L.caption("en", objects, relations)
+
+
+def _dialogue(scene: Scene, answers: list[str], where: str = "d") -> Dialogue:
+    critic = C.RuleCritic()
+    scores = [critic.score(scene, "Describe the image.", a) for a in answers]
+    return Dialogue(where, scene, QUESTION, answers, [f for _, f in scores[:-1]], list(range(1, len(answers) + 1)),
+                    [s for s, _ in scores], [None] * len(answers))
+
+
+# the loss ----------------------------------------------------------------------------------------------------------
+
+def _toy(turns: int = 3, length: int = 12, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(2, length, generator=g) * 3
+    masks = torch.zeros(2, turns, length)
+    for b in range(2):
+        for t in range(turns):
+            masks[b, t, 1 + 4 * t:3 + 4 * t + b] = 1
+    return lp, masks
+
+
+def test_alpha_zero_is_sigma_weighted_sft_and_sigma_one_is_the_nll():
+    lp, masks = _toy()
+    sigma = torch.tensor([[1 / 3, 2 / 3, 1.0], [0.2, 0.5, 0.9]])
+    loss, _ = reflective_unlikelihood(lp, masks, sigma, alpha=0.0)
+    means = (masks * lp[:, None]).sum(-1) / masks.sum(-1)
+    assert torch.allclose(loss, -(sigma * means).sum(-1))
+    total, _ = reflective_unlikelihood(lp, masks, torch.ones(2, 3), alpha=8.0, reduction="sum")
+    assert torch.allclose(total, -(masks.sum(1) * lp).sum(-1))  # sigma = 1: the unlikelihood weight is 0
+
+
+def test_unlikelihood_is_finite_as_p_goes_to_one_and_grads_stay_on_the_responses():
+    lp = torch.tensor([[-3.0, 0.0, -1e-12, -1e-7, -2.0, -0.5]], requires_grad=True)
+    masks = torch.tensor([[[0, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 1.0]]])
+    for granularity in ("token", "sequence"):
+        loss, _ = reflective_unlikelihood(lp, masks, torch.tensor([[0.0, 0.5]]), 8.0, 1e-6, granularity)
+        (grad,) = torch.autograd.grad(loss.sum(), lp)
+        assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+        assert grad[0, 0] == 0 and grad[0, 4] == 0  # question / feedback positions carry no loss
+        assert grad[0, 5] != 0
+    assert loss.item() < 8 * -math.log(1e-6) + 10
+
+
+def test_sequence_unlikelihood_vanishes_for_captions_of_more_than_a_few_tokens():
+    lp = torch.full((1, 30), -0.7)
+    masks = torch.zeros(1, 1, 30)
+    masks[0, 0, 5:25] = 1
+    _, seq = reflective_unlikelihood(lp, masks, torch.zeros(1, 1), granularity="sequence")
+    _, tok = reflective_unlikelihood(lp, masks, torch.zeros(1, 1), granularity="token")
+    assert abs(seq["unlikelihood"].item()) < 1e-5 < abs(tok["unlikelihood"].item()) > 0.5
+
+
+def test_a_step_on_a_sigma_zero_turn_lowers_its_probability():
+    logits = torch.zeros(1, 6, 5, requires_grad=True)
+    ids = torch.tensor([[0, 1, 2, 3, 4, 0]])
+    masks = torch.zeros(1, 1, 5)
+    masks[0, 0, 1:4] = 1
+
+    def turn_logp(x):
+        from llmx.core.preference import token_logps
+
+        return (token_logps(x, ids) * masks[0]).sum()
+
+    before = turn_logp(logits).item()
+    from llmx.core.preference import token_logps
+
+    loss, _ = reflective_unlikelihood(token_logps(logits, ids), masks, torch.zeros(1, 1))
+    (grad,) = torch.autograd.grad(loss.sum(), logits)
+    assert turn_logp(logits - 0.5 * grad).item() < before
+
+
+def test_sigma_one_equals_the_llava_trainers_response_nll(llava):
+    from llmx.core.multimodal.batch import collate
+    from llmx.core.multimodal.model import image_tokens
+    from llmx.core.preference import token_logps
+    from llmx.plugins.reper.pack import batch, pack
+
+    model, proc = llava
+    n = image_tokens(model)
+    d = _dialogue(SCENE, ["There is one digit. A small red two is at the top left.", _caption(
+        [o.key() for o in SCENE.objects], SCENE.relations)])
+    single = _dialogue(SCENE, ["There are two digits."])
+    for dia, reduction in ((d, "sum"), (single, "mean")):
+        packed = pack(proc, dia, n, 1024, "linear")
+        with torch.no_grad():
+            hf = model(**collate([packed.example], proc.tokenizer.pad_token_id, "cpu")).loss
+            b = batch([packed], proc.tokenizer.pad_token_id, "cpu")
+            lp = token_logps(model(**b.inputs).logits, b.inputs["input_ids"])
+        loss, _ = reflective_unlikelihood(lp, b.turn_masks, torch.ones_like(b.sigma), 8.0, reduction=reduction)
+        tokens = sum(packed.example.row.trained) if reduction == "sum" else 1
+        assert loss.item() / tokens == pytest.approx(hf.item(), rel=1e-5)
+
+
+def test_a_packed_dialogue_scores_each_turn_as_its_own_context_does(llava):
+    from llmx.core.multimodal.model import image_tokens
+    from llmx.core.preference import token_logps
+    from llmx.plugins.reper.pack import batch, pack
+
+    model, proc = llava
+    n = image_tokens(model)
+    answers = ["There are two digits. A large red three is at the top left.", "There is one digit.",
+               _caption([o.key() for o in SCENE.objects], SCENE.relations)]
+    d = _dialogue(SCENE, answers)
+    pad = proc.tokenizer.pad_token_id
+
+    def per_turn(dialogue):
+        b = batch([pack(proc, dialogue, n, 1024, "linear")], pad, "cpu")
+        with torch.no_grad():
+            lp = token_logps(model(**b.inputs).logits, b.inputs["input_ids"])
+        return (b.turn_masks * lp[:, None]).sum(-1)[0]
+
+    whole = per_turn(d)
+    assert len(whole) == 3
+    for t in range(3):  # the dialogue cut after answer t, scored alone: its last answer
+        alone = Dialogue("d", SCENE, QUESTION, answers[:t + 1], d.feedback[:t], d.turns[:t + 1], d.scores[:t + 1],
+                         d.sigmas[:t + 1])
+        assert per_turn(alone)[-1].item() == pytest.approx(whole[t].item(), abs=1e-4)
+
+
+def test_a_long_dialogue_loses_its_earliest_answers_never_the_image_or_the_last(llava):
+    from llmx.core.multimodal.model import IMAGE_TOKEN, image_tokens
+    from llmx.plugins.reper.pack import pack
+
+    model, proc = llava
+    n = image_tokens(model)
+    answers = ["There is one digit. " * 6, "There are two digits. " * 6, "There are three digits."]
+    d = _dialogue(SCENE, answers)
+    full = pack(proc, d, n, 4096, "linear")
+    cut = pack(proc, d, n, len(full.example.row.ids) - 5, "linear")
+    image_id = proc.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    assert full.kept == [0, 1, 2] and cut.kept[-1] == 2 and cut.kept[0] > 0
+    assert cut.example.row.ids.count(image_id) == n
+    assert cut.sigma == [(k + 1) / 3 for k in cut.kept]  # each answer keeps its own turn's sigma
+
+
+# the critic --------------------------------------------------------------------------------------------------------
+
+def test_a_true_caption_scores_ten_and_each_injected_error_is_named():
+    critic = C.RuleCritic()
+    objects = [o.key() for o in SCENE.objects]
+    true = _caption(objects, SCENE.relations)
+    assert critic.score(SCENE, "Describe the image.", true) == (10, C.feedback(10))
+    wrong = [(3, "blue", "large", "top_left"), (9, "white", "small", "bottom_right")]  # colour wrong, 9 invented, 5 and 7 missed
+    said = _caption(wrong, [(3, "above", 9)])
+    score, text = critic.score(SCENE, "Describe the image.", said)
+    assert "The three is red, not blue." in text and "mentions a nine that is not in the image" in text
+    assert "misses the small blue five at the top right" in text and "misses the small green seven" in text
+    assert score == max(1, 10 - (3 + 4 + 2 + 2))
+    moved = _caption([objects[0], objects[1], (7, "green", "small", "bottom_right")], [(3, "left_of", 5), (7, "above", 5)])
+    score, text = critic.score(SCENE, "q", moved)
+    assert "The seven is at the bottom left, not the bottom right." in text
+    assert "The seven is not above the five." in text and "does not say that the five is above the seven" in text
+    assert score == 10 - 3 - 1 - 1
+    assert C.RuleCritic(rationale=False).score(SCENE, "q", said)[1] == C.feedback(score=1)
+    assert critic.score(SCENE, "q", "evet")[0] == 1
+
+
+def test_a_noisy_critic_omits_or_misreports_errors_reproducibly():
+    caps = [corrupt(SCENE, 3, random.Random(k)) for k in range(40)]
+    clean = [C.RuleCritic().judge(SCENE, c) for c in caps]
+    noisy = C.RuleCritic(noise=0.6, seed=1)
+    judged = [noisy.judge(SCENE, c) for c in caps]
+    assert judged == [noisy.judge(SCENE, c) for c in caps]
+    assert sum(len(e) for _, e in judged) < sum(len(e) for _, e in clean)  # some omitted
+    assert any(e not in set(ce) for (_, es), (_, ce) in zip(judged, clean, strict=True) for e in es)  # misreported
+    assert sum(s for s, _ in judged) > sum(s for s, _ in clean)  # a lenient critic
+
+
+# dialogues ---------------------------------------------------------------------------------------------------------
+
+def test_assemble_keeps_wide_gaps_and_orders_worst_to_best():
+    cands = [("a", 2, "fa"), ("b", 9, "fb"), ("c", 5, "fc"), ("d", 7, "fd"), ("b", 9, "fb")]
+    three = assemble(cands, random.Random(0), 4, 6, 3, [0, 0, 1])
+    assert [c[0] for c in three] == ["a", "c", "b"]  # 5 is nearer the midpoint 5.5 than 7
+    assert [c[0] for c in assemble(cands, random.Random(0), 4, 6, 3, [0, 1, 0])] == ["a", "b"]
+    assert [c[0] for c in assemble(cands, random.Random(0), 4, 6, 3, [1, 0, 0])] == ["b"]
+    assert assemble(cands, random.Random(0), 8, 6, 3) is None  # gap 7 < 8
+    assert assemble(cands, random.Random(0), 4, 10, 3) is None  # best 9 < 10
+    assert [c[0] for c in assemble([("a", 2, ""), ("b", 9, "")], random.Random(0), 4, 6, 3, [0, 0, 1])] == ["a", "b"]
+
+
+def test_corruption_makes_the_errors_the_critic_reads():
+    rng = random.Random(0)
+    assert corrupt(SCENE, 0, rng) == _caption([o.key() for o in SCENE.objects], SCENE.relations)
+    scores = [sum(C.RuleCritic().judge(SCENE, corrupt(SCENE, k, rng))[0] for _ in range(20)) / 20 for k in range(5)]
+    assert scores[0] == 10 and scores == sorted(scores, reverse=True) and scores[-1] < 5
+
+
+def _write_rows(tmp_path, rows):
+    SCENE.image().save(tmp_path / "a.png")
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+GOOD = {"image": "a.png", "conversations": [
+    {"from": "human", "value": "<image>\nDescribe the image."},
+    {"from": "gpt", "value": "There is one digit.", "turn": 1, "score": 2},
+    {"from": "human", "value": "This caption can only get the score 2. Could you generate a better one?"},
+    {"from": "gpt", "value": "There are three digits.", "turn": 2, "score": 5, "sigma": 1.0}]}
+
+
+def test_dialogue_rows_round_trip(tmp_path):
+    d = load(_write_rows(tmp_path, [GOOD]))[0]
+    assert d.answers == ["There is one digit.", "There are three digits."] and d.scores == [2, 5]
+    assert d.sigmas == [None, 1.0] and d.row("a.png") == GOOD
+
+
+def test_bad_dialogue_rows_are_one_line_errors_and_nothing_is_written(cli, tmp_path):
+    from llmx.core import zoo
+
+    turns = GOOD["conversations"]
+    swapped = {**GOOD, "conversations": [turns[0], {**turns[1], "turn": 2}, turns[2], {**turns[3], "turn": 1}]}
+    roles = {**GOOD, "conversations": [turns[0], turns[1], turns[3], turns[2]]}
+    sigma = {**GOOD, "conversations": [turns[0], turns[1], turns[2], {**turns[3], "sigma": 1.5}]}
+    missing = {**GOOD, "image": "gone.png"}
+    no_image = {"conversations": GOOD["conversations"]}
+    model = zoo.locate("ref:llava-test")
+    for bad, phrase in ((swapped, "turns out of order"), (roles, "turns out of order"),
+                        (sigma, "sigma 1.5 is outside [0, 1]"), (missing, "image file not found"), (no_image, "no image")):
+        f = _write_rows(tmp_path, [GOOD, bad])
+        runs = tmp_path / "runs"
+        r = cli("align", "--method", "reper", "--model", model, "--data", f, "--set", "steps=1", "-o", runs)
+        assert r.code == 2, r.err
+        assert f"{f}:2:" in r.err.strip().splitlines()[0] and phrase in r.err.strip().splitlines()[0], r.err
+        assert not list(runs.glob("*/artifacts/*/*"))
+
+
+# the stages --------------------------------------------------------------------------------------------------------
+
+def _fixed_dialogues(tmp_path, count: int = 12) -> str:
+    from llmx.plugins.reper.build import dialogues
+
+    sc = scenes(count, "train", 5, objects=2)
+    rows, stats = dialogues(sc, [[corrupt(s, k, random.Random(i)) for k in range(8)] for i, s in enumerate(sc)],
+                            C.RuleCritic(), 4, 6, 3, [0, 0, 1], 0)
+    assert stats["dialogues"] == len(rows) >= count // 2
+    (tmp_path / "images").mkdir(exist_ok=True)
+    lines = []
+    for k, d in enumerate(rows):
+        d.image.image().save(tmp_path / f"images/{k}.png")
+        lines.append(json.dumps(d.row(f"images/{k}.png")) + "\n")
+    (tmp_path / "dialogues.jsonl").write_text("".join(lines))
+    return str(tmp_path / "dialogues.jsonl")
+
+
+def _run(model: str, stages: list[dict], tmp_path, device: str = "cpu") -> list[dict]:
+    from llmx import api
+
+    out = api.run({"model": model, "threads": 1, "seed": 0, "device": device, "pipeline": stages},
+                  output_dir=tmp_path / "runs")
+    return [s["metrics"] for s in out["stages"]]
+
+
+def test_rpl_pushes_first_answers_down_and_last_up_where_sft_raises_both(tmp_path):
+    data = _fixed_dialogues(tmp_path)
+    common = {"data": data, "steps": 12, "batch_size": 4, "lr": 1e-3, "warmup": 0, "save": False}
+    rpl, sft = (_run("ref:llava-test", [{"method": "reper", "stage": "align", "params": {**common, "objective": o}}],
+                     tmp_path)[0] for o in ("rpl", "sft_all"))
+    assert rpl["logp_first_after"] < rpl["logp_first_before"] and rpl["logp_last_after"] > rpl["logp_last_before"]
+    assert sft["logp_first_after"] > sft["logp_first_before"] and sft["logp_last_after"] > sft["logp_last_before"]
+    assert rpl["logp_first_before"] == sft["logp_first_before"]
+
+
+@pytest.mark.parametrize("objective", ["sft_best", "dpo"])
+def test_the_baselines_train_on_the_same_dialogues(tmp_path, objective):
+    data = _fixed_dialogues(tmp_path)
+    multi = sum(len(load(data)[k].answers) > 1 for k in range(len(load(data))))
+    out = _run("ref:llava-test", [{"method": "reper", "stage": "align", "params": {
+        "data": data, "objective": objective, "steps": 2, "batch_size": 2, "save": False}}], tmp_path)[0]
+    assert out["trained_rows"] == (multi if objective == "dpo" else len(load(data)))
+    assert math.isfinite(out["final_loss"])
+
+
+def test_one_trial_is_the_greedy_caption_and_later_turns_read_the_feedback(llava):
+    from llmx.core.multimodal.answer import reply
+    from llmx.plugins.reper.turns import converse
+
+    model, proc = llava
+    sc = scenes(3, "test", 2)
+    one = converse(model, proc, sc, [QUESTION] * 3, C.RuleCritic(), 1, 24)
+    assert [d[0].answer for d in one] == reply(model, proc, [[{"role": "user", "content": QUESTION}]] * 3, sc, 24)
+    two = converse(model, proc, sc, [QUESTION] * 3, C.RuleCritic(), 2, 24)
+    assert [d[0] for d in two] == [d[0] for d in one]
+    asked = [[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": d[0].answer},
+              {"role": "user", "content": d[0].feedback}] for d in one]
+    assert [d[1].answer for d in two] == reply(model, proc, asked, sc, 24)
+
+
+def test_the_smoke_pipeline_builds_trains_and_reflects(tmp_path):
+    out = _run("ref:llava-test", [
+        {"method": "reper", "stage": "analyze", "params": {"scenes": 6, "candidates": "corrupt"}},
+        {"method": "reper", "stage": "align", "params": {"steps": 2, "batch_size": 2, "save": False}},
+        {"method": "reper", "stage": "decode", "params": {"scenes": 3, "max_trials": 2, "max_new_tokens": 16,
+                                                           "noise": 0.3}}], tmp_path)
+    assert out[0]["dialogues"] == out[1]["dialogues"] > 0
+    assert sum(out[0][f"dialogues_{t}_turns"] for t in (1, 2, 3)) == out[0]["dialogues"]
+    assert {"turn1_f1", "turn2_hallucination", "final_rubric"} <= set(out[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reper_runs_on_cuda(tmp_path):
+    out = _run("ref:llava-test", [
+        {"method": "reper", "stage": "analyze", "params": {"scenes": 8, "temperatures": [0.0, 1.0], "score_gap": 0,
+                                                            "min_score": 1, "max_new_tokens": 16}},
+        {"method": "reper", "stage": "analyze", "params": {"scenes": 8, "candidates": "corrupt"}},
+        {"method": "reper", "stage": "align", "params": {"steps": 2, "batch_size": 2, "save": False,
+                                                          "ul_tokens": "differing"}},
+        {"method": "reper", "stage": "align", "params": {"steps": 2, "batch_size": 2, "save": False,
+                                                          "objective": "dpo"}},
+        {"method": "reper", "stage": "decode", "params": {"scenes": 4, "max_trials": 2, "max_new_tokens": 16}}],
+        tmp_path, device="cuda")
+    assert math.isfinite(out[2]["final_loss"]) and math.isfinite(out[3]["final_loss"])
