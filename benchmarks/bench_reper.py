@@ -1,7 +1,7 @@
 """RePer at toy scale: does reflective unlikelihood (RPL) teach a captioner to use a critic's feedback better than
 SFT or DPO on the same dialogues?
 
-    python benchmarks/bench_reper.py [--model ref:llava] [--base-steps 150] [--scenes 400] [--steps 150]
+    python benchmarks/bench_reper.py [--model ref:llava] [--base-steps 600] [--scenes 1500] [--steps 150]
                                      [--lr 2e-4] [--test 100] [--seeds 0 1 2] [--jobs 2]
 
 One base policy: ``ref:llava`` after a brief LLaVA stage 2 on English captions of train scenes (so it still errs).
@@ -52,8 +52,8 @@ def decodes(args) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ref:llava")
-    ap.add_argument("--base-steps", type=int, default=150, help="stage-2 steps of the base captioner (brief: it errs)")
-    ap.add_argument("--scenes", type=int, default=400, help="train scenes the dialogues are built from")
+    ap.add_argument("--base-steps", type=int, default=600, help="stage-2 steps of the base captioner (brief: it errs)")
+    ap.add_argument("--scenes", type=int, default=1500, help="train scenes the dialogues are built from")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--batch", type=int, default=8)

@@ -150,13 +150,35 @@ def test_a_packed_dialogue_scores_each_turn_as_its_own_context_does(llava):
         assert per_turn(alone)[-1].item() == pytest.approx(whole[t].item(), abs=1e-4)
 
 
+def test_packed_dialogues_hold_the_feedback_and_unlikelihood_masks_skip_eos_and_shared_tokens(llava):
+    from llmx.core.multimodal.model import image_tokens
+    from llmx.plugins.reper.pack import batch, pack
+
+    model, proc = llava
+    tok = proc.tokenizer
+    d = _dialogue(SCENE, ["There is one digit. A small red two is at the top left.", "There are three digits."])
+    packed = pack(proc, d, image_tokens(model), 1024, "linear")
+    text = tok.decode(packed.example.row.ids)
+    assert d.feedback[0] in text and text.index(d.answers[0]) < text.index(d.feedback[0]) < text.index(d.answers[1])
+    for differing in (False, True):
+        b = batch([packed], tok.pad_token_id, "cpu", tok.eos_token_id, differing)
+        ids = packed.example.row.ids
+        (a, e) = packed.spans[0]
+        ul = b.ul_masks[0, 0, a - 1:e - 1].tolist()
+        assert ids[e - 1] == tok.eos_token_id and ul[-1] == 0 and b.turn_masks[0, 0, e - 2] == 1
+        best = set(ids[slice(*packed.spans[-1])])
+        expected = [float(x != tok.eos_token_id and (not differing or x not in best)) for x in ids[a:e]]
+        assert ul == expected and (sum(expected) < len(expected) - 1 if differing else True)
+
+
 def test_a_long_dialogue_loses_its_earliest_answers_never_the_image_or_the_last(llava):
     from llmx.core.multimodal.model import IMAGE_TOKEN, image_tokens
     from llmx.plugins.reper.pack import pack
 
     model, proc = llava
     n = image_tokens(model)
-    answers = ["There is one digit. " * 6, "There are two digits. " * 6, "There are three digits."]
+    answers = ["A small red two is at the top left. " * 4, "A small red four is at the top left. " * 4,
+               "There are three digits."]
     d = _dialogue(SCENE, answers)
     full = pack(proc, d, n, 4096, "linear")
     cut = pack(proc, d, n, len(full.example.row.ids) - 5, "linear")
@@ -164,6 +186,9 @@ def test_a_long_dialogue_loses_its_earliest_answers_never_the_image_or_the_last(
     assert full.kept == [0, 1, 2] and cut.kept[-1] == 2 and cut.kept[0] > 0
     assert cut.example.row.ids.count(image_id) == n
     assert cut.sigma == [(k + 1) / 3 for k in cut.kept]  # each answer keeps its own turn's sigma
+    text = proc.tokenizer.decode(cut.example.row.ids)
+    assert d.feedback[0] != d.feedback[1] and d.feedback[cut.kept[0]] in text
+    assert cut.kept[0] == 0 or d.feedback[cut.kept[0] - 1] not in text
 
 
 # the critic --------------------------------------------------------------------------------------------------------
@@ -188,6 +213,15 @@ def test_a_true_caption_scores_ten_and_each_injected_error_is_named():
     assert critic.score(SCENE, "q", "evet")[0] == 1
 
 
+def test_captions_that_name_no_true_object_or_describe_nothing_score_low():
+    critic = C.RuleCritic()
+    assert critic.score(SCENE, "q", "The five is above the one.")[0] == 1  # relations alone name no object
+    score, text = critic.score(SCENE, "q", "There. одна digits. A large red three is at the top left. The three is "
+                                           "above the one.")
+    assert "mentions a one that is not in the image" in text and '"There" describes nothing' in text
+    assert '"одна digits" describes nothing' in text and score == 1  # 10 - 4 - 1 - 1 - 2 - 2, floored
+
+
 def test_a_noisy_critic_omits_or_misreports_errors_reproducibly():
     caps = [corrupt(SCENE, 3, random.Random(k)) for k in range(40)]
     clean = [C.RuleCritic().judge(SCENE, c) for c in caps]
@@ -197,6 +231,40 @@ def test_a_noisy_critic_omits_or_misreports_errors_reproducibly():
     assert sum(len(e) for _, e in judged) < sum(len(e) for _, e in clean)  # some omitted
     assert any(e not in set(ce) for (_, es), (_, ce) in zip(judged, clean, strict=True) for e in es)  # misreported
     assert sum(s for s, _ in judged) > sum(s for s, _ in clean)  # a lenient critic
+    found = [C.Error(k, f"{k} {i}", a) for i in range(400) for k, a in (("hallucination", ()), ("relation", ()),
+                                                                         ("attribute", ("3", "colour", "blue")))]
+    rng = random.Random(0)
+    kept = [C._misreport(e, C._objects(SCENE.truth()), rng) for e in found]
+    assert all(k.kind == e.kind and k.text != e.text for k, e in zip(kept, found, strict=True))
+    said = L.parse_caption("en", _caption([(3, "blue", "large", "top_left"), (9, "red", "small", "top_right")], []))
+    errs = C.errors(said, SCENE.truth())
+    draws = [C.errors(said, SCENE.truth(), (), random.Random(k), 0.5) for k in range(600)]
+    share_kept = sum(e in set(errs) for d in draws for e in d) / (len(errs) * len(draws))
+    share_named = sum(len(d) for d in draws) / (len(errs) * len(draws))
+    assert share_kept == pytest.approx(0.5, abs=0.05) and share_named == pytest.approx(0.75, abs=0.05)
+
+
+def test_caption_metrics_and_the_final_answer():
+    from llmx.plugins.reper.turns import Turn, caption_metrics, final
+
+    m = caption_metrics(SCENE, _caption([(3, "red", "large", "top_left"), (9, "red", "small", "top_right")], []))
+    # said: object 3 + 3 right attributes, object 9 + 3 attributes; truth: 3 objects x 4 tuples + 2 relations = 14
+    assert m["precision"] == pytest.approx(4 / 8) and m["recall"] == pytest.approx(4 / 14)
+    assert m["mentioned"] == 2 and m["hallucinated"] == 1 and m["rubric"] == 10 - 4 - 2 - 2
+    turns = [Turn("a", 3, ""), Turn("b", 9, ""), Turn("c", 5, "")]
+    assert final(turns, "last").answer == "c" and final(turns, "best").answer == "b"
+
+
+def test_sigma_schedules_and_absent_turns():
+    from llmx.plugins.reper.loss import linear_sigma, score_sigma
+
+    assert linear_sigma([1, 2, 3], 3) == [1 / 3, 2 / 3, 1.0] and score_sigma([1, 5.5, 10]) == [0.0, 0.5, 1.0]
+    lp, masks = _toy(turns=2)
+    padded = torch.cat([masks, torch.zeros(2, 1, masks.shape[-1])], 1)  # a third, absent turn with sigma 0
+    for g in ("token", "sequence"):
+        a, _ = reflective_unlikelihood(lp, masks, torch.tensor([[0.5, 1.0]] * 2), granularity=g)
+        b, _ = reflective_unlikelihood(lp, padded, torch.tensor([[0.5, 1.0, 0.0]] * 2), granularity=g)
+        assert torch.allclose(a, b)
 
 
 # dialogues ---------------------------------------------------------------------------------------------------------
@@ -293,6 +361,71 @@ def test_rpl_pushes_first_answers_down_and_last_up_where_sft_raises_both(tmp_pat
     assert rpl["logp_first_after"] < rpl["logp_first_before"] and rpl["logp_last_after"] > rpl["logp_last_before"]
     assert sft["logp_first_after"] > sft["logp_first_before"] and sft["logp_last_after"] > sft["logp_last_before"]
     assert rpl["logp_first_before"] == sft["logp_first_before"]
+
+
+def _trained_pairs(llava, tmp_path, objective: str, steps: int = 8):
+    """Single-turn log-probs of each dialogue's best and worst answers before and after training on ``objective``."""
+    import copy
+
+    from llmx.core.multimodal import train as T
+    from llmx.core.multimodal.batch import examples
+    from llmx.core.multimodal.model import image_tokens
+    from llmx.core.train.loop import TrainConfig, train
+    from llmx.plugins.reper import train as R
+    from llmx.plugins.reper.config import RPLParams
+    from llmx.plugins.reper.pack import pack
+
+    model, proc = copy.deepcopy(llava[0]), llava[1]
+    n, pad = image_tokens(model), proc.tokenizer.pad_token_id
+    dias = [d for d in load(_fixed_dialogues(tmp_path)) if len(d.answers) > 1]
+    p = RPLParams(objective=objective, batch_size=4, lr=1e-3, steps=steps, warmup=0)
+    best = examples(proc, [d.conversation([len(d.answers) - 1]) for d in dias], n, 1024)
+    worst = examples(proc, [d.conversation([0]) for d in dias], n, 1024)
+    packs = [pack(proc, d, n, 1024, "linear") for d in dias]
+    loss, weight, _ = R.objective(model, proc, dias, packs, p, 0, pad, n)
+    with torch.no_grad():
+        before = R.sequence_logps(model, best, pad), R.sequence_logps(model, worst, pad)
+    first = loss(0)
+    train(model, T.trainable(model, 2), loss, TrainConfig(steps=steps, lr=1e-3, warmup=0), weight=weight)
+    with torch.no_grad():
+        after = R.sequence_logps(model, best, pad), R.sequence_logps(model, worst, pad)
+    return first, before, after
+
+
+def test_dpo_starts_at_log_two_and_widens_the_best_worst_margin(llava, tmp_path):
+    (value, stats), (bw, ww), (ba, wa) = _trained_pairs(llava, tmp_path, "dpo")
+    assert value.item() == pytest.approx(math.log(2), abs=1e-5) and abs(stats["reward_margin"].item()) < 1e-5
+    assert ((ba - wa) - (bw - ww)).mean() > 0
+
+
+def test_sft_on_the_best_answer_raises_the_best_more_than_the_worst(llava, tmp_path):
+    _, (bw, ww), (ba, wa) = _trained_pairs(llava, tmp_path, "sft_best")
+    assert ((ba - bw) - (wa - ww)).mean() > 0 and (ba - bw).mean() > 0
+
+
+@pytest.mark.parametrize("settings", [{"granularity": "sequence"}, {"reduction": "sum"}, {"ul_tokens": "differing"},
+                                      {"alpha": 0.0}])
+def test_the_rpl_stage_passes_its_settings_to_the_loss(llava, settings):
+    from llmx.core.multimodal.model import image_tokens
+    from llmx.core.preference import token_logps
+    from llmx.plugins.reper import train as R
+    from llmx.plugins.reper.config import RPLParams
+    from llmx.plugins.reper.pack import batch, pack
+
+    model, proc = llava
+    tok = proc.tokenizer
+    answers = ["There is one digit. A small red two is at the top left.", "There are three digits.",
+               _caption([o.key() for o in SCENE.objects], SCENE.relations)]
+    packs = [pack(proc, _dialogue(SCENE, answers[k:]), image_tokens(model), 1024, "linear") for k in range(3)]
+    p = RPLParams(batch_size=3, **settings)
+    with torch.no_grad():
+        value, _ = R.rpl_loss(model, packs, p, 0, tok.pad_token_id, tok.eos_token_id)(0)
+        default, _ = R.rpl_loss(model, packs, RPLParams(batch_size=3), 0, tok.pad_token_id, tok.eos_token_id)(0)
+        b = batch(packs, tok.pad_token_id, "cpu", tok.eos_token_id, p.ul_tokens == "differing")
+        lp = token_logps(model(**b.inputs).logits, b.inputs["input_ids"])
+    expected, _ = reflective_unlikelihood(lp, b.turn_masks, b.sigma, p.alpha, p.eps, p.granularity, p.reduction,
+                                          b.ul_masks)
+    assert value.item() == pytest.approx(expected.mean().item(), rel=1e-5) and value.item() != pytest.approx(default.item())
 
 
 @pytest.mark.parametrize("objective", ["sft_best", "dpo"])

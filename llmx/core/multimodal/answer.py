@@ -31,33 +31,39 @@ def choice(reply: str, options: list[str]) -> int | None:
 def generate(model, proc, convs: list[Conversation], image_tokens: int, max_new_tokens: int = 8, batch_size: int = 16,
              progress=lambda x, **_: x) -> list[str]:
     """The greedy reply to each conversation's first user turn, its image (if any) as ``image_tokens`` features."""
-    return reply(model, proc, [c.messages[:1] for c in convs], [c.pil() for c in convs], max_new_tokens,
-                 image_tokens=image_tokens, batch_size=batch_size, progress=progress)
+    return reply(model, proc, [c.messages[:1] for c in convs], convs, max_new_tokens, image_tokens=image_tokens,
+                 batch_size=batch_size, progress=progress)
 
 
 def reply(model, proc, dialogues: list[list[dict]], images: list, max_new_tokens: int, *, image_tokens: int | None = None,
           temperature: float = 0.0, seed: int = 0, batch_size: int = 16, progress=lambda x, **_: x) -> list[str]:
     """The next assistant turn of each dialogue (``{role, content}`` messages, ``<image>`` in a user turn for an
-    image: a PIL image, an object with ``.image()`` such as a scene, or None): the shared batched generator, the
-    prompt rendered by the chat template with ``<image>`` expanded to ``image_tokens`` (default: the model's), the
-    batch's images as pixel values; greedy, or seeded sampling at ``temperature``."""
+    image: a PIL image, a scene (``.image()``), a conversation (``.pil()``) or None): the shared batched generator,
+    the prompt rendered by the chat template with ``<image>`` expanded to ``image_tokens`` (default: the model's),
+    each batch's images read and turned into pixel values as it runs; greedy, or seeded sampling at
+    ``temperature``."""
     from llmx.core.eval.generate import generate as complete
     from llmx.core.multimodal.model import image_tokens as count
 
     tok = text_tokenizer(proc)
     n = count(model) if image_tokens is None else image_tokens
     device = next(model.parameters()).device
-    pil = [im.image() if hasattr(im, "image") else im for im in images]
     prompts = [tok.apply_chat_template([{**m, "content": m["content"].replace(IMAGE_TOKEN, IMAGE_TOKEN * n)} for m in d],
                                        tokenize=False, add_generation_prompt=True) for d in dialogues]
 
     def pixels(rows: list[int]) -> dict:
-        batch = [pil[i] for i in rows if pil[i] is not None]
+        batch = [x for x in (_pil(images[i]) for i in rows) if x is not None]
         return {"pixel_values": pixel_values(proc, batch).to(device)} if batch else {}
 
     done = complete(model, tok, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                     batch_size=batch_size, progress=progress, inputs=pixels, special_tokens=False, truncate=False)
     return [c[0].text.strip() for c in done]
+
+
+def _pil(image):
+    if hasattr(image, "pil"):
+        return image.pil()
+    return image.image() if hasattr(image, "image") else image
 
 
 def judge(conv: Conversation, reply: str) -> float:

@@ -206,6 +206,8 @@ def _frame_regex(frame: str, words: dict[str, dict[str, object]]) -> re.Pattern[
 _WORDS = {lang: _words(t) for lang, t in TABLES.items()}
 _OBJECT = {lang: _frame_regex(t["object"], _WORDS[lang]) for lang, t in TABLES.items()}
 _RELATION = {lang: _frame_regex(t["relation"], _WORDS[lang]) for lang, t in TABLES.items()}
+_COUNT = {lang: (_frame_regex(t["count"], _WORDS[lang]), _frame_regex(t["count_one"], _WORDS[lang]))
+          for lang, t in TABLES.items()}
 
 
 def _table(lang: str) -> dict:
@@ -293,6 +295,13 @@ def multiple_choice(lang: str, question_text: str, options: list[str]) -> str:
         raise ValueError(f"multiple choice needs 1 to 26 options, got {len(options)}")
     lines = [question_text, *(f"{chr(ord('A') + i)}. {o}" for i, o in enumerate(options)), table["mc_instruction"]]
     return "\n".join(lines)
+
+
+def unread(lang: str, text: str) -> list[str]:
+    """The caption's sentences that fit no frame (object, relation or count): what ``parse_caption`` skips."""
+    _table(lang)
+    frames = (_OBJECT[lang], _RELATION[lang], *_COUNT[lang])
+    return [s for s in (_squash(lang, x) for x in _SENTENCE.split(text)) if s and not any(f.fullmatch(s) for f in frames)]
 
 
 def parse_caption(lang: str, text: str) -> list[tuple]:

@@ -93,8 +93,10 @@ class RPLParams(TrainParams):
                                                       "(the paper's formula as written).")
     reduction: Literal["mean", "sum"] = Field("mean", description="Token level: average each term over the response, "
                                               "or sum it.")
-    ul_tokens: Literal["all", "differing"] = Field("all", description="differing: unlikelihood only on tokens absent "
-                                                   "from the dialogue's best answer (a derived variant).")
+    ul_tokens: Literal["all", "differing"] = Field("all", description="Token level: the unlikelihood term on every "
+                                                   "token of a response but its EOS (which the best answer shares), "
+                                                   "or, differing, only on tokens absent from the dialogue's best "
+                                                   "answer (a derived variant).")
     eps: float = Field(1e-6, gt=0, lt=1, description="Floor of 1 - p inside log(1 - p).")
     beta: float = Field(0.1, gt=0, description="objective dpo: DPO's beta.")
     max_length: int = Field(1024, gt=8, description="Tokens per dialogue, image tokens included; longer dialogues "
@@ -107,6 +109,8 @@ class RPLParams(TrainParams):
 
     @model_validator(mode="after")
     def _full_weights(self) -> RPLParams:
+        if self.adapter != "none":
+            raise ValueError("reper trains the projector and the language model's own weights: adapter must be none")
         if self.image_folder and not self.data:
             raise ValueError("image_folder is where data's image paths start: give data too")
         return self

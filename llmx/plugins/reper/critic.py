@@ -2,9 +2,10 @@
 
 ``RuleCritic`` stands in for the paper's LVLM critics (GPT-4o, LLaVA-Critic) on generated digit scenes: it reads the
 scene's ground truth, parses the caption into (object, attribute, relation) tuples and applies a 10-point rubric
-(hallucinated objects cost most, then wrong attributes, missed objects, relations) with a templated rationale naming
-each error, the feedback form of the paper's data example. ``noise`` makes it a weaker critic: each error is, with
-that probability, omitted (not charged, not named) or misreported (named with a wrong correction). ``ModelCritic``
+(hallucinated objects cost most, then wrong attributes, missed objects, relations and sentences that describe
+nothing; a caption naming no object scores 1) with a templated rationale naming each error, the feedback form of
+the paper's data example. ``noise`` makes it a weaker critic: each error is, with that probability, omitted (not
+charged, not named) or misreported (named wrongly, still charged). ``ModelCritic``
 prompts any vision-language model with the rubric, for real images."""
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from typing import Protocol
 
 from llmx.core.multimodal import languages as L
 
-COSTS = {"hallucination": 4, "attribute": 3, "miss": 2, "relation": 1}
+COSTS = {"hallucination": 4, "attribute": 3, "miss": 2, "relation": 1, "unreadable": 1}
 ASK = "Could you generate a better one?"
 RUBRIC = ("Score the caption of this image from 1 to 10. Start from 10: take 4 points for each object it mentions "
           "that is not in the image, 3 for each wrong colour, size or place, 2 for each object it misses and 1 for "
-          "each wrong or missing relation; at least 1. Reply 'Score: N.' and name each error.")
+          "each wrong or missing relation and each sentence that describes nothing; at least 1, and 1 for a caption "
+          "that names no object. Reply 'Score: N.' and name each error.")
 
 
 @dataclass(frozen=True)
 class Error:
-    kind: str  # hallucination | attribute | miss | relation
+    kind: str  # hallucination | attribute | miss | relation | unreadable
     text: str
+    about: tuple = ()  # attribute: (digit, slot, said value); miss: (digit,)
 
 
 class Critic(Protocol):
@@ -47,7 +50,7 @@ def _word(slot: str, value) -> str:
 
 
 def _article(word: str) -> str:
-    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+    return f"{'an' if word[0] in 'aeiu' else 'a'} {word}"  # "an eight", "a one"
 
 
 def _objects(tuples: list[tuple]) -> dict[str, dict[str, str]]:
@@ -71,59 +74,81 @@ def _attribute_text(d: str, slot: str, true: str, said: str) -> str:
     return f"The {_word('digit', d)} is {_word(slot, true)}, not {_word(slot, said)}."
 
 
-def errors(said: list[tuple], truth: list[tuple], rng: random.Random | None = None, noise: float = 0.0) -> list[Error]:
-    """The rubric's errors of a caption's tuples against the scene's, in caption order, then misses. With ``noise``,
-    each error is dropped or misreported with that probability (half each), drawn from ``rng``."""
+def errors(said: list[tuple], truth: list[tuple], unread: list[str] = (), rng: random.Random | None = None,
+           noise: float = 0.0) -> list[Error]:
+    """The rubric's errors of a caption's tuples (and the sentences it states that describe nothing) against the
+    scene's: digits it names that are not in the image (as objects or in relations), wrong attributes, wrong
+    relations, unreadable sentences, then misses. With ``noise``, each error is dropped or misreported with that
+    probability (half each), drawn from ``rng``."""
     said_o, true_o = _objects(said), _objects(truth)
     true_rel = {t for t in truth if t[0] == "relation"}
     said_rel = [t for t in said if t[0] == "relation"]
-    found: list[tuple[Error, tuple]] = []  # the error and what a misreport may change
+    named = list(dict.fromkeys([*said_o, *(d for _, a, _, b in said_rel for d in (a, b))]))
+    found: list[Error] = [Error("hallucination", _hallucinated(d)) for d in named if d not in true_o]
     for d, attrs in said_o.items():
-        if d not in true_o:
-            found.append((Error("hallucination", f"The caption mentions {_article(_word('digit', d))} that is not in the "
-                                                 "image."), ()))
-            continue
         for slot, value in attrs.items():
-            if value != true_o[d][slot]:
-                found.append((Error("attribute", _attribute_text(d, slot, true_o[d][slot], value)), (d, slot, value)))
+            if d in true_o and value != true_o[d][slot]:
+                found.append(Error("attribute", _attribute_text(d, slot, true_o[d][slot], value), (d, slot, value)))
     for _, a, rel, b in said_rel:
         if a in true_o and b in true_o and ("relation", a, rel, b) not in true_rel:
-            found.append((Error("relation", f"The {_word('digit', a)} is not {_word('relation', rel)} the "
-                                            f"{_word('digit', b)}."), ()))
+            found.append(Error("relation", _relation_text(a, rel, b)))
+    found += [Error("unreadable", f'"{_short(x)}" describes nothing in the image.') for x in unread]
     for d, attrs in true_o.items():
         if d not in said_o:
-            found.append((Error("miss", f"It misses {_describe(d, attrs)}."), (d,)))
+            found.append(Error("miss", f"It misses {_describe(d, attrs)}.", (d,)))
     for t in sorted(true_rel):
         _, a, rel, b = t
         if a in said_o and b in said_o and t not in said_rel:
-            found.append((Error("relation", f"It does not say that the {_word('digit', a)} is "
-                                            f"{_word('relation', rel)} the {_word('digit', b)}."), ()))
+            found.append(Error("relation", f"It does not say that the {_word('digit', a)} is "
+                                            f"{_word('relation', rel)} the {_word('digit', b)}."))
     if not noise or rng is None:
-        return [e for e, _ in found]
+        return found
     out = []
-    for e, slots in found:
+    for e in found:
         u = rng.random()
-        if u < noise / 2:
-            continue
-        out.append(_misreport(e, slots, true_o, rng) if u < noise and slots else e)
+        if u >= noise:
+            out.append(e)
+        elif u >= noise / 2:
+            out.append(_misreport(e, true_o, rng))
     return out
 
 
-def _misreport(e: Error, slots: tuple, true_o: dict, rng: random.Random) -> Error:
-    """The error named with a wrong correction: another value for an attribute, other attributes for a miss."""
+def _hallucinated(d: str) -> str:
+    return f"The caption mentions {_article(_word('digit', d))} that is not in the image."
+
+
+def _relation_text(a: str, rel: str, b: str) -> str:
+    return f"The {_word('digit', a)} is not {_word('relation', rel)} the {_word('digit', b)}."
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _misreport(e: Error, true_o: dict, rng: random.Random) -> Error:
+    """The error named wrongly: a wrong correction for an attribute, wrong attributes for a miss, another absent
+    digit for a hallucination, a relation the caption did not state for a relation error; its kind (and cost) kept."""
     choices = {"colour": L.COLOURS, "size": L.SIZES, "cell": L.CELLS}
+    digits = [str(d) for d in range(10)]
     if e.kind == "attribute":
-        d, slot, said = slots
+        d, slot, said = e.about
         wrong = rng.choice([v for v in choices[slot] if v not in (said, true_o[d][slot])] or [said])
-        return Error("attribute", _attribute_text(d, slot, wrong, said))
-    d = slots[0]
-    attrs = {s: rng.choice([v for v in choices[s] if v != true_o[d][s]]) for s in choices}
-    return Error("miss", f"It misses {_describe(d, attrs)}.")
+        return Error("attribute", _attribute_text(d, slot, wrong, said), e.about)
+    if e.kind == "miss":
+        d = e.about[0]
+        attrs = {s: rng.choice([v for v in choices[s] if v != true_o[d][s]]) for s in choices}
+        return Error("miss", f"It misses {_describe(d, attrs)}.", e.about)
+    if e.kind == "hallucination":
+        return Error("hallucination", _hallucinated(rng.choice([x for x in digits if x not in true_o])))
+    if e.kind == "relation":
+        a, b = rng.sample(digits, 2)
+        return Error("relation", _relation_text(a, rng.choice(L.RELATIONS), b))
+    return e
 
 
 def rubric(found: list[Error], said: list[tuple]) -> int:
-    """10 less each error's cost, at least 1; a caption that states nothing scores 1."""
-    if not said:
+    """10 less each error's cost, at least 1; a caption that names no object scores 1."""
+    if not any(t[0] == "object" for t in said):
         return 1
     return max(1, 10 - sum(COSTS[e.kind] for e in found))
 
@@ -141,7 +166,7 @@ class RuleCritic:
             raise TypeError("the rule critic reads a generated scene's ground truth; use critic: model for images")
         said, truth = L.parse_caption(self.language, answer), image.truth()
         rng = random.Random(f"{self.seed}:{truth}:{answer}") if self.noise else None
-        found = errors(said, truth, rng, self.noise)
+        found = errors(said, truth, L.unread(self.language, answer), rng, self.noise)
         return rubric(found, said), found
 
     def score(self, image, question: str, answer: str) -> tuple[int, str]:

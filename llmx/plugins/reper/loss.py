@@ -23,7 +23,7 @@ def reflective_unlikelihood(token_logps: torch.Tensor, turn_masks: torch.Tensor,
                             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-dialogue loss ``[B]`` from ``token_logps [B, L]``, ``turn_masks [B, T, L]`` (response t's tokens; an
     all-zero row is an absent turn) and ``sigma [B, T]``. ``ul_masks`` (token level) restricts the unlikelihood
-    term to some of each response's tokens (``ul_tokens: differing``). Stats: the per-turn likelihood and
+    term to some of each response's tokens (its EOS left out; ``ul_tokens: differing``). Stats: the per-turn likelihood and
     unlikelihood terms, for logging."""
     m = turn_masks.to(token_logps.dtype)
     lp = token_logps.unsqueeze(1)  # [B, 1, L]

@@ -78,6 +78,8 @@ def align(ctx: RunContext, p: RPLParams) -> dict[str, Any]:
     dropped = sum(len(d.answers) - len(pk.kept) for d, pk in zip(dialogues, packs, strict=True))
     if dropped:
         ctx.log.warning("%d earliest answers dropped so dialogues fit max_length %d", dropped, p.max_length)
+    if cut := sum(pk.example.row.completion_cut for pk in packs):
+        ctx.log.warning("%d last answers cut at max_length %d (they lose their EOS)", cut, p.max_length)
     tok = proc.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     params = T.trainable(model, 2)
@@ -89,12 +91,14 @@ def align(ctx: RunContext, p: RPLParams) -> dict[str, Any]:
     result = fit(ctx, model, loss, p, p.loop_config(), params=params, weight=weight)
     after = R.turn_logps(model, probe, pad)
     out: dict[str, Any] = {"objective": p.objective, "dialogues": len(dialogues), "trained_rows": trained_rows,
-                           "answers": sum(len(d.answers) for d in dialogues), "answers_dropped": dropped}
+                           "answers": sum(len(d.answers) for d in dialogues), "answers_dropped": dropped,
+                           "answers_cut": cut}
     for k in before:
         out.update({f"logp_{k}_before": before[k], f"logp_{k}_after": after[k]})
     for q in model.parameters():  # the next stage gets the model as loaded, every tensor trainable
         q.requires_grad_(True)
     out.update(finish(ctx, model, p, "reper", result))
+    out["trainable_params"] = sum(t.numel() for t in params.values())
     return out
 
 

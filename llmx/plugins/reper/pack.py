@@ -13,6 +13,7 @@ from llmx.core.multimodal.batch import Example, collate, examples
 from llmx.core.multimodal.model import IMAGE_TOKEN, text_tokenizer
 from llmx.core.train.sft.data import Row
 from llmx.core.train.sft.encode import tokens
+from llmx.errors import UsageError
 from llmx.plugins.reper.dialogues import Dialogue
 from llmx.plugins.reper.loss import linear_sigma, score_sigma
 
@@ -43,8 +44,6 @@ def sigmas(d: Dialogue, schedule: str) -> list[float]:
         return linear_sigma(d.turns, len(d.answers))
     values = d.scores if schedule == "score" else d.sigmas
     if any(v is None for v in values):
-        from llmx.errors import UsageError
-
         raise UsageError(f"{d.where}: sigma: {schedule} needs a {'score' if schedule == 'score' else 'sigma'} on "
                          "every answer")
     return score_sigma(values) if schedule == "score" else list(values)
@@ -74,23 +73,24 @@ class Batch:
     inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, pixel_values
     turn_masks: torch.Tensor  # [B, T, L-1] over token_logps positions
     sigma: torch.Tensor  # [B, T]
-    ul_masks: torch.Tensor | None  # [B, T, L-1]: the differing tokens
+    ul_masks: torch.Tensor  # [B, T, L-1]: the tokens the unlikelihood term reads
 
 
-def batch(items: list[Packed], pad_id: int, device, differing: bool = False) -> Batch:
+def batch(items: list[Packed], pad_id: int, device, eos_id: int | None = None, differing: bool = False) -> Batch:
+    """Padded dialogues with their turn masks. The unlikelihood masks leave out each answer's EOS (``eos_id``: the
+    best answer ends with it too) and, with ``differing``, every token the dialogue's best answer holds."""
     inputs = collate([p.example for p in items], pad_id, device)
     inputs.pop("labels")
     width = inputs["input_ids"].shape[1] - 1
     turns = max(len(p.spans) for p in items)
-    masks = torch.zeros(len(items), turns, width, device=device)
-    sigma = torch.zeros(len(items), turns, device=device)
-    ul = torch.zeros_like(masks) if differing else None
+    masks = torch.zeros(len(items), turns, width)
+    ul = torch.zeros_like(masks)
+    sigma = torch.zeros(len(items), turns)
     for i, p in enumerate(items):
         ids = p.example.row.ids
-        best = set(ids[slice(*p.spans[-1])])
+        best = set(ids[slice(*p.spans[-1])]) if differing else set()
         for t, (a, b) in enumerate(p.spans):
             masks[i, t, a - 1:b - 1] = 1
             sigma[i, t] = p.sigma[t]
-            if ul is not None:
-                ul[i, t, a - 1:b - 1] = torch.tensor([float(x not in best) for x in ids[a:b]], device=device)
-    return Batch(inputs, masks, sigma, ul)
+            ul[i, t, a - 1:b - 1] = torch.tensor([float(x != eos_id and x not in best) for x in ids[a:b]])
+    return Batch(inputs, masks.to(device), sigma.to(device), ul.to(device))

@@ -13,6 +13,7 @@ from llmx.core import preference as P
 from llmx.core.data.sampling import EpochOrder
 from llmx.core.multimodal import train as T
 from llmx.core.multimodal.batch import Example, collate, examples
+from llmx.errors import UsageError
 from llmx.plugins.reper.config import RPLParams
 from llmx.plugins.reper.dialogues import Dialogue
 from llmx.plugins.reper.loss import reflective_unlikelihood
@@ -23,12 +24,12 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def rpl_loss(model, packs: list[Packed], p: RPLParams, seed: int, pad: int) -> Callable[[int], tuple]:
+def rpl_loss(model, packs: list[Packed], p: RPLParams, seed: int, pad: int, eos: int) -> Callable[[int], tuple]:
     """Micro-batch ``i``'s mean reflective-unlikelihood loss over its dialogues (a pure function of ``i``)."""
     order = EpochOrder(len(packs), seed)
 
     def loss(i: int):
-        b = batch([packs[k] for k in order.batch(i, p.batch_size)], pad, _device(model), p.ul_tokens == "differing")
+        b = batch([packs[k] for k in order.batch(i, p.batch_size)], pad, _device(model), eos, p.ul_tokens == "differing")
         lp = P.token_logps(model(**b.inputs).logits, b.inputs["input_ids"])
         value, stats = reflective_unlikelihood(lp, b.turn_masks, b.sigma, p.alpha, p.eps, p.granularity, p.reduction,
                                                b.ul_masks)
@@ -48,8 +49,10 @@ def sequence_logps(model, items: list[Example], pad: int) -> torch.Tensor:
 
 
 def dpo_loss(model, chosen: list[Example], rejected: list[Example], p: RPLParams, seed: int, pad: int):
-    """DPO on (best, worst) with reference log-probs of the starting policy, scored once here."""
-    with torch.no_grad():
+    """DPO on (best, worst) with reference log-probs of the starting policy, scored once here in the precision the
+    loop trains in."""
+    device = _device(model)
+    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=p.precision == "bf16-mixed"):
         was = model.training
         model.eval()
         ref = [(sequence_logps(model, chosen[s:s + p.batch_size], pad), sequence_logps(model, rejected[s:s + p.batch_size], pad))
@@ -72,15 +75,13 @@ def objective(model, proc, dialogues: list[Dialogue], packs: list[Packed], p: RP
               image_tokens: int) -> tuple[Callable, Callable | None, int]:
     """The loss of ``p.objective``, its per-micro-batch weight (SFT: response tokens) and the rows it trains on."""
     if p.objective == "rpl":
-        return rpl_loss(model, packs, p, seed, pad), None, len(packs)
+        return rpl_loss(model, packs, p, seed, pad, proc.tokenizer.eos_token_id), None, len(packs)
     if p.objective in ("sft_all", "sft_best"):
         items = ([pk.example for pk in packs] if p.objective == "sft_all" else
                  examples(proc, [d.conversation([len(d.answers) - 1]) for d in dialogues], image_tokens, p.max_length))
         return T.loss_fn(model, items, p.batch_size, seed, pad), T.weights(items, p.batch_size, seed), len(items)
     pairs = [d for d in dialogues if len(d.answers) > 1]
     if not pairs:
-        from llmx.errors import UsageError
-
         raise UsageError("objective dpo needs dialogues of two or more answers (best vs worst); these have one each")
     chosen = examples(proc, [d.conversation([len(d.answers) - 1]) for d in pairs], image_tokens, p.max_length)
     rejected = examples(proc, [d.conversation([0]) for d in pairs], image_tokens, p.max_length)
@@ -89,7 +90,7 @@ def objective(model, proc, dialogues: list[Dialogue], packs: list[Packed], p: RP
 
 @torch.no_grad()
 def turn_logps(model, packs: list[Packed], pad: int, batch_size: int = 8) -> dict[str, float]:
-    """Mean per-token log-prob of each dialogue's first and last answer, averaged over ``packs``."""
+    """Mean per-token log-prob of each dialogue's first (kept) and last answer, averaged over ``packs``."""
     if not packs:
         return {}
     was = model.training
@@ -98,7 +99,7 @@ def turn_logps(model, packs: list[Packed], pad: int, batch_size: int = 8) -> dic
     for s in range(0, len(packs), batch_size):
         b = batch(packs[s:s + batch_size], pad, _device(model))
         lp = P.token_logps(model(**b.inputs).logits, b.inputs["input_ids"])
-        per_turn = (b.turn_masks * lp.unsqueeze(1)).sum(-1) / b.turn_masks.sum(-1).clamp(min=1)
+        per_turn = P.masked_mean(lp.unsqueeze(1), b.turn_masks)
         counts = (b.turn_masks.sum(-1) > 0).sum(-1)
         first += per_turn[:, 0].tolist()
         last += per_turn[torch.arange(len(counts)), counts - 1].tolist()

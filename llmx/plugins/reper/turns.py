@@ -42,8 +42,8 @@ def final(turns: list[Turn], select: str) -> Turn:
     return turns[-1] if select == "last" else max(turns, key=lambda t: t.score)
 
 
-def caption_metrics(scene, answer: str, language: str = "en") -> dict[str, float]:
-    said, truth = L.parse_caption(language, answer), scene.truth()
+def caption_metrics(scene, answer: str) -> dict[str, float]:
+    said, truth = L.parse_caption("en", answer), scene.truth()
     hit = len(set(said) & set(truth))
     mentioned = [t[1] for t in said if t[0] == "object"]
     present = {t[1] for t in truth if t[0] == "object"}
