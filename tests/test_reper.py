@@ -211,6 +211,8 @@ def test_a_true_caption_scores_ten_and_each_injected_error_is_named():
     assert score == 10 - 3 - 1 - 1
     assert C.RuleCritic(rationale=False).score(SCENE, "q", said)[1] == C.feedback(score=1)
     assert critic.score(SCENE, "q", "evet")[0] == 1
+    twice = _caption([(3, "blue", "large", "top_left"), *objects], SCENE.relations)  # a wrong, then the true, three
+    assert critic.score(SCENE, "q", twice) == (7, C.feedback(7, "The three is red, not blue."))
 
 
 def test_captions_that_name_no_true_object_or_describe_nothing_score_low():
@@ -247,6 +249,8 @@ def test_a_noisy_critic_omits_or_misreports_errors_reproducibly():
 def test_caption_metrics_and_the_final_answer():
     from llmx.plugins.reper.turns import Turn, caption_metrics, final
 
+    relation_only = caption_metrics(SCENE, _caption([o.key() for o in SCENE.objects], [(9, "above", 7)]))
+    assert relation_only["mentioned"] == 4 and relation_only["hallucinated"] == 1
     m = caption_metrics(SCENE, _caption([(3, "red", "large", "top_left"), (9, "red", "small", "top_right")], []))
     # said: object 3 + 3 right attributes, object 9 + 3 attributes; truth: 3 objects x 4 tuples + 2 relations = 14
     assert m["precision"] == pytest.approx(4 / 8) and m["recall"] == pytest.approx(4 / 14)
@@ -389,18 +393,28 @@ def _trained_pairs(llava, tmp_path, objective: str, steps: int = 8):
     train(model, T.trainable(model, 2), loss, TrainConfig(steps=steps, lr=1e-3, warmup=0), weight=weight)
     with torch.no_grad():
         after = R.sequence_logps(model, best, pad), R.sequence_logps(model, worst, pad)
-    return first, before, after
+    return first, before, after, loss
 
 
 def test_dpo_starts_at_log_two_and_widens_the_best_worst_margin(llava, tmp_path):
-    (value, stats), (bw, ww), (ba, wa) = _trained_pairs(llava, tmp_path, "dpo")
+    (value, stats), (bw, ww), (ba, wa), loss = _trained_pairs(llava, tmp_path, "dpo")
     assert value.item() == pytest.approx(math.log(2), abs=1e-5) and abs(stats["reward_margin"].item()) < 1e-5
     assert ((ba - wa) - (bw - ww)).mean() > 0
+    later, stats = loss(0)  # the reference stays the starting policy
+    assert later.item() < math.log(2) and stats["reward_margin"].item() > 0
 
 
-def test_sft_on_the_best_answer_raises_the_best_more_than_the_worst(llava, tmp_path):
-    _, (bw, ww), (ba, wa) = _trained_pairs(llava, tmp_path, "sft_best")
+def test_sft_on_the_best_answer_raises_the_best_more_than_the_worst(llava, tmp_path, monkeypatch):
+    from llmx.plugins.reper import train as R
+
+    seen = []
+    real = R.examples
+    monkeypatch.setattr(R, "examples", lambda proc, convs, *a: seen.extend(convs) or real(proc, convs, *a))
+    _, (bw, ww), (ba, wa), _ = _trained_pairs(llava, tmp_path, "sft_best")
     assert ((ba - bw) - (wa - ww)).mean() > 0 and (ba - bw).mean() > 0
+    best = [d.answers[-1] for d in load(tmp_path / "dialogues.jsonl") if len(d.answers) > 1]
+    assert all([m["role"] for m in c.messages] == ["user", "assistant"] for c in seen)
+    assert [c.messages[1]["content"] for c in seen] == best
 
 
 @pytest.mark.parametrize("settings", [{"granularity": "sequence"}, {"reduction": "sum"}, {"ul_tokens": "differing"},
@@ -428,6 +442,39 @@ def test_the_rpl_stage_passes_its_settings_to_the_loss(llava, settings):
     assert value.item() == pytest.approx(expected.mean().item(), rel=1e-5) and value.item() != pytest.approx(default.item())
 
 
+def test_the_rpl_stage_hands_the_eos_id_to_the_masks(llava, monkeypatch):
+    from llmx.core.multimodal.model import image_tokens
+    from llmx.plugins.reper import train as R
+    from llmx.plugins.reper.config import RPLParams
+    from llmx.plugins.reper.pack import pack
+
+    model, proc = llava
+    tok = proc.tokenizer
+    seen = []
+    real = R.batch
+    monkeypatch.setattr(R, "batch", lambda *a: seen.append(a[3]) or real(*a))
+    packs = [pack(proc, _dialogue(SCENE, ["There is one digit.", "There are three digits."]), image_tokens(model),
+                  1024, "linear")]
+    with torch.no_grad():
+        R.objective(model, proc, [], packs, RPLParams(batch_size=1), 0, tok.pad_token_id, 1)[0](0)
+    assert seen == [tok.eos_token_id]
+
+
+def test_a_dialogue_over_the_context_loses_its_earliest_answers_at_inference(llava):
+    from llmx.core.eval.generate import context_limit
+    from llmx.plugins.reper.turns import fit
+
+    model, proc = llava
+    long = " ".join(f"q{i}z" for i in range(150))
+    msgs = [{"role": "user", "content": QUESTION}]
+    for k in range(4):
+        msgs += [{"role": "assistant", "content": f"{k} {long}"}, {"role": "user", "content": f"feedback {k}"}]
+    kept = fit(model, proc, msgs, 100)
+    assert kept[0] == msgs[0] and kept[-1] == msgs[-1] and kept[1:] == msgs[len(msgs) - len(kept) + 1:]
+    assert 1 < len(kept) < len(msgs) and context_limit(model) == 1024
+    assert fit(model, proc, msgs[:3], 100) == msgs[:3]
+
+
 @pytest.mark.parametrize("objective", ["sft_best", "dpo"])
 def test_the_baselines_train_on_the_same_dialogues(tmp_path, objective):
     data = _fixed_dialogues(tmp_path)
@@ -444,9 +491,10 @@ def test_one_trial_is_the_greedy_caption_and_later_turns_read_the_feedback(llava
 
     model, proc = llava
     sc = scenes(3, "test", 2)
-    one = converse(model, proc, sc, [QUESTION] * 3, C.RuleCritic(), 1, 24)
+    one, dropped = converse(model, proc, sc, [QUESTION] * 3, C.RuleCritic(), 1, 24)
+    assert dropped == 0
     assert [d[0].answer for d in one] == reply(model, proc, [[{"role": "user", "content": QUESTION}]] * 3, sc, 24)
-    two = converse(model, proc, sc, [QUESTION] * 3, C.RuleCritic(), 2, 24)
+    two, _ = converse(model, proc, sc, [QUESTION] * 3, C.RuleCritic(), 2, 24)
     assert [d[0] for d in two] == [d[0] for d in one]
     asked = [[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": d[0].answer},
               {"role": "user", "content": d[0].feedback}] for d in one]

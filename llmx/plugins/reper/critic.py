@@ -19,6 +19,7 @@ from llmx.core.multimodal import languages as L
 
 COSTS = {"hallucination": 4, "attribute": 3, "miss": 2, "relation": 1, "unreadable": 1}
 ASK = "Could you generate a better one?"
+NAMED_UNREAD = 2  # unreadable sentences quoted in the rationale (each one is charged)
 RUBRIC = ("Score the caption of this image from 1 to 10. Start from 10: take 4 points for each object it mentions "
           "that is not in the image, 3 for each wrong colour, size or place, 2 for each object it misses and 1 for "
           "each wrong or missing relation and each sentence that describes nothing; at least 1, and 1 for a caption "
@@ -83,16 +84,15 @@ def errors(said: list[tuple], truth: list[tuple], unread: list[str] = (), rng: r
     said_o, true_o = _objects(said), _objects(truth)
     true_rel = {t for t in truth if t[0] == "relation"}
     said_rel = [t for t in said if t[0] == "relation"]
-    named = list(dict.fromkeys([*said_o, *(d for _, a, _, b in said_rel for d in (a, b))]))
-    found: list[Error] = [Error("hallucination", _hallucinated(d)) for d in named if d not in true_o]
-    for d, attrs in said_o.items():
-        for slot, value in attrs.items():
-            if d in true_o and value != true_o[d][slot]:
-                found.append(Error("attribute", _attribute_text(d, slot, true_o[d][slot], value), (d, slot, value)))
+    found: list[Error] = [Error("hallucination", _hallucinated(d)) for d in named(said) if d not in true_o]
+    for _, d, slot, value in (t for t in said if t[0] == "attribute"):  # every statement: a digit described twice
+        if d in true_o and value != true_o[d][slot]:                   # is checked twice
+            found.append(Error("attribute", _attribute_text(d, slot, true_o[d][slot], value), (d, slot, value)))
     for _, a, rel, b in said_rel:
         if a in true_o and b in true_o and ("relation", a, rel, b) not in true_rel:
             found.append(Error("relation", _relation_text(a, rel, b)))
-    found += [Error("unreadable", f'"{_short(x)}" describes nothing in the image.') for x in unread]
+    found += [Error("unreadable", f'"{_short(x)}" describes nothing in the image.' if k < NAMED_UNREAD else "")
+              for k, x in enumerate(unread)]
     for d, attrs in true_o.items():
         if d not in said_o:
             found.append(Error("miss", f"It misses {_describe(d, attrs)}.", (d,)))
@@ -113,6 +113,11 @@ def errors(said: list[tuple], truth: list[tuple], unread: list[str] = (), rng: r
     return out
 
 
+def named(said: list[tuple]) -> list[str]:
+    """The digits a caption names, as objects or in relations, in order."""
+    return list(dict.fromkeys(d for t in said for d in ((t[1], t[3]) if t[0] == "relation" else (t[1],))))
+
+
 def _hallucinated(d: str) -> str:
     return f"The caption mentions {_article(_word('digit', d))} that is not in the image."
 
@@ -127,7 +132,8 @@ def _short(text: str, width: int = 40) -> str:
 
 def _misreport(e: Error, true_o: dict, rng: random.Random) -> Error:
     """The error named wrongly: a wrong correction for an attribute, wrong attributes for a miss, another absent
-    digit for a hallucination, a relation the caption did not state for a relation error; its kind (and cost) kept."""
+    digit for a hallucination, a relation the caption did not state for a relation error (an unreadable sentence is
+    left as it is); its kind (and cost) kept."""
     choices = {"colour": L.COLOURS, "size": L.SIZES, "cell": L.CELLS}
     digits = [str(d) for d in range(10)]
     if e.kind == "attribute":
@@ -173,7 +179,8 @@ class RuleCritic:
         score, found = self.judge(image, answer)
         if not self.rationale:
             return score, feedback(score)
-        text = " ".join(e.text for e in found) if found or score > 1 else "The caption does not describe the image."
+        text = " ".join(e.text for e in found if e.text) if found or score > 1 else ("The caption does not describe "
+                                                                                     "the image.")
         return score, feedback(score, text)
 
 

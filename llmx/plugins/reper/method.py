@@ -113,17 +113,20 @@ def decode(ctx: RunContext, p: TurnsParams) -> dict[str, Any]:
         from llmx.core.multimodal.conversations import load
 
         convs = load(p.data, p.image_folder)
-        images, questions = [c.pil() for c in convs], [c.messages[0]["content"] for c in convs]
+        images, questions = convs, [c.messages[0]["content"] for c in convs]  # read per batch
     else:
         images = scenes(p.scenes, "test", p.scene_seed, p.objects)
         questions = [QUESTION] * len(images)
     critic = _critic(ctx, p)
-    dialogues = converse(model, proc, images, questions, critic, p.max_trials, p.max_new_tokens, p.batch_size,
-                         ctx.progress)
+    dialogues, dropped = converse(model, proc, images, questions, critic, p.max_trials, p.max_new_tokens,
+                                  p.batch_size, ctx.progress)
+    if dropped:
+        ctx.log.warning("%d earlier answers left out of prompts that outgrew the context", dropped)
     atomic.write_jsonl(ctx.artifact("dialogues.jsonl"), [
         {"question": q, "turns": [{"answer": t.answer, "score": t.score, "feedback": t.feedback} for t in d]}
         for q, d in zip(questions, dialogues, strict=True)])
-    out: dict[str, Any] = {"images": len(images), "max_trials": p.max_trials, "critic": p.critic, "noise": p.noise}
+    out: dict[str, Any] = {"images": len(images), "max_trials": p.max_trials, "critic": p.critic, "noise": p.noise,
+                           "answers_dropped": dropped}
     for t in range(p.max_trials):
         answers, scores = [d[t].answer for d in dialogues], [d[t].score for d in dialogues]
         if p.data:
