@@ -6,13 +6,16 @@ likelihood weighted by the turn reward sigma_t, unlikelihood by alpha (1 - sigma
 No official code is public (the repository holds a README), so every interpretation is an option:
 
 - ``granularity: token`` (default, derived: unlikelihood per token, log(1 - p) clamped at eps, averaged over each
-  response; ``reduction: sum``) or ``sequence`` (the formula as written);
+  response, every token but the EOS the best answer shares; ``reduction: sum``) or ``sequence`` (the formula as
+  written);
 - ``sigma: linear`` (t/T, the README's "rising linearly"), ``score`` or ``data``; ``alpha`` 8 (the ablation's best
   region; not stated); ``ul_tokens: differing`` (derived);
 - the dialogue builder's ``min_score`` (6) and its turn count per image (drawn by ``turn_weights``) are not public;
   answers are chosen worst, nearest the midpoint, best;
 - dialogues over ``max_length`` lose their earliest answers with the feedback after each;
 - the ``rule`` critic reads the generated scene's ground truth: a stand-in for GPT-4o / LLaVA-Critic, with a
-  10-point rubric of our own (hallucination 4, wrong attribute 3, miss 2, relation 1) and a templated rationale;
-  ``noise`` is the weaker critic; ``critic: model`` asks any LVLM with that rubric.
+  10-point rubric of our own (hallucinated digit 4, wrong attribute 3, miss 2, relation 1, unreadable sentence 1;
+  1 for a caption naming no object) and a templated rationale; ``noise`` is the weaker critic; ``critic: model``
+  asks any LVLM with that rubric;
+- at inference a prompt over the context loses its earliest answers, as in training.
 """
