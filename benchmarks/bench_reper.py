@@ -15,7 +15,8 @@ and once with a noisy one (noise 0.3); turn 1 is the single-turn baseline. Score
 precision, recall, F1, the hallucination rate (mentioned digits not in the image), digits mentioned per caption (a
 caption that names nothing hallucinates nothing) and the noise-free rubric; the issue's goals are checked on the
 means. Finished runs are kept in the temporary folder under their spec's digest. Writes
-benchmarks/results/reper.json and .md.
+benchmarks/results/reper.json and .md (``--candidates corrupt``: dialogues of corrupted true captions instead,
+reper_corrupt.json and .md).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--test", type=int, default=100, help="held-out scenes per decode")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--candidates", default="policy", choices=("policy", "corrupt"), help="the dialogues' captions: "
+                    "the base's own (the paper) or corrupted true captions (results/reper_corrupt.*)")
     ap.add_argument("--jobs", type=int, default=2, help="children at once (one thread each)")
     ap.add_argument("--child")
     args = ap.parse_args()
@@ -92,7 +95,9 @@ def main() -> None:
     base = run(args.model, [{"method": "llava", "params": {
         "stage": 2, "steps": args.base_steps, "lr": 1e-3, "batch_size": 16, "eval_rows": 0,
         "scenes": {"count": 4000, "formats": {"caption": 1.0}}}}], 0)[0]
-    built = run(base["model_dir"], [{"method": "reper", "stage": "analyze", "params": {"scenes": args.scenes}}], 0)[0]
+    source = {} if args.candidates == "policy" else {"candidates": args.candidates}
+    built = run(base["model_dir"], [{"method": "reper", "stage": "analyze", "params": {"scenes": args.scenes, **source}}],
+                0)[0]
     print({k: v for k, v in built.items() if k != "data"}, flush=True)
     jobs = []
     for name, params, seeds in arms(args.seeds, args.lr):
@@ -126,11 +131,12 @@ def main() -> None:
                 "f1_gain_min": min(r["f1_gain"] for r in mine), "f1_gain_max": max(r["f1_gain"] for r in mine)})
     goals = checks(summary)
     print(goals, flush=True)
-    publish("reper", rows, model=args.model, base=base, dataset={k: v for k, v in built.items() if k != "data"},
+    name = "reper" if args.candidates == "policy" else "reper_corrupt"
+    publish(name, rows, model=args.model, base=base, dataset={k: v for k, v in built.items() if k != "data"},
             steps=args.steps, lr=args.lr, batch=args.batch, test_scenes=args.test, seeds=args.seeds,
-            critics=CRITICS, summary=summary, goals=goals)
+            critics=CRITICS, candidates=args.candidates, summary=summary, goals=goals)
     table = markdown(list(summary[0]), summary)
-    with (RESULTS / "reper.md").open("a") as f:
+    with (RESULTS / f"{name}.md").open("a") as f:
         f.write("\n" + table + "\n")
     print(table)
 
