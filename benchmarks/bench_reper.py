@@ -9,7 +9,8 @@ It writes the Visual Reflection Dataset once (``analyze --method reper``: 8 capt
 1.4, the rule critic, gap 4). Every arm then trains from the base on those dialogues at the same steps, batch and
 rate: SFT on all turns, SFT on the best caption only, alpha = 0 (sigma-weighted SFT), DPO on (worst, best) at the
 rate and at a tenth of it (its own tuning), RPL (alpha = 8), RPL with ``ul_tokens: differing`` and RPL at alpha 2,
-4, 10; 3 seeds for RPL and both SFTs, one for the rest. Each model, and the base,
+4, 10; 3 seeds for RPL and both SFTs, one for the rest; RPL, alpha = 0 and both SFTs also at a tenth and 5 times
+the rate (one seed: each method's own tuning). Each model, and the base,
 then runs the policy/critic loop for 3 turns on held-out test scenes (unseen handwriting), once with the rule critic
 and once with a noisy one (noise 0.3); turn 1 is the single-turn baseline. Scored against ground truth: caption
 precision, recall, F1, the hallucination rate (mentioned digits not in the image), digits mentioned per caption (a
@@ -33,6 +34,8 @@ from common import RESULTS, cached, child, markdown, publish  # noqa: E402
 
 CRITICS = {"rule": 0.0, "noisy": 0.3}
 BASELINES = ("base", "sft_all", "sft_best", "alpha0", "dpo", "dpo_lr10")
+TUNED = {"sft_all": {"objective": "sft_all"}, "sft_best": {"objective": "sft_best"},  # each also at lr/10 and 5 lr
+         "alpha0": {"objective": "rpl", "alpha": 0.0}, "rpl": {"objective": "rpl", "alpha": 8.0}}
 
 
 def arms(seeds: list[int], lr: float) -> list[tuple[str, dict, list[int]]]:
@@ -42,7 +45,9 @@ def arms(seeds: list[int], lr: float) -> list[tuple[str, dict, list[int]]]:
             ("dpo", {"objective": "dpo"}, one), ("dpo_lr10", {"objective": "dpo", "lr": lr / 10}, one),
             ("rpl", {"objective": "rpl", "alpha": 8.0}, seeds),
             ("rpl_differing", {"objective": "rpl", "ul_tokens": "differing"}, one),
-            *((f"rpl_a{a}", {"objective": "rpl", "alpha": float(a)}, one) for a in (2, 4, 10))]
+            *((f"rpl_a{a}", {"objective": "rpl", "alpha": float(a)}, one) for a in (2, 4, 10)),
+            *((f"{name}_lr{tag}", {**params, "lr": lr * scale}, one) for name, params in TUNED.items()
+              for tag, scale in (("10", 0.1), ("x5", 5.0)))]
 
 
 WORK = Path(tempfile.gettempdir()) / "llmx-bench-reper"  # finished runs, kept under their spec's digest
