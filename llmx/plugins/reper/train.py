@@ -102,6 +102,6 @@ def turn_logps(model, packs: list[Packed], pad: int, batch_size: int = 8) -> dic
         per_turn = P.masked_mean(lp.unsqueeze(1), b.turn_masks)
         counts = (b.turn_masks.sum(-1) > 0).sum(-1)
         first += per_turn[:, 0].tolist()
-        last += per_turn[torch.arange(len(counts)), counts - 1].tolist()
+        last += per_turn[torch.arange(len(counts), device=counts.device), counts - 1].tolist()
     model.train(was)
     return {"first": sum(first) / len(first), "last": sum(last) / len(last)}
