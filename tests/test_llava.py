@@ -55,7 +55,7 @@ def test_questions_are_answerable_from_the_truth_in_every_language():
             assert L.parse_caption(lang, cap.answer) == s.truth()
         if len(s.objects) > 1:  # a false relation is false of the cells (a diagonal pair is above and left of)
             for _ in range(10):
-                slots, value = qa._ask(s, rng, "relation")
+                slots, value = qa.ask(s, rng, "relation")
                 assert qa._holds(s, slots["a"], slots["relation"], slots["b"]) == value
 
 

@@ -29,4 +29,5 @@ BUILTIN = (
     "llmx.plugins.funbo.plugin",
     "llmx.plugins.cosd.plugin",
     "llmx.plugins.reper.plugin",
+    "llmx.plugins.parrot.plugin",
 )

@@ -4,28 +4,26 @@ scoring), captions parsed to tuples and scored by F1. Accuracy is reported per l
 
 from __future__ import annotations
 
-import re
-
 from llmx.core.eval.stats import bootstrap_ci
 from llmx.core.multimodal import languages as L
 from llmx.core.multimodal.batch import pixel_values
 from llmx.core.multimodal.conversations import Conversation
 from llmx.core.multimodal.model import IMAGE_TOKEN, text_tokenizer
 
-LEADING = re.compile(r"^\W*([A-D])(?:$|[.):\]])")  # "B", "(B)", "B. red" (not pt's article "A resposta")
-STANDALONE = re.compile(r"(?<!\w)([A-D])(?!\w)")  # "The answer is B" (not "Büyük")
+PUNCTUATION = ".()[],:;!*#{}"
 
 
 def choice(reply: str, options: list[str]) -> int | None:
-    """The option a multiple-choice reply picks (MMMB's post-processing): a leading letter, else the only standalone
-    letter, else the only option text it contains; None when it picks none or several, or a letter past the options."""
-    lead = LEADING.match(reply)
-    letters = [lead.group(1)] if lead else STANDALONE.findall(reply)
-    if len(letters) == 1:
-        k = ord(letters[0]) - ord("A")
-        return k if k < len(options) else None
-    named = [k for k, o in enumerate(options) if o.lower() in reply.lower()]
-    return named[0] if len(named) == 1 else None
+    """The option a multiple-choice reply picks, as VLMEvalKit's ``can_infer`` reads it (MMMB's scoring): with
+    ``.()[],:;!*#{}`` blanked, the one option letter standing as a word (none when an "A" among more than three words
+    may be the article), else the one option whose text the reply contains; None when it picks none or several."""
+    letters = [chr(ord("A") + k) for k in range(len(options))]
+    words = reply.translate(str.maketrans(PUNCTUATION, " " * len(PUNCTUATION))).split()
+    named = [c for c in letters if c in words]
+    if len(named) == 1 and not ("A" in words and len(words) > 3):
+        return letters.index(named[0])
+    texts = [k for k, o in enumerate(options) if o.lower() in reply.lower()]
+    return texts[0] if len(texts) == 1 else None
 
 
 def generate(model, proc, convs: list[Conversation], image_tokens: int, max_new_tokens: int = 8, batch_size: int = 16,
@@ -86,11 +84,12 @@ def f1(said: list[tuple], truth: list[tuple]) -> float:
     return 2 * hit / (len(said_set) + len(true_set))
 
 
-def per_language(convs: list[Conversation], scores: list[float], seed: int = 0) -> dict[str, dict[str, float]]:
-    """Per language: the mean score with a 95% bootstrap interval and the number of questions."""
+def per_language(languages: list[str], scores: list[float], seed: int = 0) -> dict[str, dict[str, float]]:
+    """Per language (``languages[i]`` is question i's): the mean score with a 95% bootstrap interval and the number
+    of questions."""
     out: dict[str, dict[str, float]] = {}
     for lang in L.LANGUAGES:
-        mine = [s for c, s in zip(convs, scores, strict=True) if c.meta["language"] == lang]
+        mine = [s for x, s in zip(languages, scores, strict=True) if x == lang]
         if mine:
             low, high = bootstrap_ci(mine, 1000, seed=seed)
             out[lang] = {"accuracy": sum(mine) / len(mine), "ci_low": low, "ci_high": high, "n": len(mine)}

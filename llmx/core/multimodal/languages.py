@@ -14,6 +14,7 @@ RELATIONS = ("left_of", "above")
 QUESTION_KINDS = ("colour", "size", "cell", "digit_at", "count", "relation", "caption")
 ANSWER_KINDS = ("colour", "size", "cell", "digit_at", "count", "relation")
 
+# The multiple-choice instructions are Parrot's MMMB prompts (VLMEvalKit's ``vlm/parrot.py``), one per language.
 # Every slot word is invariant in every frame that uses it: Russian colours and sizes agree with "цифра" (feminine) and
 # cells are prepositional phrases with "в"; Portuguese words agree with "o dígito"; Arabic colours and sizes are
 # definite masculine after "الرقم"; Turkish cells are locative and both relations end in a back vowel (so "mı" fits).
@@ -62,7 +63,7 @@ TABLES: dict[str, dict] = {
         "q_count": "图中有几个数字？",
         "q_relation": "数字{a}在数字{b}的{relation}吗？",
         "q_caption": "请描述这张图片。",
-        "mc_instruction": "请直接回答选项字母。",
+        "mc_instruction": "请直接用给定选项中的选项字母回答。",
     },
     "ru": {
         "digits": ("ноль", "один", "два", "три", "четыре", "пять", "шесть", "семь", "восемь", "девять"),
@@ -87,7 +88,7 @@ TABLES: dict[str, dict] = {
         "q_count": "Сколько цифр на изображении?",
         "q_relation": "Находится ли цифра {a} {relation} цифры {b}?",
         "q_caption": "Опишите изображение.",
-        "mc_instruction": "Ответьте сразу буквой варианта из предложенных.",
+        "mc_instruction": "Ответьте буквой варианта из предложенных вариантов напрямую.",
     },
     "pt": {
         "digits": ("zero", "um", "dois", "três", "quatro", "cinco", "seis", "sete", "oito", "nove"),
@@ -112,7 +113,7 @@ TABLES: dict[str, dict] = {
         "q_count": "Quantos dígitos há na imagem?",
         "q_relation": "O dígito {a} está {relation} dígito {b}?",
         "q_caption": "Descreva a imagem.",
-        "mc_instruction": "Responda diretamente com a letra da opção entre as alternativas dadas.",
+        "mc_instruction": "Responda diretamente com a letra da opção das escolhas dadas.",
     },
     "ar": {
         "digits": ("صفر", "واحد", "اثنان", "ثلاثة", "أربعة", "خمسة", "ستة", "سبعة", "ثمانية", "تسعة"),
@@ -137,7 +138,7 @@ TABLES: dict[str, dict] = {
         "q_count": "كم عدد الأرقام في الصورة؟",
         "q_relation": "هل يقع الرقم {a} {relation} الرقم {b}؟",
         "q_caption": "صف الصورة.",
-        "mc_instruction": "أجب بحرف الخيار من الخيارات المعطاة مباشرةً.",
+        "mc_instruction": "أجب مباشرةً بحرف الخيار من الاختيارات المعطاة.",
     },
     "tr": {
         "digits": ("sıfır", "bir", "iki", "üç", "dört", "beş", "altı", "yedi", "sekiz", "dokuz"),
@@ -161,7 +162,7 @@ TABLES: dict[str, dict] = {
         "q_count": "Resimde kaç rakam var?",
         "q_relation": "Resimde {a} rakamı {b} rakamının {relation} mı?",
         "q_caption": "Resmi betimleyin.",
-        "mc_instruction": "Verilen seçeneklerden doğru seçeneğin harfiyle doğrudan yanıt verin.",
+        "mc_instruction": "Verilen seçeneklerden doğrudan seçeneğin harfi ile cevap verin.",
     },
 }
 

@@ -31,7 +31,7 @@ def _values(kind: str) -> list:
             "count": [1, 2, 3, 4], "relation": [True, False]}[kind]
 
 
-def _ask(scene: Scene, rng: random.Random, kind: str) -> tuple[dict, Any]:
+def ask(scene: Scene, rng: random.Random, kind: str) -> tuple[dict, Any]:
     """The question's slots and its true value."""
     objs = scene.objects
     o = rng.choice(objs)
@@ -56,6 +56,14 @@ def _holds(scene: Scene, a: int, relation: str, b: int) -> bool:
     return ca < cb if relation == "left_of" else ra < rb
 
 
+def option_values(kind: str, value, rng: random.Random) -> list:
+    """The true value and up to three others of ``kind``, shuffled: a multiple-choice question's options in order."""
+    others = [v for v in _values(kind) if v != value]
+    chosen = [value] + rng.sample(others, min(len(others), len(LETTERS) - 1))
+    rng.shuffle(chosen)
+    return chosen
+
+
 def question(scene: Scene, rng: random.Random, lang: str, fmt: str, kind: str | None = None) -> QA:
     """One question about ``scene`` in ``lang``: ``open``, ``choice`` or ``caption``."""
     if fmt == "caption":
@@ -63,13 +71,11 @@ def question(scene: Scene, rng: random.Random, lang: str, fmt: str, kind: str | 
         return QA("caption", L.question(lang, "caption"), text, scene.truth())
     kinds = [k for k in KINDS if k != "relation" or len(scene.objects) > 1]
     kind = kind if kind in kinds else rng.choice(kinds)
-    slots, value = _ask(scene, rng, kind)
+    slots, value = ask(scene, rng, kind)
     asked = L.question(lang, kind, **slots)
     if fmt == "open":
         return QA(kind, asked, L.answer(lang, kind, value), value)
-    others = [v for v in _values(kind) if v != value]
-    chosen = [value] + rng.sample(others, min(len(others), len(LETTERS) - 1))
-    rng.shuffle(chosen)
+    chosen = option_values(kind, value, rng)
     options = tuple(L.answer(lang, kind, v) for v in chosen)
     letter = LETTERS[chosen.index(value)]
     return QA(kind, L.multiple_choice(lang, asked, list(options)), letter, value, options)

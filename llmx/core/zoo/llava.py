@@ -103,7 +103,8 @@ def text_accuracy(lm, tok, spec, seed: int, progress) -> dict[str, Any]:
                                                                         {lang: 1.0}, {fmt: 1.0})]
         replies = generate(lm.eval(), tok, convs, 0, max_new_tokens=6)
         scores = [judge(c, r) for c, r in zip(convs, replies, strict=True)]
-        out[fmt] = {lang: round(v["accuracy"], 4) for lang, v in per_language(convs, scores).items()}
+        table = per_language([c.meta["language"] for c in convs], scores)
+        out[fmt] = {lang: round(v["accuracy"], 4) for lang, v in table.items()}
     return out
 
 

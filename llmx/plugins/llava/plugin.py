@@ -1,6 +1,7 @@
+from llmx.core.multimodal.params import LlavaTrainParams
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.llava.config import LlavaTrainParams, ScenesVQAParams
+from llmx.plugins.llava.config import ScenesVQAParams
 
 PAPER = "Liu et al., NeurIPS 2023 (arXiv 2304.08485); LLaVA-1.5, CVPR 2024 (arXiv 2310.03744)"
 

@@ -1,0 +1,120 @@
+"""``llmx train --method parrot`` and ``llmx eval --method mmmb``.
+
+Training is LLaVA's stage on the shared loop (``core/multimodal/stage``) with Parrot's MoE as the model's visual
+adapter (``core/multimodal/adapter``: the text embeddings, the question mask and ``inputs_embeds`` into the real
+``LlavaForConditionalGeneration``). A model whose processor drops CLS (llava-hf's ``default`` strategy, 576 tokens
+for CLIP-L/336) is switched to ``full`` (577): the MoE's query is the CLS token."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from llmx.core import atomic
+from llmx.core.context import RunContext
+from llmx.core.multimodal.model import vision_language
+from llmx.errors import UsageError
+from llmx.plugins.parrot.config import MmmbParams, ParrotTrainParams
+from llmx.plugins.parrot.moe import MultilingualMoE, projector_type
+
+
+def keep_cls(model, proc) -> bool:
+    """Switch a ``default``-strategy model and its processor to ``full`` (1 + P image tokens); True if it switched."""
+    if model.config.vision_feature_select_strategy == "full":
+        return False
+    from llmx.core.multimodal.model import image_tokens
+
+    model.config.vision_feature_select_strategy = "full"
+    model.config.image_seq_length = image_tokens(model)
+    proc.vision_feature_select_strategy = "full"
+    if getattr(proc, "num_additional_image_tokens", 1) != 1:
+        proc.num_additional_image_tokens = 1
+    return True
+
+
+def attach(model, p: ParrotTrainParams, seed: int):
+    """The model with the MoE this stage trains: stage 1 a fresh MoE switched off (the identity), stage 2 the model's
+    own MoE when it is already on (its configuration must match ``p``), else fresh experts (seeded) switched on."""
+    from llmx.core.multimodal.adapter import AdaptedLlava
+
+    if not _fresh(model, p):
+        return model
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's own init, seeded, the caller's generator untouched
+        torch.manual_seed(seed)
+        moe = MultilingualMoE(model.config.text_config.hidden_size, p.experts, p.intermediate_size, p.moe_weight,
+                              p.stage == 2, p.top_k, p.residual, projector_type(model.config))
+    return AdaptedLlava.adopt(model, moe)
+
+
+def _fresh(model, p: ParrotTrainParams) -> bool:
+    current = getattr(model, "visual_adapter", None)
+    if current is None or not getattr(current, "use_moe", False):
+        return True
+    if not isinstance(current, MultilingualMoE):
+        raise UsageError(f"this model carries another visual adapter ({type(current).__name__})")
+    if p.stage == 1:
+        raise UsageError("this model's MoE is trained (stage 2); stage 1 would switch it off: start from its base")
+    want = {"experts": p.experts, "intermediate_size": p.intermediate_size or current.hidden, "moe_weight": p.moe_weight,
+            "top_k": p.top_k, "residual": p.residual}
+    spec = current.adapter_spec()
+    if diff := [f"{k} {spec[k]} (asked {v})" for k, v in want.items() if spec[k] != v]:
+        raise UsageError(f"this model's MoE differs from the params: {', '.join(diff)}")
+    return False
+
+
+def train(ctx: RunContext, p: ParrotTrainParams) -> dict[str, Any]:
+    from llmx.core.multimodal.stage import run
+
+    model, proc = vision_language(ctx.model, ctx.tokenizer, ctx.config.model)
+    switched = keep_cls(model, proc)
+    if switched:
+        ctx.log.warning("switched vision_feature_select_strategy default -> full: the MoE's query is the CLS token")
+    model = attach(model, p, ctx.config.seed)
+    out = run(ctx, p, "parrot")
+    moe = ctx.model.visual_adapter
+    out.update({"strategy_switched": switched, "moe": moe.adapter_spec(),
+                "moe_params": sum(t.numel() for t in moe.parameters())})
+    if p.stage == 2 and p.routing_scenes:
+        from llmx.plugins.parrot.routing import report
+
+        ctx.model.eval()
+        out.update(report(ctx.model, proc, p.routing_scenes, ctx.config.seed))
+    return out
+
+
+def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
+    from llmx.core.multimodal.answer import choice, non_english_mean, per_language, reply
+    from llmx.core.multimodal.model import IMAGE_TOKEN
+    from llmx.plugins.parrot import mmmb
+
+    model, proc = vision_language(ctx.model, ctx.tokenizer, ctx.config.model)
+    if p.data:
+        items = mmmb.read(p.data, p.languages)
+        if not items:
+            raise UsageError(f"{p.data}: no questions in {', '.join(p.languages)}")
+    else:
+        items = mmmb.read(mmmb.write(ctx.artifact("mmmb"), p.count, p.seed, p.languages)[0].parent, p.languages)
+    prompts = [it.prompt() for it in items]
+    replies = reply(model, proc, [[{"role": "user", "content": f"{IMAGE_TOKEN}\n{q}"}] for q in prompts], items,
+                    p.max_new_tokens, batch_size=p.batch_size, progress=ctx.progress)
+    picks = [choice(mmmb.postprocess(r, q), list(it.options)) for r, q, it in zip(replies, prompts, items, strict=True)]
+    scores = [float(k == it.answer) for k, it in zip(picks, items, strict=True)]
+    atomic.write_text(ctx.artifact("answers.jsonl"), "".join(
+        json.dumps({"where": it.where, "language": it.language, "category": it.category, "prompt": q, "reply": r,
+                    "picked": k, "answer": it.answer, "score": s}, ensure_ascii=False) + "\n"
+        for it, q, r, k, s in zip(items, prompts, replies, picks, scores, strict=True)))
+    table = per_language([it.language for it in items], scores, ctx.config.seed)
+    out: dict[str, Any] = {"questions": len(items), "accuracy": sum(scores) / len(scores),
+                           "unanswered": sum(k is None for k in picks) / len(picks)}
+    for lang, row in table.items():
+        out.update({f"accuracy_{lang}": row["accuracy"], f"ci_low_{lang}": row["ci_low"],
+                    f"ci_high_{lang}": row["ci_high"]})
+    if (mean := non_english_mean(table)) is not None:
+        out["accuracy_non_english"] = mean
+    cats: dict[str, dict[str, list[float]]] = {}
+    for it, s in zip(items, scores, strict=True):
+        cats.setdefault(it.language, {}).setdefault(it.category, []).append(s)
+    out["per_category"] = {lang: {c: sum(v) / len(v) for c, v in sorted(d.items())} for lang, d in cats.items()}
+    return out

@@ -1,0 +1,173 @@
+"""MMMB (Parrot's Massive Multilingual Multimodal Benchmark) and multilingual MMBench in VLMEvalKit's multiple-choice
+TSV: columns ``index``, base64 ``image`` (or the ``index`` of a row whose image it shares), ``question``, optional
+``hint``, option columns ``A``, ``B``, ..., ``answer`` (a letter) and ``category``; one file per language named
+``*_{en,cn,pt,ar,tr,ru}.tsv`` (Chinese is ``cn``: ``mmmb_cn.tsv``, ``mmbench_dev_cn.tsv``).
+
+The prompt is Parrot's (VLMEvalKit ``vlm/parrot.py``): the hint and the question, one ``A. ...`` line per option,
+then the instruction to answer with the option's letter in the question's language; the reply goes through Parrot's
+post-processing and VLMEvalKit's letter extraction, scored by exact match. ``write`` makes an MMMB-format set from
+held-out digit scenes: every question asked in each language with the same options, shuffled by seed."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import random
+import string
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmx.core.multimodal import languages as L
+from llmx.errors import UsageError
+
+CODES = {"en": "en", "cn": "zh", "pt": "pt", "ar": "ar", "tr": "tr", "ru": "ru"}  # VLMEvalKit's file code -> ours
+REQUIRED = ("index", "image", "question", "answer", "A", "B")
+COLUMNS = ("index", "question", "hint", "A", "B", "C", "D", "answer", "category", "image")
+STRIPPED = ("Answer with the option's letter from the given choices directly.", "请直接回答选项字母。")
+
+
+@dataclass(frozen=True)
+class Item:
+    where: str  # file:line
+    index: str
+    language: str  # en, zh, pt, ar, tr, ru
+    question: str
+    hint: str | None
+    options: tuple[str, ...]
+    answer: int  # the right option's position
+    category: str
+    image: bytes  # encoded (PNG, JPEG...)
+
+    def pil(self):
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.image)) as img:
+            return img.convert("RGB")
+
+    def prompt(self) -> str:
+        """Parrot's multiple-choice prompt: hint, question, the options, the instruction in this language."""
+        asked = f"{self.hint}\n{self.question}" if self.hint else self.question
+        return L.multiple_choice(self.language, asked, list(self.options))
+
+
+def postprocess(reply: str, prompt: str) -> str:
+    """Parrot's answer cleaning (applied, as there, to prompts ending in the English or the older Chinese
+    instruction): strip punctuation, keep a leading or trailing capital letter that stands apart, or cut after
+    "answer is" / "answer:" and "option" and try again."""
+    if not prompt.endswith(STRIPPED):
+        return reply
+    answer = reply
+    while True:
+        answer = answer.strip(string.punctuation + string.whitespace)
+        if len(answer) <= 1:
+            return answer
+        apart = string.whitespace + string.punctuation
+        if answer[0] in string.ascii_uppercase and answer[1] in apart:
+            return answer[0]
+        if answer[-1] in string.ascii_uppercase and answer[-2] in apart:
+            return answer[-1]
+        low = answer.lower()
+        cut = next((p for p in ("answer is", "answer:") if p in low), None)
+        if cut is None:
+            return answer
+        answer = answer[low.find(cut) + len(cut):]
+        if "option" in answer.lower():
+            answer = answer[answer.lower().find("option") + len("option"):]
+
+
+def files(path: str | Path) -> list[tuple[Path, str]]:
+    """(file, language) for a TSV file or every ``*_{code}.tsv`` in a folder."""
+    p = Path(path)
+    found = sorted(p.glob("*.tsv")) if p.is_dir() else [p]
+    out = []
+    for f in found:
+        code = f.stem.rsplit("_", 1)[-1].lower()
+        if code not in CODES:
+            raise UsageError(f"{f}: the name must end in _{{{','.join(CODES)}}}.tsv (the question's language)")
+        out.append((f, CODES[code]))
+    if not out:
+        raise UsageError(f"{p}: no MMMB-format .tsv files (mmmb_en.tsv, mmmb_cn.tsv, ...)")
+    return out
+
+
+def read(path: str | Path, languages: list[str] | None = None) -> list[Item]:
+    """Every question of the TSV file(s) at ``path`` in ``languages`` (default: all); a bad row is a usage error
+    naming ``file:line``."""
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    items = []
+    for f, lang in files(path):
+        if languages is None or lang in languages:
+            items += _read_file(f, lang)
+    return items
+
+
+def _read_file(f: Path, lang: str) -> list[Item]:
+    with open(f, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle, delimiter="\t")
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or ())]
+        if missing:
+            raise UsageError(f"{f}:1: missing column(s) {', '.join(missing)} (VLMEvalKit's multiple-choice TSV)")
+        rows = [(reader.line_num, row) for row in reader]
+    images = {row["index"]: row["image"] for _, row in rows if len(row["image"] or "") > 64}
+    out = []
+    for line, row in rows:
+        where = f"{f}:{line}"
+        given = [c for c in string.ascii_uppercase if (row.get(c) or "").strip()]
+        letters = string.ascii_uppercase[:len(given)]
+        if "".join(given) != letters:
+            raise UsageError(f"{where}: options {', '.join(given)} leave a gap (give A, B, ... in order)")
+        answer = (row.get("answer") or "").strip()
+        if len(answer) != 1 or answer not in letters:
+            raise UsageError(f"{where}: answer {answer!r} is not one of the options' letters {', '.join(letters)}")
+        options = tuple(row[c] for c in letters)
+        encoded = images.get(row["image"], row["image"]) if len(row["image"] or "") <= 64 else row["image"]
+        out.append(Item(where, row["index"], lang, row["question"], (row.get("hint") or "").strip() or None, options,
+                        letters.index(answer), row.get("category") or "", _image(encoded, where)))
+    return out
+
+
+def _image(encoded: str | None, where: str) -> bytes:
+    from PIL import Image
+
+    try:
+        data = base64.b64decode(encoded or "", validate=True)
+        with Image.open(io.BytesIO(data)) as img:
+            img.verify()
+    except Exception as exc:  # binascii.Error, PIL's OSError, SyntaxError...
+        raise UsageError(f"{where}: the image is not a base64-encoded picture ({type(exc).__name__})") from exc
+    return data
+
+
+def write(folder: str | Path, count: int, seed: int, languages: list[str]) -> list[Path]:
+    """An MMMB-format set from ``count`` held-out digit scenes (test-split handwriting): one question per scene, its
+    category (colour, size, cell, digit_at, count, relation) in turn, asked in each language with the same options in
+    the same seeded order; one ``mmmb_{code}.tsv`` per language."""
+    from llmx.core.multimodal import qa
+    from llmx.core.multimodal.scenes import scenes
+
+    rng = random.Random(f"mmmb:{seed}")
+    rows = []
+    for i, s in enumerate(scenes(count, "test", seed + 2000)):
+        kinds = [k for k in qa.KINDS if k != "relation" or len(s.objects) > 1]
+        kind = kinds[i % len(kinds)]
+        slots, value = qa.ask(s, rng, kind)
+        values = qa.option_values(kind, value, rng)
+        buf = io.BytesIO()
+        s.image().save(buf, format="PNG")
+        rows.append((i, kind, slots, values, values.index(value), base64.b64encode(buf.getvalue()).decode()))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    code = {ours: theirs for theirs, ours in CODES.items()}
+    out = []
+    for lang in languages:
+        f = folder / f"mmmb_{code[lang]}.tsv"
+        with open(f, "w", newline="", encoding="utf-8") as handle:
+            w = csv.writer(handle, delimiter="\t")
+            w.writerow(COLUMNS)
+            for i, kind, slots, values, right, image in rows:
+                options = [L.answer(lang, kind, v) for v in values] + [""] * (4 - len(values))
+                w.writerow([i, L.question(lang, kind, **slots), "", *options, string.ascii_uppercase[right], kind, image])
+        out.append(f)
+    return out
