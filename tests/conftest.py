@@ -78,3 +78,33 @@ def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None)
     full_env.update(env or {})
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=full_env, cwd=cwd or ROOT,
                           timeout=120)
+
+
+@pytest.fixture
+def tiny_llava():
+    """``make(path, text_arch="qwen2", strategy="full")``: a random LLaVA saved in the llava-hf layout (model and
+    processor; a 32-pixel CLIP tower of 8-pixel patches, 16 patches), its text model with GQA and, for Qwen2, biased
+    q/k/v. ``strategy: default`` drops CLS as llava-hf's LLaVA-1.5 folders do (16 image tokens, not 17)."""
+
+    def make(path: Path, text_arch: str = "qwen2", strategy: str = "full") -> Path:
+        import torch
+        from transformers import LlavaForConditionalGeneration
+
+        from llmx.core.models.archs import config
+        from llmx.core.multimodal import model as M
+        from llmx.core.tokenizer import byte_tokenizer
+
+        tok = byte_tokenizer()
+        image_id = M.add_image_token(tok)
+        text = config(text_arch, len(tok), hidden=128, layers=2, heads=4, kv_heads=2)
+        cfg = M.llava_config(text, M.vision_config(32, 8, 32, 2, 2), image_id)
+        proc = M.processor(tok, 32, 8)
+        if strategy == "default":
+            cfg.vision_feature_select_strategy = proc.vision_feature_select_strategy = "default"
+            cfg.image_seq_length = 16
+        torch.manual_seed(0)
+        LlavaForConditionalGeneration(cfg).save_pretrained(path)
+        proc.save_pretrained(path)
+        return path
+
+    return make

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -160,26 +159,8 @@ def test_same_seed_same_llava_weights(tmp_path, monkeypatch):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _tiny_llava_folder(path: Path, text_arch: str = "qwen2") -> Path:
-    """A random LLaVA in the llava-hf layout (model + processor), with a Qwen2 text model (GQA, biased q/k/v)."""
-    from transformers import LlavaForConditionalGeneration
-
-    from llmx.core.models.archs import config
-    from llmx.core.multimodal import model as M
-    from llmx.core.tokenizer import byte_tokenizer
-
-    tok = byte_tokenizer()
-    image_id = M.add_image_token(tok)
-    text = config(text_arch, len(tok), hidden=128, layers=2, heads=4, kv_heads=2)
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration(M.llava_config(text, M.vision_config(32, 8, 32, 2, 2), image_id))
-    model.save_pretrained(path)
-    M.processor(tok, 32, 8).save_pretrained(path)
-    return path
-
-
-def test_a_llava_hf_folder_trains_and_evaluates(cli, tmp_path):
-    model = _tiny_llava_folder(tmp_path / "tiny-llava")
+def test_a_llava_hf_folder_trains_and_evaluates(cli, tmp_path, tiny_llava):
+    model = tiny_llava(tmp_path / "tiny-llava")
     r = cli("--json", "train", "--method", "llava", "--model", model, "--set", "steps=3", "--set", "batch_size=2",
             "--set", "eval_rows=4", "--set", "scenes={\"count\": 8}", "-o", tmp_path / "runs")
     assert r.code == 0, r.err
@@ -192,7 +173,7 @@ def test_a_llava_hf_folder_trains_and_evaluates(cli, tmp_path):
     assert metrics["questions"] == 6 and {"accuracy_en", "accuracy_ar", "accuracy_non_english"} <= set(metrics)
 
 
-def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path):
+def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path, tiny_llava):
     from transformers import LlavaForConditionalGeneration
 
     from llmx.core.multimodal import train as T
@@ -200,7 +181,7 @@ def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path)
     from llmx.core.multimodal.model import load
     from llmx.core.train.loop import TrainConfig, train
 
-    folder = _tiny_llava_folder(tmp_path / "m", "llama")
+    folder = tiny_llava(tmp_path / "m", "llama")
     convs = qa.conversations(16, "train", 0, {"en": 1}, {"open": 1})
     for stage in (1, 2):
         model, proc = load(folder, torch.float32, "cpu")
@@ -221,8 +202,8 @@ def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path)
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_a_bfloat16_llava_trains_with_its_tower_frozen_in_bfloat16(cli, tmp_path, stage):
-    model = _tiny_llava_folder(tmp_path / "m")
+def test_a_bfloat16_llava_trains_with_its_tower_frozen_in_bfloat16(cli, tmp_path, stage, tiny_llava):
+    model = tiny_llava(tmp_path / "m")
     r = cli("--json", "train", "--method", "llava", "--model", model, "--dtype", "bfloat16", "--set", f"stage={stage}",
             "--set", "steps=2", "--set", "batch_size=2", "--set", "eval_rows=2", "--set", "scenes={\"count\": 4}",
             "--set", "save=false", "-o", tmp_path / "runs")
@@ -244,8 +225,8 @@ def test_projector_lr_is_its_own_param_group():
     assert seen[-1] == pytest.approx([1e-3, 5e-3])
 
 
-def test_bad_conversation_files_are_one_line_errors_naming_the_row(cli, tmp_path):
-    model = _tiny_llava_folder(tmp_path / "m")
+def test_bad_conversation_files_are_one_line_errors_naming_the_row(cli, tmp_path, tiny_llava):
+    model = tiny_llava(tmp_path / "m")
     img = tmp_path / "a.png"
     scenes.scenes(1, "train", 0)[0].image().save(img)
     good = {"image": "a.png", "conversations": [{"from": "human", "value": "<image>\nWhat is it?"},

@@ -148,6 +148,6 @@ def attach_saved(model: LlavaForConditionalGeneration, path: Path, dtype: torch.
     try:
         adapter = load_object(layers[spec["layer"]].builder)(spec, tensors, dtype, model.config)
     except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise UsageError(f"{path}: the visual adapter does not match this model ({first})") from exc
+        said = " ".join(x.strip() for x in str(exc).strip().splitlines())
+        raise UsageError(f"{path}: the visual adapter does not match this model ({said[:240]})") from exc
     return AdaptedLlava.adopt(model, adapter)

@@ -72,20 +72,35 @@ def train(ctx: RunContext, p: ParrotTrainParams) -> dict[str, Any]:
     if switched:
         ctx.log.warning("switched vision_feature_select_strategy default -> full: the MoE's query is the CLS token")
     model = attach(model, p, ctx.config.seed)
+    init = _routing(model, proc, p, ctx.config.seed)
     out = run(ctx, p, "parrot")
     moe = ctx.model.visual_adapter
-    out.update({"strategy_switched": switched, "moe": moe.adapter_spec(),
+    out.update({"strategy_switched": switched, "moe_on": moe.use_moe, "experts": len(moe.experts),
                 "moe_params": sum(t.numel() for t in moe.parameters())})
-    if p.stage == 2 and p.routing_scenes:
-        from llmx.plugins.parrot.routing import report
-
-        ctx.model.eval()
-        out.update(report(ctx.model, proc, p.routing_scenes, ctx.config.seed))
+    if init is not None:
+        after = _routing(ctx.model.eval(), proc, p, ctx.config.seed)
+        atomic.write_text(ctx.artifact("routing.json"), json.dumps({"init": init, "trained": after}, indent=2) + "\n")
+        out.update({"routing_language_accuracy_init": init["language_accuracy"],
+                    "routing_language_accuracy": after["language_accuracy"], "routing_chance": after["chance"],
+                    "routing_top_expert": " ".join(f"{k}:{v}" for k, v in after["top_expert"].items())})
     return out
 
 
+def _routing(model, proc, p: ParrotTrainParams, seed: int) -> dict[str, Any] | None:
+    """The gates' language report (stage 2 with ``routing_scenes``), the model left in the mode it was in."""
+    if p.stage != 2 or not p.routing_scenes:
+        return None
+    from llmx.plugins.parrot.routing import report
+
+    was = model.training
+    try:
+        return report(model.eval(), proc, p.routing_scenes, seed)
+    finally:
+        model.train(was)
+
+
 def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
-    from llmx.core.multimodal.answer import choice, non_english_mean, per_language, reply
+    from llmx.core.multimodal.answer import non_english_mean, per_language, reply
     from llmx.core.multimodal.model import IMAGE_TOKEN
     from llmx.plugins.parrot import mmmb
 
@@ -99,8 +114,7 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
     prompts = [it.prompt() for it in items]
     replies = reply(model, proc, [[{"role": "user", "content": f"{IMAGE_TOKEN}\n{q}"}] for q in prompts], items,
                     p.max_new_tokens, batch_size=p.batch_size, progress=ctx.progress)
-    picks = [choice(mmmb.postprocess(r, q), list(it.options)) for r, q, it in zip(replies, prompts, items, strict=True)]
-    scores = [float(k == it.answer) for k, it in zip(picks, items, strict=True)]
+    picks, scores = mmmb.score(items, replies)
     atomic.write_text(ctx.artifact("answers.jsonl"), "".join(
         json.dumps({"where": it.where, "language": it.language, "category": it.category, "prompt": q, "reply": r,
                     "picked": k, "answer": it.answer, "score": s}, ensure_ascii=False) + "\n"
@@ -116,5 +130,7 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
     cats: dict[str, dict[str, list[float]]] = {}
     for it, s in zip(items, scores, strict=True):
         cats.setdefault(it.language, {}).setdefault(it.category, []).append(s)
-    out["per_category"] = {lang: {c: sum(v) / len(v) for c, v in sorted(d.items())} for lang, d in cats.items()}
+    per_category = {lang: {c: sum(v) / len(v) for c, v in sorted(d.items())} for lang, d in cats.items()}
+    atomic.write_text(ctx.artifact("per_category.json"), json.dumps(per_category, indent=2, ensure_ascii=False) + "\n")
+    out["categories"] = len({it.category for it in items})
     return out

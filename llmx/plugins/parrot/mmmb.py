@@ -77,6 +77,14 @@ def postprocess(reply: str, prompt: str) -> str:
             answer = answer[answer.lower().find("option") + len("option"):]
 
 
+def score(items: list[Item], replies: list[str]) -> tuple[list[int | None], list[float]]:
+    """Each reply's picked option (Parrot's cleaning, then VLMEvalKit's extraction) and its exact-match score."""
+    from llmx.core.multimodal.answer import choice
+
+    picks = [choice(postprocess(r, it.prompt()), list(it.options)) for r, it in zip(replies, items, strict=True)]
+    return picks, [float(k == it.answer) for k, it in zip(picks, items, strict=True)]
+
+
 def files(path: str | Path) -> list[tuple[Path, str]]:
     """(file, language) for a TSV file or every ``*_{code}.tsv`` in a folder."""
     p = Path(path)

@@ -60,6 +60,6 @@ def report(model, proc, count: int, seed: int) -> dict[str, Any]:
     centroids = torch.stack([fit[lang] for lang in L.LANGUAGES])
     guess = torch.cdist(g[test], centroids).argmin(1)
     right = sum(L.LANGUAGES[int(j)] == langs[k] for j, k in zip(guess, test, strict=True))
-    return {"routing_language_accuracy": right / len(test), "routing_chance": 1 / len(L.LANGUAGES),
-            "routing_top_expert": {lang: int(v.mean(0).argmax()) for lang, v in by_lang.items()},
-            "routing_mean_gates": {lang: [round(float(x), 4) for x in v.mean(0)] for lang, v in by_lang.items()}}
+    return {"language_accuracy": right / len(test), "chance": 1 / len(L.LANGUAGES),
+            "top_expert": {lang: int(v.mean(0).argmax()) for lang, v in by_lang.items()},
+            "mean_gates": {lang: [round(float(x), 4) for x in v.mean(0)] for lang, v in by_lang.items()}}

@@ -1,0 +1,370 @@
+"""Parrot's MoE inside the HF LLaVA class, its stages and artifact, and the MMMB reader, generator and scorer."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from llmx.core.multimodal import languages as L
+from llmx.core.multimodal import qa
+from llmx.core.multimodal.adapter import AdaptedLlava
+from llmx.plugins.parrot import mmmb
+from llmx.plugins.parrot.moe import MultilingualMoE
+
+
+def _model(folder, seed: int = 0, **moe):
+    from llmx.core.multimodal.model import load
+
+    model, proc = load(folder, torch.float32, "cpu")
+    torch.manual_seed(seed)
+    return AdaptedLlava.adopt(model, MultilingualMoE(model.config.text_config.hidden_size, **moe)).eval(), proc
+
+
+def _batch(proc, convs, model):
+    from llmx.core.multimodal.batch import collate, examples
+    from llmx.core.multimodal.model import image_tokens
+
+    return collate(examples(proc, convs, image_tokens(model), 512), proc.tokenizer.pad_token_id, "cpu")
+
+
+def _convs(count=4, langs=None, seed=0):
+    return qa.conversations(count, "train", seed, langs or {"en": 1, "zh": 1}, {"open": 1, "choice": 1})
+
+
+def _hand_moe(moe: MultilingualMoE, v: torch.Tensor, text: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image's output by the notes' §2.1, term by term: (g, sum_e g_e Expert_e(V) + 0.1 V)."""
+    q = v[0]
+    a = torch.softmax(text @ q / math.sqrt(v.shape[-1]), dim=0)
+    t = a @ text
+    g = torch.softmax(moe.gate.weight @ t, dim=0)
+    out = 0.1 * v
+    for e, ex in enumerate(moe.experts):
+        out = out + g[e] * (ex.down_proj.weight @ (torch.nn.functional.silu(ex.gate_proj.weight @ v.T)
+                                                    * (ex.up_proj.weight @ v.T))).T
+    return g, out
+
+
+def test_stage_1_is_an_exact_identity(tiny_llava, tmp_path):
+    from llmx.core.multimodal.model import load
+
+    folder = tiny_llava(tmp_path / "m")
+    plain, proc = load(folder, torch.float32, "cpu")
+    model, _ = _model(folder, use_moe=False)
+    batch = _batch(proc, _convs(), model)
+    with torch.no_grad():
+        assert torch.equal(plain.eval()(**batch).logits, model(**batch).logits)
+        model.visual_adapter.use_moe = True
+        assert not torch.allclose(plain(**batch).logits, model(**batch).logits)
+
+
+def test_stage_2_features_are_the_gated_expert_sum_plus_a_tenth_of_v(tiny_llava, tmp_path):
+    folder = tiny_llava(tmp_path / "m")
+    model, proc = _model(folder)
+    batch = _batch(proc, _convs(), model)
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    with torch.no_grad():
+        embeds = model.adapted_embeds(ids, batch["pixel_values"], mask, labels)
+        plain = model.get_input_embeddings()(ids)
+        feats = model.image_features(batch["pixel_values"], plain.dtype)
+        gates = model.visual_adapter.routing(feats, plain, model.text_mask(ids, mask, labels))
+    assert torch.allclose(gates.sum(-1), torch.ones(len(ids)))
+    for r in range(len(ids)):
+        text = plain[r][(ids[r] != model.config.image_token_id) & mask[r].bool() & (labels[r] == -100)]
+        g, want = _hand_moe(model.visual_adapter, feats[r], text)
+        assert torch.allclose(gates[r], g, atol=1e-6)
+        assert torch.allclose(embeds[r][ids[r] == model.config.image_token_id], want, atol=1e-5)
+
+
+def test_answer_tokens_change_neither_the_gates_nor_the_features_and_question_tokens_do(tiny_llava, tmp_path):
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    batch = _batch(proc, _convs(2), model)
+    ids, labels = batch["input_ids"], batch["labels"]
+    answer = labels != -100
+    other = ids.clone()
+    other[answer] = (ids[answer] + 7) % 200 + 40  # other answer tokens, same positions
+    question = (labels == -100) & batch["attention_mask"].bool() & (ids != model.config.image_token_id)
+    asked = ids.clone()
+    asked[question.nonzero()[3:6].unbind(1)] = 50  # a few question tokens changed
+    image = ids == model.config.image_token_id
+    with torch.no_grad():
+        a, b, c = (model.adapted_embeds(x, batch["pixel_values"], batch["attention_mask"], labels)[image]
+                   for x in (ids, other, asked))
+    assert not torch.equal(ids, other) and torch.equal(a, b)
+    assert not torch.allclose(a, c)
+
+
+def test_one_image_asked_in_two_languages_gets_two_routings(tiny_llava, tmp_path):
+    from llmx.plugins.parrot.routing import gates
+
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    scene = qa.scenes(1, "test", 0)[0]
+    prompts = []
+    for lang in ("en", "zh"):
+        asked = qa.question(scene, random.Random(0), lang, "open").question
+        prompts.append(f"USER: {'<image>' * 17}\n{asked} ASSISTANT:")
+    g = gates(model, proc, prompts, [scene, scene])
+    assert torch.allclose(g.sum(-1), torch.ones(2)) and (g[0] - g[1]).abs().max() > 1e-4
+
+
+def test_top_k_of_every_expert_is_soft_mixing_and_top_1_is_one_expert():
+    torch.manual_seed(0)
+    soft = MultilingualMoE(16, experts=4)
+    v, text, mask = torch.randn(3, 5, 16), torch.randn(3, 7, 16), torch.ones(3, 7, dtype=torch.bool)
+    mask[0, 4:] = False
+    every = MultilingualMoE(16, experts=4, top_k=4)
+    one = MultilingualMoE(16, experts=4, top_k=1)
+    every.load_state_dict(soft.state_dict())
+    one.load_state_dict(soft.state_dict())
+    assert torch.equal(soft(v, text, mask), every(v, text, mask))
+    g, g1 = soft.routing(v, text, mask), one.routing(v, text, mask)
+    assert torch.equal(g1.argmax(-1), g.argmax(-1)) and torch.equal(g1.max(-1).values, torch.ones(3))
+    k = int(g[0].argmax())
+    assert torch.allclose(one(v, text, mask)[0], one.experts[k](v[0]) + 0.1 * v[0], atol=1e-6)
+    with pytest.raises(ValueError, match="top_k"):
+        MultilingualMoE(16, experts=4, top_k=5)
+
+
+def test_masked_text_tokens_do_not_reach_the_router():
+    torch.manual_seed(0)
+    moe = MultilingualMoE(16, experts=3)
+    v, text = torch.randn(1, 5, 16), torch.randn(1, 6, 16)
+    mask = torch.tensor([[True, True, True, False, False, False]])
+    changed = text.clone()
+    changed[0, 3:] = torch.randn(3, 16)
+    assert torch.equal(moe.routing(v, text, mask), moe.routing(v, changed, mask))
+    assert not torch.equal(moe.routing(v, text, mask), moe.routing(v, changed, torch.ones_like(mask)))
+
+
+def test_text_only_rows_add_exactly_zero_and_use_every_moe_parameter(tiny_llava, tmp_path):
+    from llmx.core.multimodal.conversations import Conversation
+    from llmx.core.multimodal.model import load
+
+    folder = tiny_llava(tmp_path / "m")
+    plain, proc = load(folder, torch.float32, "cpu")
+    model, _ = _model(folder)
+    text_only = [Conversation("t", [{"role": "user", "content": "What is two plus two?"},
+                                    {"role": "assistant", "content": "four"}])]
+    batch = _batch(proc, text_only, model)
+    model.train()
+    loss = model(**batch).loss
+    loss.backward()
+    assert loss.item() == plain.train()(**batch).loss.item()
+    assert all(p.grad is not None for p in model.visual_adapter.parameters())
+    mixed = _batch(proc, [*_convs(2), *text_only], model)  # images for some rows only
+    model.zero_grad()
+    model(**mixed).loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.visual_adapter.parameters())
+
+
+def test_the_saved_folder_is_plain_llava_and_reloads_the_same_logits(tiny_llava, tmp_path):
+    from transformers import LlavaForConditionalGeneration
+
+    from llmx.core import models
+    from llmx.core.multimodal.model import load
+    from llmx.errors import UsageError
+
+    model, proc = _model(tiny_llava(tmp_path / "m"), top_k=2)
+    with torch.no_grad():
+        for p in model.visual_adapter.parameters():  # as if trained
+            p.add_(0.01 * torch.randn_like(p))
+    batch = _batch(proc, _convs(), model)
+    out = models.save(model, proc, tmp_path / "saved", {"method": "parrot"})
+    spec = json.loads((out / "visual_adapter.json").read_text())
+    assert spec["layer"] == "parrot_moe" and spec["projector"] == "mlp2x_gelu" and spec["top_k"] == 2
+    again, _ = load(out, torch.float32, "cpu")
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, again.eval()(**batch).logits)
+    plain = LlavaForConditionalGeneration.from_pretrained(out, local_files_only=True)
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlavaForConditionalGeneration"]
+    assert not any(k.startswith("visual_adapter") for k in plain.state_dict())
+    for edit, phrase in (({"hidden_size": 64}, "width 64"), ({"projector": "mlp2x_relu"}, "mlp2x_relu projector"),
+                         ({"experts": 5}, "size mismatch|Missing|Unexpected")):
+        (out / "visual_adapter.json").write_text(json.dumps({**spec, **edit}))
+        with pytest.raises(UsageError, match=phrase):
+            load(out, torch.float32, "cpu")
+    (out / "visual_adapter.json").write_text(json.dumps({**spec, "layer": "nope"}))
+    with pytest.raises(UsageError, match="provided by no installed plugin"):
+        load(out, torch.float32, "cpu")
+
+
+def test_stages_1_then_2_train_what_the_official_scripts_train(cli, tiny_llava, tmp_path):
+    folder = tiny_llava(tmp_path / "m", "llama")
+    runs = tmp_path / "runs"
+    common = ["--set", "steps=2", "--set", "batch_size=2", "--set", "eval_rows=2", "--set", 'scenes={"count": 6}',
+              "--set", "routing_scenes=2", "-o", runs]
+    r = cli("--json", "train", "--method", "parrot", "--model", folder, "--set", "stage=1", *common)
+    assert r.code == 0, r.err
+    one = r.json()["stages"][0]["metrics"]
+    assert one["lr"] == 1e-3 and not one["moe_on"] and "routing_language_accuracy" not in one
+    assert one["trainable_params"] == sum(t.numel() for k, t in _weights(folder).items() if "projector" in k)
+    stage1 = one["model_dir"]
+    r = cli("--json", "train", "--method", "parrot", "--model", stage1, "--set", "stage=2", *common)
+    assert r.code == 0, r.err
+    two = r.json()["stages"][0]["metrics"]
+    tower = sum(t.numel() for k, t in _weights(folder).items() if "vision_tower" in k)
+    total = sum(t.numel() for t in _weights(folder).values())
+    assert two["lr"] == 2e-5 and two["moe_on"] and two["trainable_params"] == total - tower + two["moe_params"]
+    assert 0 <= two["routing_language_accuracy"] <= 1
+    r = cli("train", "--method", "parrot", "--model", two["model_dir"], "--set", "stage=1", *common)
+    assert r.code == 2 and "stage 1 would switch it off" in r.err
+    r = cli("train", "--method", "parrot", "--model", two["model_dir"], "--set", "experts=4", *common)
+    assert r.code == 2 and "experts 6 (asked 4)" in r.err
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_llava_hf_folder_with_the_default_strategy_gets_cls_back_and_runs_end_to_end(cli, tiny_llava, tmp_path):
+    folder = tiny_llava(tmp_path / "hf", strategy="default")
+    runs = tmp_path / "runs"
+    r = cli("--json", "eval", "--method", "mmmb", "--model", folder, "--set", "count=2", "-o", runs)
+    assert r.code == 0, r.err  # the baseline as published: 16 tokens, no CLS
+    r = cli("--json", "train", "--method", "parrot", "--model", folder, "--set", "steps=2", "--set", "batch_size=2",
+            "--set", "eval_rows=2", "--set", 'scenes={"count": 4}', "--set", "routing_scenes=0", "-o", runs)
+    assert r.code == 0, r.err
+    out = r.json()["stages"][0]["metrics"]
+    assert out["strategy_switched"] and out["image_tokens"] == 17
+    saved = tmp_path / out["model_dir"]
+    assert json.loads((saved / "config.json").read_text())["vision_feature_select_strategy"] == "full"
+    from transformers import AutoProcessor
+
+    from llmx.core.multimodal.scenes import scenes
+
+    proc = AutoProcessor.from_pretrained(saved, local_files_only=True)
+    batch = proc(images=[scenes(1, "test", 0)[0].image()], text=["USER: <image>\nHi ASSISTANT:"], return_tensors="pt")
+    assert int((batch["input_ids"] == proc.tokenizer.convert_tokens_to_ids("<image>")).sum()) == 17
+    r = cli("--json", "eval", "--method", "mmmb", "--model", saved, "--set", "count=3", "--set", 'languages=["ar"]',
+            "-o", runs)
+    assert r.code == 0, r.err
+    assert r.json()["stages"][0]["metrics"]["questions"] == 3
+
+
+def test_generated_mmmb_round_trips_with_the_same_questions_in_every_language(tmp_path):
+    from llmx.core.multimodal.scenes import scenes
+
+    mmmb.write(tmp_path, 12, 3, list(L.LANGUAGES))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"mmmb_{c}.tsv" for c in sorted(mmmb.CODES)]
+    items = mmmb.read(tmp_path)
+    by_lang = {lang: [it for it in items if it.language == lang] for lang in L.LANGUAGES}
+    assert all(len(v) == 12 for v in by_lang.values())
+    for k, en in enumerate(by_lang["en"]):
+        same = [by_lang[lang][k] for lang in L.LANGUAGES]
+        assert len({(it.answer, it.category, len(it.options), it.image) for it in same}) == 1
+        assert len({it.question for it in same}) == 6
+        assert en.options[en.answer] in {L.answer("en", en.category, v) for v in qa._values(en.category)}
+    assert len({it.category for it in by_lang["en"]}) >= 5
+    assert {len(it.options) for it in items} == {2, 4}
+    shown = scenes(12, "test", 3 + 2000)[0].pixels()
+    assert (torch.tensor(list(by_lang["zh"][0].pil().getdata())).reshape(32, 32, 3).numpy() == shown).all()
+    zh = by_lang["zh"][0].prompt()
+    assert zh.startswith(by_lang["zh"][0].question) and zh.endswith("请直接用给定选项中的选项字母回答。")
+    assert "\nA. " in zh and mmmb.read(tmp_path, ["ar"]) == by_lang["ar"]
+    alone = mmmb.read(mmmb.write(tmp_path / "b", 12, 3, ["en"])[0])  # the same set whichever languages are written
+    assert [(it.question, it.options, it.answer, it.image) for it in alone] == \
+        [(it.question, it.options, it.answer, it.image) for it in by_lang["en"]]
+
+
+def test_replies_are_read_as_parrot_and_vlmevalkit_do():
+    en = mmmb.Item("f:2", "0", "en", "What colour is the three?", None, ("red", "blue", "green", "white"), 1, "colour",
+                   b"")
+    zh = mmmb.Item("f:2", "0", "zh", "数字三是什么颜色？", None, ("红色", "蓝色", "绿色", "白色"), 1, "colour", b"")
+    replies = ["B", "(C)", "The answer is D.", "Answer: B) blue", "blue", "I think A is right and so is B"]
+    assert mmmb.score([en] * len(replies), replies)[0] == [1, 2, 3, 1, 1, None]
+    assert mmmb.score([zh] * 4, ["答案是 B", "B", "绿色", "A 和 C"])[0] == [1, 1, 2, None]
+    assert mmmb.postprocess("The answer is option C.", en.prompt()) == "C"
+    assert mmmb.postprocess("The answer is option C.", zh.prompt()) == "The answer is option C."  # not stripped
+
+
+def test_an_oracle_scores_one_and_a_constant_letter_about_one_over_the_options(tmp_path):
+    mmmb.write(tmp_path, 300, 0, ["en", "tr"])
+    items = mmmb.read(tmp_path)
+    assert mmmb.score(items, ["ABCD"[it.answer] for it in items])[1] == [1.0] * len(items)
+    constant = sum(mmmb.score(items, ["A"] * len(items))[1]) / len(items)
+    expected = sum(1 / len(it.options) for it in items) / len(items)
+    assert abs(constant - expected) < 0.06 and constant < 0.5
+
+
+def _tsv(path, rows, columns=mmmb.COLUMNS):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter="\t")
+        w.writerow(columns)
+        w.writerows(rows)
+    return path
+
+
+def test_real_tsv_layouts_hints_and_shared_images_are_read(tmp_path):
+    mmmb.write(tmp_path / "gen", 2, 0, ["en"])
+    rows = list(csv.reader(open(tmp_path / "gen" / "mmmb_en.tsv", encoding="utf-8"), delimiter="\t"))
+    first = dict(zip(rows[0], rows[1], strict=True))
+    f = _tsv(tmp_path / "mmbench_dev_en.tsv", [
+        [first["index"], first["question"], "Look closely.", first["A"], first["B"], first["C"], first["D"],
+         first["answer"], first["category"], first["image"]],
+        ["7", "Same picture?", "", "yes", "no", "", "", "A", "other", first["index"]]])  # the image by index
+    a, b = mmmb.read(f)
+    assert a.prompt().startswith("Look closely.\n" + first["question"]) and a.image == b.image and b.hint is None
+
+
+@pytest.mark.parametrize("edit, phrase", [
+    ({"answer": "E"}, "answer 'E' is not one of the options' letters A, B"),
+    ({"answer": ""}, "answer '' is not one of"),
+    ({"image": "bm90IGFuIGltYWdl" * 8}, "not a base64-encoded picture"),
+    ({"B": ""}, "leave a gap"),
+])
+def test_bad_mmmb_rows_are_one_line_errors_naming_the_row(cli, tmp_path, tiny_llava, edit, phrase):
+    png = io.BytesIO()
+    qa.scenes(1, "test", 0)[0].image().save(png, format="PNG")
+    good = {"index": "0", "question": "Q?", "hint": "", "A": "red", "B": "blue", "C": "green", "D": "",
+            "answer": "B", "category": "colour", "image": base64.b64encode(png.getvalue()).decode()}
+    bad = {**good, "index": "1", **edit}
+    f = _tsv(tmp_path / "mmmb_pt.tsv", [list(good.values()), list(bad.values())], list(good))
+    runs = tmp_path / "runs"
+    r = cli("eval", "--method", "mmmb", "--model", tiny_llava(tmp_path / "m"), "--data", f, "-o", runs)
+    assert r.code == 2 and f"{f}:3: " in r.err.strip().splitlines()[0] and phrase in r.err, r.err
+    assert not list(runs.glob("*/artifacts/*/*"))
+
+
+def test_tsv_names_and_columns_are_checked(tmp_path):
+    from llmx.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"_\{en,cn,pt,ar,tr,ru\}\.tsv"):
+        mmmb.read(_tsv(tmp_path / "mmmb_xx.tsv", []))
+    with pytest.raises(UsageError, match="mmmb_en.tsv:1: missing column\\(s\\) answer"):
+        mmmb.read(_tsv(tmp_path / "mmmb_en.tsv", [], ("index", "image", "question", "A", "B")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no MMMB-format"):
+        mmmb.read(tmp_path / "empty")
+
+
+def test_params_are_checked(cli, tmp_path):
+    for setting, phrase in (("top_k=7", "top_k 7 is more than experts 6"), ("routing_scenes=1", "routing_scenes"),
+                            ("experts=0", "experts")):
+        r = cli("train", "--method", "parrot", "--model", "ref:llava-test", "--set", setting, "-o", tmp_path)
+        assert r.code == 2 and phrase in r.err, r.err
+    r = cli("eval", "--method", "mmmb", "--model", "ref:llava-test", "--set", 'languages=["xx"]', "-o", tmp_path)
+    assert r.code == 2 and "languages: xx" in r.err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_parrot_trains_saves_and_answers_on_cuda(tmp_path):
+    from llmx import api
+
+    out = api.run({"model": "ref:llava-test", "threads": 1, "seed": 0, "device": "cuda", "dtype": "bfloat16",
+                   "pipeline": [{"method": "parrot", "params": {"stage": 1, "steps": 2, "batch_size": 2,
+                                                                "eval_rows": 2, "scenes": {"count": 8}}},
+                                {"method": "parrot", "params": {"stage": 2, "steps": 2, "batch_size": 2, "eval_rows": 2,
+                                                                "scenes": {"count": 8}, "routing_scenes": 4}},
+                                {"method": "mmmb", "params": {"count": 4}}]},
+                  output_dir=tmp_path / "runs")
+    metrics = [s["metrics"] for s in out["stages"]]
+    assert math.isfinite(metrics[1]["heldout_loss"]) and metrics[2]["questions"] == 24
