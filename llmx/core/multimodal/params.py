@@ -27,6 +27,14 @@ def _weights(value: dict[str, float], known: tuple[str, ...], what: str) -> dict
     return kept
 
 
+def known_languages(value: list[str]) -> list[str]:
+    """A non-empty list of MMMB's six language codes (a pydantic validator's body)."""
+    bad = [lang for lang in value if lang not in LANGUAGES]
+    if bad or not value:
+        raise ValueError(f"languages: {', '.join(bad) or 'none given'}; known: {', '.join(LANGUAGES)}")
+    return value
+
+
 class SceneSet(Params):
     """Conversations about generated digit scenes (``core/multimodal``): each row's language and format drawn by
     weight. Train scenes use the first 80% of the digit images, test scenes the rest (unseen handwriting)."""

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
-from llmx.core.multimodal.params import LANGUAGES
+from llmx.core.multimodal.params import LANGUAGES, known_languages
 from llmx.core.spec import Params
 
 
@@ -20,9 +20,4 @@ class ScenesVQAParams(Params):
     max_new_tokens: int | None = Field(None, gt=0, description="Default: 4 (choice), 8 (open), 160 (caption).")
     batch_size: int = Field(16, gt=0)
 
-    @model_validator(mode="after")
-    def _known(self) -> ScenesVQAParams:
-        bad = [lang for lang in self.languages if lang not in LANGUAGES]
-        if bad or not self.languages:
-            raise ValueError(f"languages: {', '.join(bad) or 'none given'}; known: {', '.join(LANGUAGES)}")
-        return self
+    _languages = field_validator("languages")(known_languages)

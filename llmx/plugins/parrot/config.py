@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from llmx.core.multimodal.params import LANGUAGES, LlavaTrainParams
+from llmx.core.multimodal.params import LANGUAGES, LlavaTrainParams, known_languages
 from llmx.core.refs import ExistingPath
 from llmx.core.spec import Params
 
@@ -44,9 +44,4 @@ class MmmbParams(Params):
     max_new_tokens: int = Field(16, gt=0)
     batch_size: int = Field(16, gt=0)
 
-    @model_validator(mode="after")
-    def _known(self) -> MmmbParams:
-        bad = [lang for lang in self.languages if lang not in LANGUAGES]
-        if bad or not self.languages:
-            raise ValueError(f"languages: {', '.join(bad) or 'none given'}; known: {', '.join(LANGUAGES)}")
-        return self
+    _languages = field_validator("languages")(known_languages)
