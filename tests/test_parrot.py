@@ -202,16 +202,19 @@ def test_stages_1_then_2_train_what_the_official_scripts_train(cli, tiny_llava, 
     r = cli("--json", "train", "--method", "parrot", "--model", folder, "--set", "stage=1", *common)
     assert r.code == 0, r.err
     one = r.json()["stages"][0]["metrics"]
-    assert one["lr"] == 1e-3 and not one["moe_on"] and "routing_language_accuracy" not in one
+    assert one["lr"] == 1e-3 and not one["moe_on"] and one["moe_params"] == 0 and "routing_language_accuracy" not in one
     assert one["trainable_params"] == sum(t.numel() for k, t in _weights(folder).items() if "projector" in k)
     stage1 = one["model_dir"]
+    assert not (tmp_path / stage1 / "visual_adapter.json").exists()  # the MoE is off in stage 1: a plain LLaVA
     r = cli("--json", "train", "--method", "parrot", "--model", stage1, "--set", "stage=2", *common)
     assert r.code == 0, r.err
     two = r.json()["stages"][0]["metrics"]
     tower = sum(t.numel() for k, t in _weights(folder).items() if "vision_tower" in k)
     total = sum(t.numel() for t in _weights(folder).values())
     assert two["lr"] == 2e-5 and two["moe_on"] and two["trainable_params"] == total - tower + two["moe_params"]
-    assert 0 <= two["routing_language_accuracy"] <= 1
+    assert 0 <= two["routing_language_accuracy"] <= 1 and 0 <= two["routing_language_accuracy_init"] <= 1
+    routing = json.loads((tmp_path / two["model_dir"]).parent.joinpath("routing.json").read_text())
+    assert set(routing["trained"]["mean_gates"]) == set(L.LANGUAGES)
     r = cli("train", "--method", "parrot", "--model", two["model_dir"], "--set", "stage=1", *common)
     assert r.code == 2 and "stage 1 would switch it off" in r.err
     r = cli("train", "--method", "parrot", "--model", two["model_dir"], "--set", "experts=4", *common)
@@ -278,8 +281,9 @@ def test_replies_are_read_as_parrot_and_vlmevalkit_do():
     en = mmmb.Item("f:2", "0", "en", "What colour is the three?", None, ("red", "blue", "green", "white"), 1, "colour",
                    b"")
     zh = mmmb.Item("f:2", "0", "zh", "数字三是什么颜色？", None, ("红色", "蓝色", "绿色", "白色"), 1, "colour", b"")
-    replies = ["B", "(C)", "The answer is D.", "Answer: B) blue", "blue", "I think A is right and so is B"]
-    assert mmmb.score([en] * len(replies), replies)[0] == [1, 2, 3, 1, 1, None]
+    replies = ["B", "(C)", "The answer is D.", "Answer: B) blue", "blue", "I think A is right and so is B",
+               "A. The colour is red here"]
+    assert mmmb.score([en] * len(replies), replies)[0] == [1, 2, 3, 1, 1, None, 0]  # no article rule (VERBOSE only)
     assert mmmb.score([zh] * 4, ["答案是 B", "B", "绿色", "A 和 C"])[0] == [1, 1, 2, None]
     assert mmmb.postprocess("The answer is option C.", en.prompt()) == "C"
     assert mmmb.postprocess("The answer is option C.", zh.prompt()) == "The answer is option C."  # not stripped
@@ -368,3 +372,104 @@ def test_parrot_trains_saves_and_answers_on_cuda(tmp_path):
                   output_dir=tmp_path / "runs")
     metrics = [s["metrics"] for s in out["stages"]]
     assert math.isfinite(metrics[1]["heldout_loss"]) and metrics[2]["questions"] == 24
+
+
+def test_a_forward_with_labels_never_lets_the_router_read_the_answers(tiny_llava, tmp_path):
+    from llmx.core.train.sft.batch import labelled_nll
+
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    batch = _batch(proc, _convs(2), model)
+    last = batch["labels"][0].ne(-100).nonzero()[-1, 0]
+    other = {**batch, "input_ids": batch["input_ids"].clone()}
+    other["input_ids"][0, last] = (other["input_ids"][0, last] + 5) % 200 + 40
+    with torch.no_grad():
+        a, b = (model(**x).logits[0, :last] for x in (batch, other))
+        leaky = [model(**{k: v for k, v in x.items() if k != "labels"}).logits[0, :last] for x in (batch, other)]
+        loss = model(**batch).loss.item()
+    assert torch.equal(a, b)  # causal again: the answer's last token reaches no earlier logit
+    assert not torch.equal(*leaky)  # without labels the router reads every text token (the inference rule)
+    assert labelled_nll(model, [batch]) == pytest.approx(loss, rel=1e-5)
+
+
+def test_generate_goes_through_the_moe_and_batches_do_not_change_replies(tiny_llava, tmp_path):
+    from llmx.core.multimodal.answer import generate
+
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    assert not model._supports_mm_encoder_outputs() and model._supports_logits_to_keep()
+    convs = _convs(5, {"en": 1, "ar": 1, "zh": 1})  # prompts of several lengths: left padding in a batch
+    with torch.no_grad():
+        with_moe = generate(model, proc, convs, 17, 6, batch_size=5)
+        assert with_moe == [generate(model, proc, [c], 17, 6)[0] for c in convs]
+        model.visual_adapter.use_moe = False
+        assert generate(model, proc, convs, 17, 6, batch_size=5) != with_moe
+
+
+def test_a_bfloat16_parrot_model_runs_saves_and_reloads(tiny_llava, tmp_path):
+    from llmx.core import models
+    from llmx.core.multimodal.answer import generate
+    from llmx.core.multimodal.model import load
+
+    model, proc = load(tiny_llava(tmp_path / "m"), torch.bfloat16, "cpu")
+    torch.manual_seed(0)
+    model = AdaptedLlava.adopt(model, MultilingualMoE(model.config.text_config.hidden_size)).eval()
+    assert next(model.visual_adapter.parameters()).dtype == torch.bfloat16
+    batch = _batch(proc, _convs(2), model)
+    with torch.no_grad():
+        logits = model(**batch).logits
+        replies = generate(model, proc, _convs(2), 17, 4)
+    out = models.save(model, proc, tmp_path / "saved")
+    again, _ = load(out, torch.bfloat16, "cpu")
+    with torch.no_grad():
+        assert torch.equal(again.eval()(**batch).logits, logits)
+    assert generate(again, proc, _convs(2), 17, 4) == replies
+
+
+def test_a_wide_image_is_padded_to_a_square_not_cropped(tiny_llava, tmp_path):
+    from PIL import Image
+
+    from llmx.core.multimodal.batch import pixel_values
+    from llmx.core.multimodal.model import load
+
+    _, proc = load(tiny_llava(tmp_path / "m"), torch.float32, "cpu")
+    wide = Image.new("RGB", (64, 32), (255, 0, 0))
+    wide.paste(Image.new("RGB", (4, 32), (0, 0, 255)), (60, 0))  # a blue edge a centre crop would lose
+    px = pixel_values(proc, [wide])[0]
+    assert px.shape == (3, 32, 32)
+    mean = torch.tensor(proc.image_processor.image_mean)[:, None]
+    assert torch.allclose(px[:, 0, :], px[:, 0, :1].expand(3, 32)) and px[2, 16, 31] > px[0, 16, 31]  # blue kept
+    assert torch.allclose(px[:, 0, 5:10], torch.zeros(3, 5) + (torch.round(mean * 255) / 255 - mean) /
+                          torch.tensor(proc.image_processor.image_std)[:, None], atol=0.02)  # the mean-colour band
+
+
+def test_mmbench_files_are_scored_by_circular_eval(tmp_path):
+    mmmb.write(tmp_path / "gen", 3, 0, ["en"])
+    rows = list(csv.DictReader(open(tmp_path / "gen" / "mmmb_en.tsv", encoding="utf-8"), delimiter="\t"))
+    copies = []
+    for r in rows[:2]:
+        copies.append({**r})
+        copies.append({**r, "index": str(int(r["index"]) + 1_000_000), "image": r["index"]})  # a copy of question i
+    f = _tsv(tmp_path / "mmbench_dev_en.tsv", [list(r.values()) for r in copies], list(copies[0]))
+    items = mmmb.read(f)
+    assert mmmb.circular(f, items) and not mmmb.circular(tmp_path / "gen", mmmb.read(tmp_path / "gen"))
+    scores = [1.0, 1.0, 1.0, 0.0]  # question 0 right twice, question 1 right once
+    assert mmmb.grouped(items, scores, True) == (["en", "en"], [1.0, 0.0])
+    assert mmmb.grouped(items, scores, False) == (["en"] * 4, scores)
+
+
+def test_tsv_quirks_a_bom_a_dangling_image_reference_and_mixed_benchmarks(tmp_path):
+    from llmx.errors import UsageError
+
+    mmmb.write(tmp_path / "gen", 2, 0, ["en"])
+    text = (tmp_path / "gen" / "mmmb_en.tsv").read_text(encoding="utf-8")
+    (tmp_path / "bom").mkdir()
+    (tmp_path / "bom" / "mmmb_en.tsv").write_text("\ufeff" + text, encoding="utf-8")
+    assert len(mmmb.read(tmp_path / "bom")) == 2
+    header, first, _ = text.split("\n", 2)
+    dangling = first.rsplit("\t", 1)[0] + "\t42"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "mmmb_en.tsv").write_text(f"{header}\n{dangling}\n", encoding="utf-8")
+    with pytest.raises(UsageError, match="mmmb_en.tsv:2: image '42' names no row's index"):
+        mmmb.read(tmp_path / "bad")
+    (tmp_path / "bom" / "mmbench_dev_en.tsv").write_text(text, encoding="utf-8")
+    with pytest.raises(UsageError, match="several benchmarks"):
+        mmmb.read(tmp_path / "bom")

@@ -81,7 +81,7 @@ class AdaptedLlava(LlavaForConditionalGeneration):
             feats = self.image_features(pixel_values, embeds.dtype)
             if feats.shape[0] != int(rows.sum()) or feats.shape[0] * feats.shape[1] != int(placeholders.sum()):
                 raise ValueError(f"{int(placeholders.sum())} image tokens in {int(rows.sum())} rows for "
-                                 f"{feats.shape[0]} images of {feats.shape[1]} features")
+                                 f"{feats.shape[0]} images of {feats.shape[1]} features (one image per row)")
             out = self.adapt(feats, embeds[rows], text[rows])
             embeds = embeds.masked_scatter(placeholders.unsqueeze(-1), out)
         elif rows.any():
@@ -98,15 +98,20 @@ class AdaptedLlava(LlavaForConditionalGeneration):
         return self.adapt(feats, embeds, text)[:, :0].sum()
 
     def forward(self, input_ids: torch.Tensor | None = None, pixel_values: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, **kwargs: Any):
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                past_key_values: Any = None, inputs_embeds: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, logits_to_keep: int | torch.Tensor = 0, **kwargs: Any):
+        """LLaVA's forward with the adapted features; ``labels`` also say which tokens are answers (the adapter never
+        reads them), so pass them whenever a forward scores answers. No ``mm_encoder_outputs``: precomputed features
+        would skip the adapter (``generate`` sees the parameter missing and passes pixels)."""
+        common = {"attention_mask": attention_mask, "position_ids": position_ids, "past_key_values": past_key_values,
+                  "labels": labels, "logits_to_keep": logits_to_keep, **kwargs}
         if inputs_embeds is not None or input_ids is None or (pixel_values is None and not self.training):
             if pixel_values is not None:
                 raise ValueError("a visual adapter needs input_ids with pixel_values (it reads the row's text)")
-            return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
-                                   inputs_embeds=inputs_embeds, **kwargs)
+            return super().forward(input_ids=input_ids, inputs_embeds=inputs_embeds, **common)
         embeds = self.adapted_embeds(input_ids, pixel_values, attention_mask, labels)
-        return super().forward(inputs_embeds=embeds, attention_mask=attention_mask, labels=labels, **kwargs)
+        return super().forward(inputs_embeds=embeds, **common)
 
     def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs) -> None:
         """A plain LLaVA folder (architecture ``LlavaForConditionalGeneration``) plus the adapter's two files."""
@@ -121,7 +126,7 @@ class AdaptedLlava(LlavaForConditionalGeneration):
         data["architectures"] = [LlavaForConditionalGeneration.__name__]
         config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         (folder / SPEC_FILE).write_text(json.dumps(self.visual_adapter.adapter_spec(), indent=2) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.visual_adapter.state_dict().items()},
+        save_file({k[len(PREFIX):]: v.detach().contiguous().cpu() for k, v in state.items() if k.startswith(PREFIX)},
                   str(folder / WEIGHTS_FILE))
 
 
@@ -131,6 +136,7 @@ def attach_saved(model: LlavaForConditionalGeneration, path: Path, dtype: torch.
     spec_file = Path(path) / SPEC_FILE
     if not spec_file.is_file():
         return model
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from llmx.core.plugins import host
@@ -139,7 +145,7 @@ def attach_saved(model: LlavaForConditionalGeneration, path: Path, dtype: torch.
     try:
         spec = json.loads(spec_file.read_text())
         tensors = load_file(str(Path(path) / WEIGHTS_FILE))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # JSONDecodeError is a ValueError
         raise UsageError(f"{path}: cannot read the visual adapter ({exc})") from exc
     layers = host().layers
     if spec.get("layer") not in layers:

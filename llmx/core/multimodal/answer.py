@@ -14,13 +14,14 @@ PUNCTUATION = ".()[],:;!*#{}"
 
 
 def choice(reply: str, options: list[str]) -> int | None:
-    """The option a multiple-choice reply picks, as VLMEvalKit's ``can_infer`` reads it (MMMB's scoring): with
-    ``.()[],:;!*#{}`` blanked, the one option letter standing as a word (none when an "A" among more than three words
-    may be the article), else the one option whose text the reply contains; None when it picks none or several."""
+    """The option a multiple-choice reply picks, as VLMEvalKit's ``can_infer`` reads it (MMMB's scoring; ``vlmeval/
+    utils/matching_util.py`` at open-compass/VLMEvalKit 0e18088, its ``VERBOSE``-only article check left out): with
+    ``.()[],:;!*#{}`` blanked, the one option letter standing as a word, else the one option whose text the reply
+    contains; None when it picks none or several."""
     letters = [chr(ord("A") + k) for k in range(len(options))]
     words = reply.translate(str.maketrans(PUNCTUATION, " " * len(PUNCTUATION))).split()
     named = [c for c in letters if c in words]
-    if len(named) == 1 and not ("A" in words and len(words) > 3):
+    if len(named) == 1:
         return letters.index(named[0])
     texts = [k for k, o in enumerate(options) if o.lower() in reply.lower()]
     return texts[0] if len(texts) == 1 else None

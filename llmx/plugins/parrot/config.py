@@ -41,7 +41,11 @@ class MmmbParams(Params):
     languages: list[str] = Field(list(LANGUAGES), description="Languages to score.")
     count: int = Field(100, gt=0, description="Generated set: questions per language.")
     seed: int = Field(0, description="Generated set: the scenes, questions and option order.")
-    max_new_tokens: int = Field(16, gt=0)
+    circular: bool | None = Field(None, description="CircularEval (a question is right only when all its rotated "
+                                  "copies, index + k*1e6, are): default as VLMEvalKit, on for MMBench files or any "
+                                  "index past 1e6.")
+    max_new_tokens: int = Field(64, gt=0, description="Reply budget (Parrot's own evaluation allows 512; the letter "
+                                "extraction reads the whole reply).")
     batch_size: int = Field(16, gt=0)
 
     _languages = field_validator("languages")(known_languages)

@@ -35,33 +35,31 @@ def keep_cls(model, proc) -> bool:
 
 
 def attach(model, p: ParrotTrainParams, seed: int):
-    """The model with the MoE this stage trains: stage 1 a fresh MoE switched off (the identity), stage 2 the model's
-    own MoE when it is already on (its configuration must match ``p``), else fresh experts (seeded) switched on."""
+    """The model with the MoE this stage trains. Stage 1 runs the MoE off, the identity, so it attaches none (the
+    official stage 1 saves the projector alone; its random experts are never used). Stage 2 keeps the model's own
+    MoE when it is already on (its configuration must match ``p``), else draws fresh experts (seeded) switched on."""
     from llmx.core.multimodal.adapter import AdaptedLlava
 
-    if not _fresh(model, p):
+    current = getattr(model, "visual_adapter", None)
+    if current is not None and not isinstance(current, MultilingualMoE):
+        raise UsageError(f"this model carries another visual adapter ({type(current).__name__})")
+    on = current is not None and current.use_moe
+    if p.stage == 1:
+        if on:
+            raise UsageError("this model's MoE is trained (stage 2); stage 1 would switch it off: start from its base")
+        return model
+    if on:
+        want = {"experts": p.experts, "intermediate_size": p.intermediate_size or current.hidden,
+                "moe_weight": p.moe_weight, "top_k": p.top_k, "residual": p.residual}
+        spec = current.adapter_spec()
+        if diff := [f"{k} {spec[k]} (asked {v})" for k, v in want.items() if spec[k] != v]:
+            raise UsageError(f"this model's MoE differs from the params: {', '.join(diff)}")
         return model
     with torch.random.fork_rng(devices=[]):  # nn.Linear's own init, seeded, the caller's generator untouched
         torch.manual_seed(seed)
         moe = MultilingualMoE(model.config.text_config.hidden_size, p.experts, p.intermediate_size, p.moe_weight,
-                              p.stage == 2, p.top_k, p.residual, projector_type(model.config))
+                              True, p.top_k, p.residual, projector_type(model.config))
     return AdaptedLlava.adopt(model, moe)
-
-
-def _fresh(model, p: ParrotTrainParams) -> bool:
-    current = getattr(model, "visual_adapter", None)
-    if current is None or not getattr(current, "use_moe", False):
-        return True
-    if not isinstance(current, MultilingualMoE):
-        raise UsageError(f"this model carries another visual adapter ({type(current).__name__})")
-    if p.stage == 1:
-        raise UsageError("this model's MoE is trained (stage 2); stage 1 would switch it off: start from its base")
-    want = {"experts": p.experts, "intermediate_size": p.intermediate_size or current.hidden, "moe_weight": p.moe_weight,
-            "top_k": p.top_k, "residual": p.residual}
-    spec = current.adapter_spec()
-    if diff := [f"{k} {spec[k]} (asked {v})" for k, v in want.items() if spec[k] != v]:
-        raise UsageError(f"this model's MoE differs from the params: {', '.join(diff)}")
-    return False
 
 
 def train(ctx: RunContext, p: ParrotTrainParams) -> dict[str, Any]:
@@ -74,9 +72,9 @@ def train(ctx: RunContext, p: ParrotTrainParams) -> dict[str, Any]:
     model = attach(model, p, ctx.config.seed)
     init = _routing(model, proc, p, ctx.config.seed)
     out = run(ctx, p, "parrot")
-    moe = ctx.model.visual_adapter
-    out.update({"strategy_switched": switched, "moe_on": moe.use_moe, "experts": len(moe.experts),
-                "moe_params": sum(t.numel() for t in moe.parameters())})
+    moe = getattr(ctx.model, "visual_adapter", None)
+    out.update({"strategy_switched": switched, "moe_on": moe is not None and moe.use_moe,
+                "moe_params": sum(t.numel() for t in moe.parameters()) if moe is not None else 0})
     if init is not None:
         after = _routing(ctx.model.eval(), proc, p, ctx.config.seed)
         atomic.write_text(ctx.artifact("routing.json"), json.dumps({"init": init, "trained": after}, indent=2) + "\n")
@@ -109,8 +107,10 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
         items = mmmb.read(p.data, p.languages)
         if not items:
             raise UsageError(f"{p.data}: no questions in {', '.join(p.languages)}")
+        circular = p.circular if p.circular is not None else mmmb.circular(p.data, items)
     else:
         items = mmmb.read(mmmb.write(ctx.artifact("mmmb"), p.count, p.seed, p.languages)[0].parent, p.languages)
+        circular = bool(p.circular)
     prompts = [it.prompt() for it in items]
     replies = reply(model, proc, [[{"role": "user", "content": f"{IMAGE_TOKEN}\n{q}"}] for q in prompts], items,
                     p.max_new_tokens, batch_size=p.batch_size, progress=ctx.progress)
@@ -119,8 +119,10 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
         json.dumps({"where": it.where, "language": it.language, "category": it.category, "prompt": q, "reply": r,
                     "picked": k, "answer": it.answer, "score": s}, ensure_ascii=False) + "\n"
         for it, q, r, k, s in zip(items, prompts, replies, picks, scores, strict=True)))
-    table = per_language([it.language for it in items], scores, ctx.config.seed)
-    out: dict[str, Any] = {"questions": len(items), "accuracy": sum(scores) / len(scores),
+    langs, graded = mmmb.grouped(items, scores, circular)
+    table = per_language(langs, graded, ctx.config.seed)
+    out: dict[str, Any] = {"questions": len(graded), "rows": len(items), "circular": circular,
+                           "accuracy": sum(graded) / len(graded), "row_accuracy": sum(scores) / len(scores),
                            "unanswered": sum(k is None for k in picks) / len(picks)}
     for lang, row in table.items():
         out.update({f"accuracy_{lang}": row["accuracy"], f"ci_low_{lang}": row["ci_low"],

@@ -5,8 +5,10 @@ TSV: columns ``index``, base64 ``image`` (or the ``index`` of a row whose image 
 
 The prompt is Parrot's (VLMEvalKit ``vlm/parrot.py``): the hint and the question, one ``A. ...`` line per option,
 then the instruction to answer with the option's letter in the question's language; the reply goes through Parrot's
-post-processing and VLMEvalKit's letter extraction, scored by exact match. ``write`` makes an MMMB-format set from
-held-out digit scenes: every question asked in each language with the same options, shuffled by seed."""
+post-processing and VLMEvalKit's letter extraction, scored by exact match. MMBench files hold rotated copies of each
+question (``index + k * 1e6``) and are scored as VLMEvalKit does, by CircularEval: a question counts only when every
+copy is right. ``write`` makes an MMMB-format set from held-out digit scenes: every question asked in each language
+with the same options, shuffled by seed."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from llmx.core.multimodal import languages as L
 from llmx.errors import UsageError
 
+CIRCLE = 1_000_000  # VLMEvalKit: a rotated copy of question i has index i + k * 1e6
 CODES = {"en": "en", "cn": "zh", "pt": "pt", "ar": "ar", "tr": "tr", "ru": "ru"}  # VLMEvalKit's file code -> ours
 REQUIRED = ("index", "image", "question", "answer", "A", "B")
 COLUMNS = ("index", "question", "hint", "A", "B", "C", "D", "answer", "category", "image")
@@ -86,7 +89,7 @@ def score(items: list[Item], replies: list[str]) -> tuple[list[int | None], list
 
 
 def files(path: str | Path) -> list[tuple[Path, str]]:
-    """(file, language) for a TSV file or every ``*_{code}.tsv`` in a folder."""
+    """(file, language) for a TSV file or every ``*_{code}.tsv`` in a folder, all of one benchmark (one prefix)."""
     p = Path(path)
     found = sorted(p.glob("*.tsv")) if p.is_dir() else [p]
     out = []
@@ -97,7 +100,31 @@ def files(path: str | Path) -> list[tuple[Path, str]]:
         out.append((f, CODES[code]))
     if not out:
         raise UsageError(f"{p}: no MMMB-format .tsv files (mmmb_en.tsv, mmmb_cn.tsv, ...)")
+    if len(prefixes := {f.stem.rsplit("_", 1)[0].lower() for f, _ in out}) > 1:
+        raise UsageError(f"{p}: files of several benchmarks ({', '.join(sorted(prefixes))}): give one at a time")
     return out
+
+
+def circular(path: str | Path, items: list[Item]) -> bool:
+    """Whether VLMEvalKit scores these files by CircularEval: MMBench's, or any holding rotated copies."""
+    return "mmbench" in files(path)[0][0].stem.lower() or any(_number(it.index) >= CIRCLE for it in items)
+
+
+def _number(index: str) -> int:
+    try:
+        return int(float(index))
+    except ValueError:
+        return -1
+
+
+def grouped(items: list[Item], scores: list[float], circular_eval: bool) -> tuple[list[str], list[float]]:
+    """(language, score) per question: each row, or under CircularEval each question with all its copies right."""
+    if not circular_eval:
+        return [it.language for it in items], scores
+    groups: dict[tuple[str, int], list[float]] = {}
+    for it, s in zip(items, scores, strict=True):
+        groups.setdefault((it.language, _number(it.index) % CIRCLE), []).append(s)
+    return [lang for lang, _ in groups], [float(all(v)) for v in groups.values()]
 
 
 def read(path: str | Path, languages: list[str] | None = None) -> list[Item]:
@@ -112,13 +139,14 @@ def read(path: str | Path, languages: list[str] | None = None) -> list[Item]:
 
 
 def _read_file(f: Path, lang: str) -> list[Item]:
-    with open(f, newline="", encoding="utf-8") as handle:
+    with open(f, newline="", encoding="utf-8-sig") as handle:  # pandas reads a byte-order mark, so do we
         reader = csv.DictReader(handle, delimiter="\t")
         missing = [c for c in REQUIRED if c not in (reader.fieldnames or ())]
         if missing:
             raise UsageError(f"{f}:1: missing column(s) {', '.join(missing)} (VLMEvalKit's multiple-choice TSV)")
         rows = [(reader.line_num, row) for row in reader]
     images = {row["index"]: row["image"] for _, row in rows if len(row["image"] or "") > 64}
+    decoded: dict[str, bytes] = {}
     out = []
     for line, row in rows:
         where = f"{f}:{line}"
@@ -130,17 +158,23 @@ def _read_file(f: Path, lang: str) -> list[Item]:
         if len(answer) != 1 or answer not in letters:
             raise UsageError(f"{where}: answer {answer!r} is not one of the options' letters {', '.join(letters)}")
         options = tuple(row[c] for c in letters)
-        encoded = images.get(row["image"], row["image"]) if len(row["image"] or "") <= 64 else row["image"]
+        encoded = row["image"] or ""
+        if len(encoded) <= 64:  # VLMEvalKit: a short value is the index of the row whose image this row shares
+            if encoded not in images:
+                raise UsageError(f"{where}: image {encoded!r} names no row's index with an image")
+            encoded = images[encoded]
+        if encoded not in decoded:
+            decoded[encoded] = _image(encoded, where)
         out.append(Item(where, row["index"], lang, row["question"], (row.get("hint") or "").strip() or None, options,
-                        letters.index(answer), row.get("category") or "", _image(encoded, where)))
+                        letters.index(answer), row.get("category") or "", decoded[encoded]))
     return out
 
 
-def _image(encoded: str | None, where: str) -> bytes:
+def _image(encoded: str, where: str) -> bytes:
     from PIL import Image
 
     try:
-        data = base64.b64decode(encoded or "", validate=True)
+        data = base64.b64decode(encoded, validate=True)
         with Image.open(io.BytesIO(data)) as img:
             img.verify()
     except Exception as exc:  # binascii.Error, PIL's OSError, SyntaxError...

@@ -70,7 +70,7 @@ def _ids(tok, d: Dialogue, keep: list[int], image_tokens: int) -> list[int]:
 
 @dataclass
 class Batch:
-    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, pixel_values
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask, labels (the answers: a router must not read them), pixel_values
     turn_masks: torch.Tensor  # [B, T, L-1] over token_logps positions
     sigma: torch.Tensor  # [B, T]
     ul_masks: torch.Tensor  # [B, T, L-1]: the tokens the unlikelihood term reads
@@ -80,7 +80,6 @@ def batch(items: list[Packed], pad_id: int, device, eos_id: int | None = None, d
     """Padded dialogues with their turn masks. The unlikelihood masks leave out each answer's EOS (``eos_id``: the
     best answer ends with it too) and, with ``differing``, every token the dialogue's best answer holds."""
     inputs = collate([p.example for p in items], pad_id, device)
-    inputs.pop("labels")
     width = inputs["input_ids"].shape[1] - 1
     turns = max(len(p.spans) for p in items)
     masks = torch.zeros(len(items), turns, width)

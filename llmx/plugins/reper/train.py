@@ -43,7 +43,7 @@ def rpl_loss(model, packs: list[Packed], p: RPLParams, seed: int, pad: int, eos:
 def sequence_logps(model, items: list[Example], pad: int) -> torch.Tensor:
     """Summed response log-probs ``[B]`` of one-turn conversations."""
     inputs = collate(items, pad, _device(model))
-    labels = inputs.pop("labels")
+    labels = inputs["labels"]
     lp = P.token_logps(model(**inputs).logits, inputs["input_ids"])
     return P.masked_sum(lp, (labels[:, 1:] != -100).to(lp.dtype))
 

@@ -64,13 +64,13 @@ def packed(packs: list[Pack], pad_id: int, width: int, device) -> dict[str, torc
 
 @torch.no_grad()
 def labelled_nll(model, batches) -> float:
-    """Mean NLL per labelled token over ``batches`` (model inputs with ``labels``), the model in eval mode."""
+    """Mean NLL per labelled token over ``batches`` (model inputs with ``labels``, passed on: a model may read which
+    tokens are answers, as Parrot's router does), the model in eval mode."""
     was = model.training
     model.eval()
     total, count = 0.0, 0
     for t in batches:
-        t = dict(t)
-        target = t.pop("labels")[:, 1:]
+        target = t["labels"][:, 1:]
         logits = model(**t).logits[:, :-1].float()
         keep = target != IGNORE
         total += float(torch.nn.functional.cross_entropy(logits[keep], target[keep], reduction="sum"))
