@@ -12,7 +12,7 @@ same questions and option order in six languages, Parrot's prompt and VLMEvalKit
 questions on held-out scenes (the reply parsed to the word it names). Reported per arm and seed: accuracy per
 language, the non-English mean, and for Parrot the nearest-centroid language accuracy of its gates before and after
 training. Child runs are cached in ``--work`` (a temporary folder by default). Writes
-benchmarks/results/parrot_<mix>.json and .md.
+benchmarks/results/parrot_<mix>[_s<steps>].json and .md.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def main() -> None:
         b = [r[metric] for r in rows if r["arm"] == "llava"]
         summary[metric] = {"parrot": spread(a), "llava": spread(b),
                            "verdict": verdict(a, b, ("parrot", "llava"), lower_is_better=False)}
-    publish(f"parrot_{args.mix}", rows, model=args.model, steps=args.steps, lr=args.lr, rows_per_run=args.rows,
+    name = f"parrot_{args.mix}" + (f"_s{args.steps}" if args.steps != 300 else "")
+    publish(name, rows, model=args.model, steps=args.steps, lr=args.lr, rows_per_run=args.rows,
             mix=MIXES[args.mix], questions_per_language=args.count, seeds=args.seeds, summary=summary)
 
 
