@@ -6,7 +6,8 @@ result into the ``<image>`` positions and hands ``inputs_embeds`` to the real HF
 prefill carries the pixels, later steps are plain tokens).
 
 The text a row conditions on is every non-image, non-padding token whose label is ignored: in training all but the
-answer tokens, at inference the whole prompt (Parrot's ``prepare_inputs_labels_for_multimodal``). In training a row
+answer tokens, at inference the whole prompt (Parrot's ``prepare_inputs_labels_for_multimodal``; generating without
+a cache re-reads the grown text at every step, as the official forward would). In training a row
 without an image still runs the adapter on a blank image and adds its zero-length slice, so every data-parallel rank
 uses the adapter's parameters.
 
