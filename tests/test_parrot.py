@@ -442,18 +442,49 @@ def test_a_wide_image_is_padded_to_a_square_not_cropped(tiny_llava, tmp_path):
 
 
 def test_mmbench_files_are_scored_by_circular_eval(tmp_path):
+    from llmx.errors import UsageError
+
     mmmb.write(tmp_path / "gen", 3, 0, ["en"])
     rows = list(csv.DictReader(open(tmp_path / "gen" / "mmmb_en.tsv", encoding="utf-8"), delimiter="\t"))
     copies = []
     for r in rows[:2]:
         copies.append({**r})
         copies.append({**r, "index": str(int(r["index"]) + 1_000_000), "image": r["index"]})  # a copy of question i
-    f = _tsv(tmp_path / "mmbench_dev_en.tsv", [list(r.values()) for r in copies], list(copies[0]))
-    items = mmmb.read(f)
-    assert mmmb.circular(f, items) and not mmmb.circular(tmp_path / "gen", mmmb.read(tmp_path / "gen"))
-    scores = [1.0, 1.0, 1.0, 0.0]  # question 0 right twice, question 1 right once
-    assert mmmb.grouped(items, scores, True) == (["en", "en"], [1.0, 0.0])
-    assert mmmb.grouped(items, scores, False) == (["en"] * 4, scores)
+    copies.append({**rows[2], "index": "2000002"})  # a copy whose question is missing: dropped, as VLMEvalKit does
+    (tmp_path / "mmb").mkdir()
+    for code in ("en", "cn"):  # the same indices in another language are other questions
+        _tsv(tmp_path / "mmb" / f"mmbench_dev_{code}.tsv", [list(r.values()) for r in copies], list(copies[0]))
+    items = mmmb.read(tmp_path / "mmb")
+    assert mmmb.circular(tmp_path / "mmb", items) and not mmmb.circular(tmp_path / "gen", mmmb.read(tmp_path / "gen"))
+    scores = [1.0, 1.0, 1.0, 0.0, 1.0] + [1.0, 0.0, 1.0, 1.0, 1.0]  # zh (cn sorts first): question 1 wrong once
+    questions, graded = mmmb.grouped(items, scores, True)  # en: question 0 wrong once
+    assert [(q.language, q.index) for q in questions] == [("zh", "0"), ("zh", "1"), ("en", "0"), ("en", "1")]
+    assert graded == [1.0, 0.0, 0.0, 1.0]
+    assert mmmb.grouped(items, scores, False) == (items, scores)
+    bad = [{**copies[0], "index": "q7"}]
+    _tsv(tmp_path / "mmbench_dev_tr.tsv", [list(r.values()) for r in bad], list(bad[0]))
+    with pytest.raises(UsageError, match="mmbench_dev_tr.tsv:2: index 'q7' is not an integer"):
+        mmmb.grouped(mmmb.read(tmp_path / "mmbench_dev_tr.tsv"), [1.0], True)
+
+
+def test_held_out_loss_and_reper_log_probs_pass_the_labels_on(tiny_llava, tmp_path):
+    from llmx.core.train.sft.batch import labelled_nll
+    from llmx.plugins.reper import pack, train
+
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    seen = []
+    forward = model.forward
+    model.forward = lambda *a, **k: seen.append("labels" in k and k["labels"] is not None) or forward(*a, **k)
+    labelled_nll(model, [_batch(proc, _convs(2), model)])
+    from llmx.core.multimodal.batch import examples
+
+    items = examples(proc, _convs(2), 17, 512)
+    train.sequence_logps(model, items, proc.tokenizer.pad_token_id)
+    packed = [pack.Packed(e, pack.runs(e.row.trained), [0], [1.0]) for e in items]
+    b = pack.batch(packed, proc.tokenizer.pad_token_id, "cpu", proc.tokenizer.eos_token_id)
+    model(**b.inputs)  # RPL's forward: the dialogue's answers are labelled, so the router skips them
+    assert seen == [True, True, True]
+    assert torch.equal(b.inputs["labels"] != -100, _batch(proc, _convs(2), model)["labels"] != -100)
 
 
 def test_tsv_quirks_a_bom_a_dangling_image_reference_and_mixed_benchmarks(tmp_path):
@@ -473,3 +504,8 @@ def test_tsv_quirks_a_bom_a_dangling_image_reference_and_mixed_benchmarks(tmp_pa
     (tmp_path / "bom" / "mmbench_dev_en.tsv").write_text(text, encoding="utf-8")
     with pytest.raises(UsageError, match="several benchmarks"):
         mmmb.read(tmp_path / "bom")
+    (tmp_path / "two").mkdir()
+    for name in ("MMBench_DEV_EN.tsv", "mmbench_dev_en.tsv"):
+        (tmp_path / "two" / name).write_text(text, encoding="utf-8")
+    with pytest.raises(UsageError, match="two files of one language"):
+        mmmb.read(tmp_path / "two")

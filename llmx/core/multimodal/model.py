@@ -70,8 +70,8 @@ def llava_config(text_config, vision: Any, image_token_id: int):
 
 
 def processor(tok, image_size: int, patch: int):
-    """A ``LlavaProcessor`` for a CLIP tower of this geometry (CLIP's normalisation; resize and centre crop to the
-    tower's size), expanding ``<image>`` to patches + CLS."""
+    """A ``LlavaProcessor`` for a CLIP tower of this geometry (CLIP's normalisation; resize to the tower's size, the
+    crop a no-op on the square images ``batch.pixel_values`` pads to), expanding ``<image>`` to patches + CLS."""
     from transformers import CLIPImageProcessorPil, LlavaProcessor
 
     images = CLIPImageProcessorPil(size={"shortest_edge": image_size}, crop_size={"height": image_size,

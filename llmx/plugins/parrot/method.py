@@ -119,8 +119,8 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
         json.dumps({"where": it.where, "language": it.language, "category": it.category, "prompt": q, "reply": r,
                     "picked": k, "answer": it.answer, "score": s}, ensure_ascii=False) + "\n"
         for it, q, r, k, s in zip(items, prompts, replies, picks, scores, strict=True)))
-    langs, graded = mmmb.grouped(items, scores, circular)
-    table = per_language(langs, graded, ctx.config.seed)
+    questions, graded = mmmb.grouped(items, scores, circular)
+    table = per_language([q.language for q in questions], graded, ctx.config.seed)
     out: dict[str, Any] = {"questions": len(graded), "rows": len(items), "circular": circular,
                            "accuracy": sum(graded) / len(graded), "row_accuracy": sum(scores) / len(scores),
                            "unanswered": sum(k is None for k in picks) / len(picks)}
@@ -130,9 +130,9 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
     if (mean := non_english_mean(table)) is not None:
         out["accuracy_non_english"] = mean
     cats: dict[str, dict[str, list[float]]] = {}
-    for it, s in zip(items, scores, strict=True):
+    for it, s in zip(questions, graded, strict=True):
         cats.setdefault(it.language, {}).setdefault(it.category, []).append(s)
     per_category = {lang: {c: sum(v) / len(v) for c, v in sorted(d.items())} for lang, d in cats.items()}
     atomic.write_text(ctx.artifact("per_category.json"), json.dumps(per_category, indent=2, ensure_ascii=False) + "\n")
-    out["categories"] = len({it.category for it in items})
+    out["categories"] = len({q.category for q in questions})
     return out

@@ -102,29 +102,36 @@ def files(path: str | Path) -> list[tuple[Path, str]]:
         raise UsageError(f"{p}: no MMMB-format .tsv files (mmmb_en.tsv, mmmb_cn.tsv, ...)")
     if len(prefixes := {f.stem.rsplit("_", 1)[0].lower() for f, _ in out}) > 1:
         raise UsageError(f"{p}: files of several benchmarks ({', '.join(sorted(prefixes))}): give one at a time")
+    if len({lang for _, lang in out}) < len(out):
+        raise UsageError(f"{p}: two files of one language ({', '.join(f.name for f, _ in out)}): give one each")
     return out
 
 
 def circular(path: str | Path, items: list[Item]) -> bool:
     """Whether VLMEvalKit scores these files by CircularEval: MMBench's, or any holding rotated copies."""
-    return "mmbench" in files(path)[0][0].stem.lower() or any(_number(it.index) >= CIRCLE for it in items)
+    return "mmbench" in files(path)[0][0].stem.lower() or any(_number(it) >= CIRCLE for it in items)
 
 
-def _number(index: str) -> int:
+def _number(item: Item) -> int:
     try:
-        return int(float(index))
+        return int(item.index)
     except ValueError:
-        return -1
+        raise UsageError(f"{item.where}: index {item.index!r} is not an integer (CircularEval groups by index)") from None
 
 
-def grouped(items: list[Item], scores: list[float], circular_eval: bool) -> tuple[list[str], list[float]]:
-    """(language, score) per question: each row, or under CircularEval each question with all its copies right."""
+def grouped(items: list[Item], scores: list[float], circular_eval: bool) -> tuple[list[Item], list[float]]:
+    """(question, score) per question: each row, or under CircularEval (VLMEvalKit's ``mcq_circular_eval``) each
+    question of index < 1e6 with all its copies (index + k * 1e6) right; copies without their question are dropped."""
     if not circular_eval:
-        return [it.language for it in items], scores
+        return items, scores
     groups: dict[tuple[str, int], list[float]] = {}
+    first: dict[tuple[str, int], Item] = {}
     for it, s in zip(items, scores, strict=True):
-        groups.setdefault((it.language, _number(it.index) % CIRCLE), []).append(s)
-    return [lang for lang, _ in groups], [float(all(v)) for v in groups.values()]
+        key = (it.language, _number(it) % CIRCLE)
+        groups.setdefault(key, []).append(s)
+        if _number(it) < CIRCLE:
+            first[key] = it
+    return [first[k] for k in groups if k in first], [float(all(v)) for k, v in groups.items() if k in first]
 
 
 def read(path: str | Path, languages: list[str] | None = None) -> list[Item]:
