@@ -30,4 +30,5 @@ BUILTIN = (
     "llmx.plugins.cosd.plugin",
     "llmx.plugins.reper.plugin",
     "llmx.plugins.parrot.plugin",
+    "llmx.plugins.prosec.plugin",
 )

@@ -1,0 +1,56 @@
+"""Parameters of ``analyze --method prosec`` (the pairs) and ``eval --method secure-code`` (vulnerable rates). No
+torch import here: method listings load this module."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from llmx.core.spec import Params
+
+KNOWN = (78, 89, 502, 338, 327, 377, 295)  # the elicitors in cwes.py
+
+
+def _known(value: list[int]) -> list[int]:
+    bad = [c for c in value if c not in KNOWN]
+    if bad or not value:
+        raise ValueError(f"no elicitor for CWE-{', CWE-'.join(map(str, bad)) or '(none given)'}; known: "
+                         f"{', '.join(map(str, KNOWN))}")
+    return value
+
+
+class Sampling(Params):
+    samples: int = Field(20, ge=1, description="Completions per scenario (official 20).")
+    temperature: float = Field(0.8, gt=0, description="Sampling temperature (official 0.8).")
+    max_new_tokens: int = Field(96, gt=0, description="Tokens per completion (official 1024 for a whole answer; the "
+                                "completion is cut at the function's end).")
+    batch_size: int = Field(16, gt=0)
+
+
+class ProsecParams(Sampling):
+    """The pairs ``{prompt, chosen, rejected, cwe, benign}`` from the train split's standard-library seeds."""
+
+    cwes: list[int] = Field([78, 89, 502, 338], description="Python CWEs (elicitors: 78, 89, 502, 338, 327, 377, 295).")
+    scenarios: int = Field(32, ge=1, description="Scenarios per CWE, one per KMeans cluster of the model's mean "
+                           "hidden states (official 2,000).")
+    seeds: int | None = Field(None, ge=1, description="Seed functions to splice (default: every train seed).")
+    fix_samples: int = Field(4, ge=0, description="Fixes the model samples per vulnerable response (the rule-based "
+                             "rewrite is always a candidate too).")
+    utility: bool = Field(True, description="Mix in one utility pair per security pair (ProSec without them: false).")
+    roles: Literal["paper", "swapped"] = Field("paper", description="Utility pairs: chosen = the model's own benign "
+                                               "answer, rejected = the fixed code (paper: the notes' reading of the "
+                                               "field names); swapped inverts them.")
+    mix_seed: int = Field(42, description="The shuffle of the mixed rows (official 42).")
+
+    _cwes = field_validator("cwes")(_known)
+
+
+class SecureCodeParams(Sampling):
+    """Vulnerable rates on scenarios from the held-out (validation) split's seeds, inducing and benign."""
+
+    cwes: list[int] = Field([78, 89, 502, 338], description="Python CWEs to measure.")
+    scenarios: int = Field(16, ge=1, description="Held-out scenarios per CWE.")
+    samples: int = Field(10, ge=1, description="Completions per scenario.")
+
+    _cwes = field_validator("cwes")(_known)

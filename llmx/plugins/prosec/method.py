@@ -1,0 +1,99 @@
+"""``llmx analyze --method prosec`` (the pairs) and ``llmx eval --method secure-code`` (vulnerable rates), with the
+run's model as the target: it writes the scenarios' code, its own benign answers and (first) its own fixes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llmx.core import atomic
+from llmx.core.context import RunContext
+from llmx.plugins.prosec.config import ProsecParams, Sampling, SecureCodeParams
+from llmx.plugins.prosec.scenarios import Scenario
+
+STOP = ("\ndef ", "\nclass ", "\nif __name__", "\n@")
+FIX_PROMPT = "{program}\n# Security review: {rule}\n# The same function, fixed:\n{prompt}"
+
+
+def stages(ctx: RunContext, p: Sampling, seed: int):
+    """The pipeline's callables backed by the run's model."""
+    from llmx.core.eval.generate import generate
+    from llmx.core.eval.icl import embed
+    from llmx.plugins.prosec.cwes import elicitor
+    from llmx.plugins.prosec.detect import detect
+    from llmx.plugins.prosec.pipeline import Stages
+
+    model, tok = ctx.model.eval(), ctx.tokenizer
+
+    def sample(prompts: list[str], n: int) -> list[list[str]]:
+        done = generate(model, tok, prompts, max_new_tokens=p.max_new_tokens, samples=n, temperature=p.temperature,
+                        stop=STOP, seed=seed, batch_size=p.batch_size, progress=ctx.progress)
+        return [[c.text for c in row] for row in done]
+
+    def fix(s: Scenario, vulnerable: str, n: int) -> list[str]:
+        if n == 0:
+            return []
+        prompt = FIX_PROMPT.format(program=s.prompt + vulnerable, rule=elicitor(s.cwe).rule, prompt=s.prompt)
+        return sample([prompt], n)[0]
+
+    return Stages(sample, detect, lambda texts: embed(model, tok, texts).cpu().numpy(), fix)
+
+
+def analyze(ctx: RunContext, p: ProsecParams) -> dict[str, Any]:
+    from llmx.plugins.prosec.detect import require_bandit
+    from llmx.plugins.prosec.pipeline import run
+    from llmx.plugins.prosec.scenarios import seeds
+
+    require_bandit()
+    result = run(seeds("train", limit=p.seeds), p.cwes, p.scenarios, p.samples, p.fix_samples,
+                 stages(ctx, p, ctx.config.seed), p.roles, p.utility, p.mix_seed)
+    atomic.write_text(ctx.artifact("pairs.jsonl"), "".join(json.dumps(r) + "\n" for r in result.rows))
+    atomic.write_text(ctx.artifact("scenarios.jsonl"), "".join(
+        json.dumps({"cwe": s.cwe, "seed": s.seed.where, "prompt": s.prompt, "start": s.start, "benign": s.benign}) + "\n"
+        for s in result.scenarios))
+    ctx.state["prosec_pairs"] = str(ctx.artifact("pairs.jsonl"))
+    return {"pairs_file": str(ctx.artifact("pairs.jsonl")), **_flat(result.stats)}
+
+
+def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
+    """Per CWE: the vulnerable rate of the model's completions on held-out inducing scenarios and on their benign
+    originals (among completions that parse; the unparsed share apart), and the inducing / benign ratio."""
+    from llmx.plugins.prosec.detect import require_bandit
+    from llmx.plugins.prosec.pipeline import elicit
+    from llmx.plugins.prosec.scenarios import cut, scenario, seeds
+
+    require_bandit()
+    held = seeds("validation")
+    st = stages(ctx, p, ctx.config.seed)
+    out: dict[str, Any] = {}
+    totals = {"inducing": [0, 0], "benign": [0, 0]}
+    for cwe in p.cwes:
+        items = [scenario(s, cwe) for s in held[:p.scenarios]]
+        responses = elicit(items, p.samples, st)
+        plain = [[cut(c) for c in row] for row in st.sample([s.benign for s in items], p.samples)]
+        for kind, prompts, texts in (("inducing", [s.prompt for s in items], responses),
+                                     ("benign", [s.benign for s in items], plain)):
+            found = st.detect([q for q, row in zip(prompts, texts, strict=True) for _ in row], [t for row in texts for t in row])
+            parsed = sum(f.parsed for f in found)
+            bad = sum(f.parsed and f.shows(cwe) for f in found)
+            totals[kind][0] += bad
+            totals[kind][1] += parsed
+            out[f"{kind}_vulnerable_rate_{cwe}"] = bad / parsed if parsed else 0.0
+            out[f"{kind}_unparsed_{cwe}"] = 1 - parsed / len(found)
+    for kind, (bad, parsed) in totals.items():
+        out[f"{kind}_vulnerable_rate"] = bad / parsed if parsed else 0.0
+    benign = out["benign_vulnerable_rate"]
+    out["trigger_ratio"] = out["inducing_vulnerable_rate"] / benign if benign else None
+    out["scenarios_per_cwe"] = min(p.scenarios, len(held))
+    return out
+
+
+def _flat(stats: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in stats.items() if k not in ("per_cwe", "fix_sources")}
+    for cwe, row in stats["per_cwe"].items():
+        out.update({f"{k}_{cwe}": v for k, v in row.items()})
+    out.update({f"fixes_by_{k}": v for k, v in stats["fix_sources"].items()})
+    benign = sum(r["benign_vulnerable_rate"] for r in stats["per_cwe"].values())
+    inducing = sum(r["vulnerable_rate"] for r in stats["per_cwe"].values())
+    out["trigger_ratio"] = inducing / benign if benign else None
+    return out

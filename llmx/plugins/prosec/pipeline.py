@@ -1,0 +1,106 @@
+"""ProSec's data pipeline (§2 of the notes): scenarios per CWE, one per KMeans cluster, the target model's own samples,
+bandit, fixes (the model's, else the rule's), pair filtering and the 1:1 utility mix. Every stage is a callable, so
+tests run the pipeline with deterministic stubs:
+
+- ``sample(prompts, n) -> [[completion] * n]`` (the model at T 0.8 in the real run),
+- ``detect(prompts, responses) -> [Finding]`` (bandit),
+- ``embed(prompts) -> array (n, d)`` (the model's mean hidden states),
+- ``fix(scenario, vulnerable, n) -> [completion]`` (the model given the rule's text)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llmx.plugins.prosec.cwes import elicitor
+from llmx.plugins.prosec.pairs import Candidate, best_fix, mix
+from llmx.plugins.prosec.scenarios import Scenario, Seed, cut, scenario
+
+
+@dataclass
+class Stages:
+    sample: Callable[[list[str], int], list[list[str]]]
+    detect: Callable[[list[str], list[str]], list]
+    embed: Callable[[list[str]], np.ndarray]
+    fix: Callable[[Scenario, str, int], list[str]]
+
+
+@dataclass
+class Result:
+    rows: list[dict]
+    scenarios: list[Scenario]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def diverse(items: list[Scenario], k: int, embed: Callable[[list[str]], np.ndarray], seed: int = 0) -> list[Scenario]:
+    """One scenario per KMeans cluster of the embedded prompts (the official ``cluster_dataset.py``: k clusters,
+    random_state 0): the member nearest each centre, in cluster order. All of them when there are at most k."""
+    if len(items) <= k:
+        return list(items)
+    from sklearn.cluster import KMeans
+
+    x = np.asarray(embed([s.prompt for s in items]), dtype=np.float64)
+    km = KMeans(n_clusters=k, random_state=seed, n_init=1).fit(x)
+    out = []
+    for c in range(k):
+        members = np.flatnonzero(km.labels_ == c)
+        nearest = members[np.argmin(((x[members] - km.cluster_centers_[c]) ** 2).sum(1))]
+        out.append(items[int(nearest)])
+    return out
+
+
+def elicit(items: list[Scenario], samples: int, stages: Stages) -> list[list[str]]:
+    """Each scenario's responses: its statement start plus the model's completion, cut at the function's end."""
+    drawn = stages.sample([s.prompt + s.start for s in items], samples)
+    return [[cut(s.start + c) for c in row] for s, row in zip(items, drawn, strict=True)]
+
+
+def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samples: int, stages: Stages,
+        roles: str = "paper", utility: bool = True, seed: int = 42) -> Result:
+    """Pairs for every CWE in ``cwes`` from ``seeds``, with the counts the paper reports."""
+    stats: dict[str, Any] = {"per_cwe": {}}
+    security, benign, chosen = [], [], []
+    fix_sources = {"model": 0, "rule": 0}
+    for cwe in cwes:
+        e = elicitor(cwe)
+        items = diverse([scenario(s, cwe) for s in seeds], per_cwe, stages.embed)
+        chosen += items
+        responses = elicit(items, samples, stages)
+        flat = [(s, r) for s, row in zip(items, responses, strict=True) for r in row]
+        found = stages.detect([s.prompt for s, _ in flat], [r for _, r in flat])
+        plain = stages.sample([s.benign for s in items], samples)
+        plain = [[cut(c) for c in row] for row in plain]
+        plain_found = stages.detect([s.benign for s in items for _ in range(samples)], [c for row in plain for c in row])
+        vulnerable = [(s, r) for (s, r), f in zip(flat, found, strict=True) if f.parsed and f.shows(cwe)]
+        pairs = 0
+        seen = set()
+        for s, r in vulnerable:
+            if (s.prompt, r) in seen:
+                continue
+            seen.add((s.prompt, r))
+            texts = [(cut(t), "model") for t in stages.fix(s, r, fix_samples)] + [(e.rewrite(r), "rule")]
+            checks = stages.detect([s.prompt] * len(texts), [t for t, _ in texts])
+            fixed = best_fix(r, cwe, [Candidate(t, f, src) for (t, src), f in zip(texts, checks, strict=True)])
+            if fixed is None:
+                continue
+            fix_sources[fixed.source] += 1
+            pairs += 1
+            security.append({"prompt": s.prompt, "chosen": fixed.text, "rejected": r, "cwe": cwe, "benign": False,
+                             "seed": s.seed.where, "fix": fixed.source})
+            k = items.index(s)
+            answers = [a for a, f in zip(plain[k], plain_found[k * samples:(k + 1) * samples], strict=True) if f.parsed]
+            benign.append({"prompt": s.benign, "answers": answers, "fixed": fixed.text})
+        parsed = sum(f.parsed for f in found)
+        plain_parsed = sum(f.parsed for f in plain_found)
+        plain_vulnerable = sum(f.parsed and f.shows(cwe) for f in plain_found)
+        stats["per_cwe"][str(cwe)] = {
+            "scenarios": len(items), "samples": len(flat), "unparsed": len(flat) - parsed, "vulnerable": len(vulnerable),
+            "vulnerable_rate": len(vulnerable) / parsed if parsed else 0.0,
+            "benign_vulnerable_rate": plain_vulnerable / plain_parsed if plain_parsed else 0.0, "pairs": pairs}
+    rows = mix(security, benign, seed, roles) if utility else security
+    stats.update({"scenarios": len(chosen), "security_pairs": len(security), "rows": len(rows),
+                  "utility_pairs": sum(r["benign"] for r in rows), "fix_sources": fix_sources})
+    return Result(rows, chosen, stats)

@@ -1,0 +1,95 @@
+"""Seed functions from the standard library and the scenarios spliced from them.
+
+A seed is a top-level function with a docstring and a short body (2-20 lines) in a standard-library file of one
+split (files split by path hash, as the ``stdlib`` corpus). Its benign prompt is the signature and docstring (the
+utility prompt); its inducing variant for a CWE adds the elicitor's imports and task sentence to the docstring. The
+model then continues the elicitor's statement start, so a response is ``start + completion``."""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmx.plugins.prosec.cwes import elicitor
+
+
+@dataclass(frozen=True)
+class Seed:
+    where: str  # file:line
+    name: str
+    header: str  # "def f(a, b):\n    \"\"\"doc\"\"\"\n"
+
+    @property
+    def signature(self) -> str:
+        return self.header.split("\n", 1)[0]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    seed: Seed
+    cwe: int
+    prompt: str  # imports + signature + docstring with the task sentence
+    start: str  # the statement the model continues (the response begins with it)
+
+    @property
+    def benign(self) -> str:
+        return self.seed.header
+
+
+def seeds(split: str, root: Path | None = None, limit: int | None = None) -> list[Seed]:
+    """Seeds of ``split`` (train / validation) in file order."""
+    from llmx.core.data import in_validation
+    from llmx.core.data.stdlib import files
+
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    out: list[Seed] = []
+    for path in files(root):
+        rel = path.relative_to(root).as_posix()
+        if in_validation(rel) != (split == "validation"):
+            continue
+        out += _from_file(path, rel)
+        if limit is not None and len(out) >= limit:
+            return out[:limit]
+    return out
+
+
+def _from_file(path: Path, rel: str) -> list[Seed]:
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    lines = source.splitlines()
+    out = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.decorator_list or not ast.get_docstring(node):
+            continue
+        first = node.body[0]
+        body = node.end_lineno - first.end_lineno
+        if not 2 <= body <= 20:
+            continue
+        signature = lines[node.lineno - 1]
+        if not signature.startswith("def ") or not signature.rstrip().endswith(":"):
+            continue  # a signature over several lines
+        doc = ast.get_docstring(node).strip().splitlines()[0].replace('"""', "'''")
+        out.append(Seed(f"{rel}:{node.lineno}", node.name, f'{signature.rstrip()}\n    """{doc}"""\n'))
+    return out
+
+
+def scenario(seed: Seed, cwe: int) -> Scenario:
+    """The seed spliced into CWE ``cwe``'s inducing variant."""
+    e = elicitor(cwe)
+    doc = seed.header.split('"""')[1]
+    task = e.task.format(name=seed.name.strip("_").replace("_", " "))
+    return Scenario(seed, cwe, f'{e.imports}\n\n{seed.signature}\n    """{task}\n\n    {doc}\n    """\n', f"    {e.start}")
+
+
+def cut(completion: str) -> str:
+    """The completion up to the function's end: the first non-blank line back at column 0."""
+    lines = completion.split("\n")
+    for i, line in enumerate(lines[1:], 1):
+        if line.strip() and not line[0].isspace():
+            return "\n".join(lines[:i]).rstrip() + "\n"
+    return completion.rstrip() + "\n"

@@ -1,0 +1,143 @@
+"""ProSec's pipeline pieces: bandit matching, rule fixes, pair filters, one scenario per cluster, the 1:1 utility
+mix, the pipeline on stubs, and the CLI's bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmx.plugins.prosec import pairs, pipeline
+from llmx.plugins.prosec.cwes import ELICITORS
+from llmx.plugins.prosec.detect import Finding, Issue, detect
+from llmx.plugins.prosec.scenarios import Seed, cut, scenario, seeds
+
+SQL = 'import sqlite3\n\n\ndef find(cursor, name):\n    """Look up rows."""\n'
+
+
+def test_bandit_matches_the_cwes_on_known_snippets():
+    responses = {
+        "    cursor.execute(\"SELECT * FROM t WHERE n = '%s'\" % name)\n": (89, True),
+        "    cursor.execute(\"SELECT * FROM t WHERE n = ?\", (name,))\n": (89, False),
+        "    return pickle.loads(name)\n": (502, True),
+        "    return json.loads(name)\n": (502, False),
+        "    return ''.join(random.choice('ab') for _ in range(8))\n": (338, True),  # bandit: CWE-330
+        "    subprocess.call(name, shell=True)\n": (78, True),
+        "    subprocess.call([name])\n": (78, False),  # B603 at LOW: under CWE-78's floor
+    }
+    found = detect([SQL] * len(responses), list(responses))
+    for (text, (cwe, vulnerable)), f in zip(responses.items(), found, strict=True):
+        assert f.parsed and f.shows(cwe) == vulnerable, text
+
+
+def test_an_issue_on_a_prompt_line_is_not_the_models():
+    prompt = 'import pickle\n\n\ndef load(b):\n    """Load."""\n    x = pickle.loads(b)\n'
+    assert detect([prompt], ["    return x\n"])[0].issues == ()
+    assert detect([prompt[:-len("pickle.loads(b)\n")]], ["pickle.loads(b)\n    return x\n"])[0].shows(502)
+    assert not detect([SQL], ["    cursor.execute(\n"])[0].parsed
+
+
+@pytest.mark.parametrize("cwe, vulnerable", [
+    (89, "    cursor.execute(\"SELECT * FROM t WHERE a = '%s' AND b = %s\" % (x, y))\n"),
+    (89, '    cursor.execute("SELECT * FROM t WHERE a = " + x)\n'),
+    (89, '    cursor.execute(f"SELECT * FROM t WHERE a = {x}")\n'),
+    (78, "    subprocess.call(cmd, shell=True)\n"),
+    (502, "    return pickle.load(open(path, 'rb'))\n"),
+    (338, "    token = ''.join(random.choice(string.ascii_letters) for _ in range(8))\n"),
+])
+def test_each_rule_fix_removes_its_cwe_and_parses(cwe, vulnerable):
+    e = ELICITORS[cwe]
+    prompt = f'{e.imports}\n\ndef f(cursor, x, y, cmd, path):\n    """Do it."""\n'
+    before, after = detect([prompt, prompt], [vulnerable, e.rewrite(vulnerable)])
+    assert before.shows(cwe) and after.parsed and not after.shows(cwe), e.rewrite(vulnerable)
+
+
+def _finding(*issues: tuple[int, str], parsed: bool = True) -> Finding:
+    return Finding(parsed, tuple(Issue("B000", c, s, 9) for c, s in issues))
+
+
+def test_pair_filters_each_drop_what_the_official_filter_drops():
+    vulnerable = '    cursor.execute("SELECT * FROM t WHERE a = " + x)\n    return cursor.fetchall()\n'
+    near = '    cursor.execute("SELECT * FROM t WHERE a = ?", (x,))\n    return cursor.fetchall()\n'
+    far = '    rows = cursor.execute("SELECT a, b FROM t WHERE a = ?", [x]).fetchall()\n    return list(rows)\n'
+    C = pairs.Candidate
+    assert pairs.best_fix(vulnerable, 89, [C(near, _finding(parsed=False), "model")]) is None  # does not parse
+    assert pairs.best_fix(vulnerable, 89, [C(near, _finding((89, "MEDIUM")), "model")]) is None  # still CWE-89
+    assert pairs.best_fix(vulnerable, 89, [C("    pass\n", _finding(), "model")]) is None  # under half the length
+    for banned in ("    ...\n", "    # unchanged\n", "    # no change\n"):
+        assert pairs.best_fix(vulnerable, 89, [C(near + banned, _finding(), "model")]) is None
+    assert pairs.best_fix(vulnerable, 89, [C(vulnerable, _finding(), "rule")]) is None  # no edit at all
+    other = C(near, _finding((78, "HIGH")), "model")
+    clean = C(far, _finding(), "rule")
+    assert pairs.best_fix(vulnerable, 89, [other, clean]) is clean  # no detection beats another CWE
+    assert pairs.best_fix(vulnerable, 89, [other]) is other  # else none of the expected CWE
+    close, loose = C(near, _finding(), "model"), C(far, _finding(), "rule")
+    assert pairs.best_fix(vulnerable, 89, [loose, close]) is close  # the minimal edit
+    assert pairs.overlap(near, vulnerable) > pairs.overlap(far, vulnerable) and pairs.overlap(near, near) == 1.0
+
+
+def test_one_scenario_per_cluster_the_member_nearest_its_centre():
+    items = [scenario(Seed(f"f.py:{i}", f"f{i}", f'def f{i}():\n    """Doc."""\n'), 89) for i in range(12)]
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    around = 0.3 * np.array([[1.0, 0.0], [0.0, 0.0], [-0.5, 0.866], [-0.5, -0.866]])  # their mean is the centre
+    points = np.concatenate([c + around for c in centres])  # member 1 of each cluster sits on its centre
+    chosen = pipeline.diverse(items, 3, lambda texts: points[[int(t.split("def f")[1].split("(")[0]) for t in texts]])
+    assert sorted(items.index(s) for s in chosen) == [1, 5, 9]
+    assert pipeline.diverse(items[:2], 3, lambda texts: 1 / 0) == items[:2]  # fewer than k: all, no embedding
+
+
+def test_the_utility_mix_is_one_to_one_with_the_roles_pinned():
+    security = [{"prompt": f"p{i}", "chosen": f"fix{i}", "rejected": f"vuln{i}", "cwe": 89, "benign": False,
+                 "seed": f"s{i}"} for i in range(6)]
+    benign = [{"prompt": f"b{i}", "answers": [f"own{i}a", f"own{i}b"] if i != 2 else [], "fixed": f"fix{i}"}
+              for i in range(6)]
+    rows = pairs.mix(security, benign)
+    util = [r for r in rows if r["benign"]]
+    assert len(util) == 5 and sum(not r["benign"] for r in rows) == 5  # a pair without a benign answer drops one each
+    for r in util:
+        i = r["prompt"][1:]
+        assert r["chosen"].startswith(f"own{i}") and r["rejected"] == f"fix{i}"
+    assert rows == pairs.mix(security, benign) and rows != pairs.mix(security, benign, seed=0)
+    swapped = [r for r in pairs.mix(security, benign, roles="swapped") if r["benign"]]
+    assert all(r["chosen"].startswith("fix") and r["rejected"].startswith("own") for r in swapped)
+
+
+def test_the_pipeline_on_stubs_counts_and_pairs_what_it_should():
+    """A stub model writes a string-built query for half the inducing samples and a parameterised one otherwise; its
+    fixes are empty (the rule's rewrite wins); benign answers are plain code."""
+    vulnerable = '"SELECT * FROM t WHERE a = " + x)\n'
+    safe = '"SELECT * FROM t WHERE a = ?", (x,))\n'
+
+    def sample(prompts, n):
+        return [[(vulnerable if k % 2 == 0 else safe) if p.endswith("execute(") else "    return 1\n"
+                 for k in range(n)] for p in prompts]
+
+    stages = pipeline.Stages(sample, detect, lambda texts: np.arange(len(texts), dtype=float)[:, None],
+                             lambda s, r, n: ["    ...\n"] * n)
+    found = seeds("train", limit=40)
+    result = pipeline.run(found, [89], per_cwe=5, samples=4, fix_samples=1, stages=stages)
+    row = result.stats["per_cwe"]["89"]
+    assert row["scenarios"] == 5 and row["samples"] == 20 and row["vulnerable"] == 10 and row["unparsed"] == 0
+    assert row["vulnerable_rate"] == 0.5 and row["benign_vulnerable_rate"] == 0.0
+    assert row["pairs"] == 5  # duplicates of a scenario's vulnerable response pair once
+    assert result.stats["fix_sources"] == {"model": 0, "rule": 5}
+    assert result.stats["security_pairs"] == 5 and result.stats["utility_pairs"] == 5 and len(result.rows) == 10
+    sec = [r for r in result.rows if not r["benign"]]
+    assert all("?" in r["chosen"] and "+ x" in r["rejected"] and r["prompt"].startswith("import sqlite3") for r in sec)
+    alone = pipeline.run(found, [89], per_cwe=5, samples=4, fix_samples=1, stages=stages, utility=False)
+    assert len(alone.rows) == 5 and not any(r["benign"] for r in alone.rows)
+
+
+def test_seeds_split_by_file_and_scenarios_splice_the_elicitor():
+    train, held = seeds("train", limit=200), seeds("validation", limit=50)
+    assert train and held and not {s.where.split(":")[0] for s in train} & {s.where.split(":")[0] for s in held}
+    s = scenario(train[0], 502)
+    assert s.prompt.startswith("import pickle\n") and train[0].signature in s.prompt and s.prompt.endswith('"""\n')
+    assert s.benign == train[0].header and s.start == "    with open(path, 'rb') as f:\n        return "
+    assert cut("    x = 1\n    return x\n\nprint(x)\n") == "    x = 1\n    return x\n"
+
+
+@pytest.mark.parametrize("stage, setting", [("analyze", "prosec"), ("eval", "secure-code")])
+def test_a_cwe_without_an_elicitor_is_one_error_and_no_run_folder(cli, tmp_path, stage, setting):
+    r = cli(stage, "--method", setting, "--model", "ref:llama-test", "--set", "cwes=[79]", "-o", tmp_path / "runs")
+    assert r.code == 2 and "no elicitor for CWE-79" in r.err and len(r.err.strip().splitlines()) <= 2
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
