@@ -141,3 +141,29 @@ def test_a_cwe_without_an_elicitor_is_one_error_and_no_run_folder(cli, tmp_path,
     r = cli(stage, "--method", setting, "--model", "ref:llama-test", "--set", "cwes=[79]", "-o", tmp_path / "runs")
     assert r.code == 2 and "no elicitor for CWE-79" in r.err and len(r.err.strip().splitlines()) <= 2
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def _pairs_file(path):
+    import json
+
+    rows = [{"prompt": f'import sqlite3\n\n\ndef f{i}(cursor, x):\n    """Look up."""\n',
+             "chosen": '    cursor.execute("SELECT * FROM t WHERE a = ?", (x,))\n',
+             "rejected": '    cursor.execute("SELECT * FROM t WHERE a = " + x)\n', "cwe": 89, "benign": i % 2 == 1}
+            for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("loss, baseline", [("simpo", "simpo"), ("dpo", "dpo"), ("confpo", "confpo")])
+def test_prosec_alignment_is_the_shared_objective_on_its_pairs(tmp_path, loss, baseline):
+    from llmx import api
+
+    data = _pairs_file(tmp_path / "pairs.jsonl")
+    common = {"data": str(data), "steps": 3, "batch_size": 4, "save": False, "lr": 1e-3}
+    extra = {"gamma": 1.6, "beta": 1.5} if loss == "confpo" else {}
+    runs = [api.run({"model": "ref:llama-test", "threads": 1, "seed": 0,
+                     "pipeline": [{"method": m, "stage": "align", "params": {**common, **extra, **more}}]},
+                    output_dir=tmp_path / "runs")["stages"][0]["metrics"]
+            for m, more in (("prosec", {"loss": loss}), (baseline, {}))]
+    assert runs[0]["final_loss"] == pytest.approx(runs[1]["final_loss"], rel=1e-6)
+    assert runs[0]["loss"] == loss and runs[0]["beta"] == {"simpo": 2.0, "dpo": 0.1, "confpo": 1.5}[loss]

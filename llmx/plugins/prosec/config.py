@@ -1,5 +1,5 @@
-"""Parameters of ``analyze --method prosec`` (the pairs) and ``eval --method secure-code`` (vulnerable rates). No
-torch import here: method listings load this module."""
+"""Parameters of ``analyze --method prosec`` (the pairs), ``align --method prosec`` (preference learning on them) and
+``eval --method secure-code`` (vulnerable rates). No torch import here: method listings load this module."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from llmx.core.spec import Params
+from llmx.core.train.align.params import AlignParams
 
 KNOWN = (78, 89, 502, 338, 327, 377, 295)  # the elicitors in cwes.py
 
@@ -54,3 +55,23 @@ class SecureCodeParams(Sampling):
     samples: int = Field(10, ge=1, description="Completions per scenario.")
 
     _cwes = field_validator("cwes")(_known)
+
+
+class ProsecAlignParams(AlignParams):
+    """Preference learning on ProSec's pairs (``{prompt, chosen, rejected, cwe, benign}`` rows): SimPO by default, a
+    recalled choice (the notes could not check the paper's objective), DPO or ConfPO (SimPO on the tokens below the
+    response's mean probability) as options."""
+
+    loss: Literal["simpo", "dpo", "confpo"] = Field("simpo", description="The preference objective.")
+    beta: float | None = Field(None, gt=0, description="Default by loss: 2.0 (simpo), 0.1 (dpo), 1.5 (confpo, its "
+                               "official default).")
+    gamma: float | None = Field(None, ge=0, description="Target margin of simpo and confpo; default 0.5 (simpo), 1.6 "
+                                "(confpo).")
+
+    @property
+    def scale(self) -> float:
+        return self.beta if self.beta is not None else {"simpo": 2.0, "dpo": 0.1, "confpo": 1.5}[self.loss]
+
+    @property
+    def margin(self) -> float:
+        return self.gamma if self.gamma is not None else {"simpo": 0.5, "dpo": 0.0, "confpo": 1.6}[self.loss]

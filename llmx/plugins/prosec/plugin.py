@@ -1,6 +1,6 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.prosec.config import ProsecParams, SecureCodeParams
+from llmx.plugins.prosec.config import ProsecAlignParams, ProsecParams, SecureCodeParams
 
 PAPER = "Xu et al., ProSec: Fortifying Code LLMs with Proactive Security Alignment, ICML 2025 (arXiv 2411.12882)"
 
@@ -9,6 +9,8 @@ PAPER = "Xu et al., ProSec: Fortifying Code LLMs with Proactive Security Alignme
 def llmx_methods():
     yield MethodSpec("prosec", (Stage.ANALYZE,), "llmx.plugins.prosec.method:analyze", ProsecParams, paper=PAPER,
                      summary="Security pairs from CWE-inducing scenarios the model fails, bandit-checked, plus utility.")
+    yield MethodSpec("prosec", (Stage.ALIGN,), "llmx.plugins.prosec.objective:align", ProsecAlignParams, paper=PAPER,
+                     summary="Preference learning on ProSec's pairs: SimPO (default), DPO or ConfPO.")
     yield MethodSpec("secure-code", (Stage.EVAL,), "llmx.plugins.prosec.method:evaluate", SecureCodeParams,
                      paper="evaluation (ProSec)",
                      summary="Vulnerable-code rate per CWE on held-out inducing and benign scenarios (bandit).")
