@@ -167,3 +167,44 @@ def test_prosec_alignment_is_the_shared_objective_on_its_pairs(tmp_path, loss, b
             for m, more in (("prosec", {"loss": loss}), (baseline, {}))]
     assert runs[0]["final_loss"] == pytest.approx(runs[1]["final_loss"], rel=1e-6)
     assert runs[0]["loss"] == loss and runs[0]["beta"] == {"simpo": 2.0, "dpo": 0.1, "confpo": 1.5}[loss]
+
+
+def test_safecoder_marks_the_changed_spans_and_its_terms_are_nll_and_unlikelihood():
+    import torch
+
+    from llmx.core.models import load
+    from llmx.plugins.prosec import safecoder
+    from llmx.plugins.prosec.config import SafeCoderParams
+
+    model, tok = load("ref:llama-test")
+    before = 'q = "SELECT a FROM t WHERE b = %s" % x\n'
+    ids, mark = safecoder.encode(tok, before, [(31, 35)], 64)
+    offsets = tok(before, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    assert [m for m in mark[:len(offsets)]] == [a < 35 and b > 31 for a, b in offsets] and any(mark) and not all(mark)
+    row = {"func_src_before": before, "func_src_after": before.replace(" % x", ", (x,)"), "file_name": "a.py",
+           "char_changes": {"deleted": [{"char_start": 31, "char_end": 35}], "added": []}}
+    p = SafeCoderParams(data=".", max_length=64)
+    fixed, vulnerable, plain = safecoder.items(tok, [row], ["x = 1\n"], p)
+    assert all(fixed.like) and not any(fixed.unlike) and any(vulnerable.unlike) and not any(vulnerable.like)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([fixed.ids])).logits
+        nll = torch.nn.functional.cross_entropy(logits[0, :-1], torch.tensor(fixed.ids[1:]), reduction="sum")
+        assert safecoder.loss_terms(logits, [fixed]) == pytest.approx(float(nll), rel=1e-5)
+        logits = model(input_ids=torch.tensor([vulnerable.ids])).logits
+        p_next = logits[0, :-1].softmax(-1).gather(-1, torch.tensor(vulnerable.ids[1:])[:, None])[:, 0]
+        want = -torch.log1p(-p_next[torch.tensor(vulnerable.unlike)]).sum()
+        assert safecoder.loss_terms(logits, [vulnerable]) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_a_malformed_sven_row_is_one_error_naming_its_line(cli, tmp_path):
+    import json
+
+    good = {"func_src_before": "a", "func_src_after": "b", "file_name": "x.py",
+            "char_changes": {"deleted": [{"char_start": 0, "char_end": 1}], "added": []}}
+    for bad, phrase in (({k: v for k, v in good.items() if k != "char_changes"}, "needs char_changes"),
+                        ({**good, "char_changes": {"deleted": [{"start": 0}]}}, "char_changes.deleted")):
+        f = tmp_path / "cwe-089.jsonl"
+        f.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        r = cli("train", "--method", "safecoder", "--model", "ref:llama-test", "--data", f, "-o", tmp_path / "runs")
+        assert r.code == 2 and f"{f}:2: " in r.err and phrase in r.err, r.err
+        assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/artifacts/*/*"))

@@ -7,8 +7,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from llmx.core.refs import ExistingPath
 from llmx.core.spec import Params
 from llmx.core.train.align.params import AlignParams
+from llmx.core.train.params import TrainParams
 
 KNOWN = (78, 89, 502, 338, 327, 377, 295)  # the elicitors in cwes.py
 
@@ -75,3 +77,19 @@ class ProsecAlignParams(AlignParams):
     @property
     def margin(self) -> float:
         return self.gamma if self.gamma is not None else {"simpo": 0.5, "dpo": 0.0, "confpo": 1.6}[self.loss]
+
+
+class SafeCoderParams(TrainParams):
+    """SafeCoder-style security tuning (He & Vechev, 2024), ProSec's previous-work baseline: likelihood on the fixed
+    functions, unlikelihood on the vulnerable functions' changed spans, mixed with ordinary code."""
+
+    data: ExistingPath = Field(description="SVEN-format pairs: a folder of cwe-*.jsonl or one file (func_src_before, "
+                               "func_src_after, char_changes, file_name, vul_type); Python rows only.")
+    likelihood: Literal["all", "changed"] = Field("all", description="Tokens of the fixed function trained: all of "
+                                                  "them, or only its changed spans (SafeCoder's own masking).")
+    ordinary: float = Field(1.0, ge=0, description="Ordinary standard-library functions per pair (1:1).")
+    max_length: int = Field(384, gt=8, description="Tokens per function (longer ones are cut; a vulnerable function "
+                            "whose changed spans fall past the cut keeps no unlikelihood tokens and is dropped).")
+    batch_size: int = 8
+    steps: int = 200
+    lr: float = 1e-4

@@ -20,6 +20,7 @@ class Seed:
     where: str  # file:line
     name: str
     header: str  # "def f(a, b):\n    \"\"\"doc\"\"\"\n"
+    source: str = ""  # the whole function as written (ordinary code for SafeCoder's mix)
 
     @property
     def signature(self) -> str:
@@ -74,7 +75,8 @@ def _from_file(path: Path, rel: str) -> list[Seed]:
         if not signature.startswith("def ") or not signature.rstrip().endswith(":"):
             continue  # a signature over several lines
         doc = ast.get_docstring(node).strip().splitlines()[0].replace('"""', "'''")
-        out.append(Seed(f"{rel}:{node.lineno}", node.name, f'{signature.rstrip()}\n    """{doc}"""\n'))
+        out.append(Seed(f"{rel}:{node.lineno}", node.name, f'{signature.rstrip()}\n    """{doc}"""\n',
+                        "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n"))
     return out
 
 
