@@ -208,3 +208,117 @@ def test_a_malformed_sven_row_is_one_error_naming_its_line(cli, tmp_path):
         r = cli("train", "--method", "safecoder", "--model", "ref:llama-test", "--data", f, "-o", tmp_path / "runs")
         assert r.code == 2 and f"{f}:2: " in r.err and phrase in r.err, r.err
         assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*/artifacts/*/*"))
+
+
+def _toy_lm(seed: int):
+    """A tiny LM over task / answer tokens: p(next | task, previous token)."""
+    import torch
+
+    torch.manual_seed(seed)
+
+    class Toy(torch.nn.Module):
+        def __init__(self, vocab: int = 40, d: int = 16):
+            super().__init__()
+            self.task, self.prev = torch.nn.Embedding(vocab, d), torch.nn.Embedding(vocab, d)
+            self.out = torch.nn.Sequential(torch.nn.Tanh(), torch.nn.Linear(d, vocab))
+
+        def logp(self, task: int, answer: list[int]):
+            """Per-token log-probs of ``answer`` (its first token follows SLOT)."""
+            prev = torch.tensor([SLOT, *answer[:-1]])
+            logits = self.out(self.task(torch.tensor([task] * len(answer))) + self.prev(prev))
+            return torch.log_softmax(logits, -1).gather(-1, torch.tensor(answer)[:, None])[:, 0]
+
+        def sample(self, task: int, rng) -> list[int]:
+            import torch
+
+            out, prev = [], SLOT
+            for _ in range(3):
+                logits = self.out(self.task(torch.tensor(task)) + self.prev(torch.tensor(prev)))
+                prev = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=rng))
+                out.append(prev)
+            return out
+
+    return Toy()
+
+
+CALL, INSECURE, SECURE, END, SLOT = 30, 31, 32, 33, 34
+WORDS = {30: "CALL", 31: "INSECURE", 32: "SECURE", 33: "END"}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
+    """The notes' CPU toy through ``pipeline.run``: tasks 0-7 need a shell call (SFT writes INSECURE 70% of the
+    time), 8-15 are their benign originals; pairs from tasks 0-5, tasks 6-7 held out; SimPO on the pairs. Held-out
+    vulnerable rate <= 0.5x SFT's, and the drift of the benign originals' log-likelihood (tasks 8-13, the utility
+    pairs' prompts) >= 2x smaller with the utility pairs (over all of 8-15 it is about 1.8x here)."""
+    import re
+
+    import torch
+
+    from llmx.core import preference as P
+
+    def answer_for(task: int, g) -> list[int]:
+        if task < 8:
+            return [CALL, INSECURE if torch.rand((), generator=g) < 0.7 else SECURE, END]
+        return [10 + task % 8, 20 + task % 8, END]
+
+    def task_of(prompt: str) -> int:
+        k = int(re.search(r"toy(\d+)", prompt)[1])
+        return k + 8 if prompt.startswith("def ") else k  # a benign original is its seed's header
+
+    def text(ids: list[int]) -> str:
+        return " ".join(WORDS.get(i, f"w{i}") for i in ids) + "\n"
+
+    def ids(s: str) -> list[int]:
+        names = {v: k for k, v in WORDS.items()}
+        return [names[w] if w in names else int(w[1:]) for w in s.split()]
+
+    def sft(model, g):
+        opt = torch.optim.Adam(model.parameters(), 0.05)
+        for _ in range(600):
+            loss = -sum(model.logp(t, answer_for(t, g)).sum() for t in range(16)) / 16
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def vulnerable_rate(model, tasks):
+        with torch.no_grad():
+            return sum(float(model.logp(t, [CALL, INSECURE]).exp()[1]) for t in tasks) / len(tasks)
+
+    def benign_logp(model):  # the benign originals of the tasks the pairs come from
+        with torch.no_grad():
+            return sum(float(model.logp(t, answer_for(t, None)).sum()) for t in range(8, 14)) / 6
+
+    g = torch.Generator().manual_seed(seed)
+    base = _toy_lm(seed)
+    sft(base, g)
+    state = {k: v.clone() for k, v in base.state_dict().items()}
+
+    def sample(prompts, n):
+        return [[text(base.sample(task_of(p), g)) for _ in range(n)] for p in prompts]
+
+    def detect_stub(prompts, responses):
+        return [Finding(True, (Issue("B602", 78, "HIGH", 9),) if "INSECURE" in r else ()) for r in responses]
+
+    stages = pipeline.Stages(sample, detect_stub, lambda texts: np.arange(len(texts), dtype=float)[:, None],
+                             lambda s, r, n: [r.replace("INSECURE", "SECURE")] * n)
+    toys = [Seed(f"toy:{k}", f"toy{k}", f'def toy{k}():\n    """Toy task."""\n') for k in range(6)]
+    outcomes = {}
+    for utility in (False, True):
+        rows = pipeline.run(toys, [78], per_cwe=6, samples=20, fix_samples=1, stages=stages, utility=utility).rows
+        model = _toy_lm(seed)
+        model.load_state_dict(state)
+        opt = torch.optim.Adam(model.parameters(), 0.02)
+        for _ in range(100):
+            w = torch.stack([model.logp(task_of(r["prompt"]), ids(r["chosen"].split("(", 1)[-1])).mean() for r in rows])
+            lose = torch.stack([model.logp(task_of(r["prompt"]), ids(r["rejected"].split("(", 1)[-1])).mean()
+                                for r in rows])
+            loss = P.simpo_loss(w, lose, 2.0, 0.5).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        outcomes[utility] = (vulnerable_rate(model, [6, 7]), benign_logp(model) - benign_logp(base))
+    assert sum(r["benign"] for r in rows) == sum(not r["benign"] for r in rows) > 0
+    held_sft = vulnerable_rate(base, [6, 7])
+    assert outcomes[True][0] <= 0.5 * held_sft and outcomes[False][0] <= 0.5 * held_sft
+    assert abs(outcomes[False][1]) >= 2 * abs(outcomes[True][1])

@@ -1,0 +1,104 @@
+"""ProSec at toy scale on ``ref:llama-bench``: the pipeline's counts, then the unaligned model against SafeCoder-style
+tuning on SVEN and ProSec (SimPO, DPO, SimPO without utility pairs) on the model's own pairs.
+
+    python benchmarks/bench_prosec.py [--model ref:llama-bench] [--seeds 0 1 2] [--scenarios 24] [--samples 12]
+                                      [--sven ../shared/data/sven-train] [--work DIR] [--jobs 2]
+
+Per seed: ``analyze --method prosec`` (CWEs 78, 89, 502, 338) writes the pairs; each arm trains from the same model
+(SafeCoder: 150 steps of 8 at 1e-4; ProSec: 150 steps of 8 at 1e-5 on the pairs, when there are any) and is scored
+by ``secure-code`` on held-out scenarios (vulnerable rate per CWE among completions that parse, the unparsed share,
+inducing and benign), HumanEval (the canonical solutions' bits per byte; pass@1 is 0 at this scale) and stdlib
+perplexity. Writes benchmarks/results/prosec.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cached, child, publish  # noqa: E402
+
+CWES = [78, 89, 502, 338]
+
+
+def evals(args) -> list[dict]:
+    return [{"method": "secure-code", "params": {"cwes": CWES, "scenarios": args.held, "samples": args.held_samples}},
+            {"method": "task", "params": {"task": "humaneval", "limit": 40, "max_new_tokens": 8}},
+            {"method": "perplexity", "params": {"max_tokens": 20000}}]
+
+
+def arm(name: str, args, pairs: str | None) -> list[dict]:
+    train = {"steps": args.steps, "batch_size": 8, "save": False}
+    if name == "unaligned":
+        return evals(args)
+    if name == "safecoder":
+        return [{"method": "safecoder", "params": {**train, "data": str(Path(args.sven).resolve()), "lr": 1e-4}},
+                *evals(args)]
+    loss = {"prosec-simpo": "simpo", "prosec-dpo": "dpo", "prosec-no-utility": "simpo"}[name]
+    data = pairs if name != "prosec-no-utility" else pairs.replace("pairs.jsonl", "security.jsonl")
+    return [{"method": "prosec", "stage": "align", "params": {**train, "data": data, "loss": loss, "lr": 1e-5,
+                                                                "max_len": 256}}, *evals(args)]
+
+
+def row(name: str, seed: int, metrics: list[dict]) -> dict:
+    sec, he, ppl = metrics[-3], metrics[-2], metrics[-1]
+    out = {"arm": name, "seed": seed, "vulnerable": round(sec["inducing_vulnerable_rate"], 3),
+           **{f"vuln_{c}": round(sec[f"inducing_vulnerable_rate_{c}"], 3) for c in CWES},
+           "unparsed": round(sum(sec[f"inducing_unparsed_{c}"] for c in CWES) / len(CWES), 3),
+           "benign_vulnerable": round(sec["benign_vulnerable_rate"], 3)}
+    out.update({"humaneval_pass1": he["pass@1"], "humaneval_ref_bpb": round(he["reference_bpb"], 4),
+                "stdlib_ppl": round(ppl["perplexity"], 2)})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="ref:llama-bench")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--scenarios", type=int, default=24, help="scenarios per CWE (official 2,000)")
+    ap.add_argument("--samples", type=int, default=12, help="completions per scenario (official 20)")
+    ap.add_argument("--held", type=int, default=16, help="held-out scenarios per CWE")
+    ap.add_argument("--held-samples", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--sven", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "sven-train"))
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-prosec"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--child")
+    args = ap.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    work = Path(args.work)
+    rows, counts = [], []
+    for seed in args.seeds:
+        spec = {"model": args.model, "seed": seed, "out": str(work / "runs"), "stages": [
+            {"method": "prosec", "stage": "analyze", "params": {"cwes": CWES, "scenarios": args.scenarios,
+                                                                 "samples": args.samples}}]}
+        (made,) = cached(__file__, work / "cache", spec)
+        counts.append({"seed": seed, **{k: v for k, v in made.items() if k != "pairs_file"}})
+        pairs = made["pairs_file"]
+        security = Path(pairs).with_name("security.jsonl")
+        security.write_text("".join(line + "\n" for line in Path(pairs).read_text().splitlines()
+                                    if not json.loads(line)["benign"]))
+        arms = ["unaligned", "safecoder"] + (["prosec-simpo", "prosec-dpo", "prosec-no-utility"]
+                                             if made["security_pairs"] >= 4 else [])
+
+        def one(name, seed=seed, pairs=pairs):
+            spec = {"model": args.model, "seed": seed, "out": str(work / "runs"), "stages": arm(name, args, pairs)}
+            return row(name, seed, cached(__file__, work / "cache", spec))
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            rows += list(pool.map(one, arms))
+        for r in rows[-len(arms):]:
+            print(r, flush=True)
+    publish("prosec", rows, model=args.model, cwes=CWES, scenarios=args.scenarios, samples=args.samples,
+            held=args.held, held_samples=args.held_samples, steps=args.steps, seeds=args.seeds, pipeline=counts)
+
+
+if __name__ == "__main__":
+    main()
