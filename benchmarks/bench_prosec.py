@@ -82,9 +82,6 @@ def main() -> None:
         (made,) = cached(__file__, work / "cache", spec)
         counts.append({"seed": seed, **{k: v for k, v in made.items() if k != "pairs_file"}})
         pairs = made["pairs_file"]
-        security = Path(pairs).with_name("security.jsonl")
-        security.write_text("".join(line + "\n" for line in Path(pairs).read_text().splitlines()
-                                    if not json.loads(line)["benign"]))
         arms = ["unaligned", "safecoder"] + (["prosec-simpo", "prosec-dpo", "prosec-no-utility"]
                                              if made["security_pairs"] >= 4 else [])
 

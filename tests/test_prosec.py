@@ -56,23 +56,31 @@ def _finding(*issues: tuple[int, str], parsed: bool = True) -> Finding:
 
 
 def test_pair_filters_each_drop_what_the_official_filter_drops():
-    vulnerable = '    cursor.execute("SELECT * FROM t WHERE a = " + x)\n    return cursor.fetchall()\n'
-    near = '    cursor.execute("SELECT * FROM t WHERE a = ?", (x,))\n    return cursor.fetchall()\n'
-    far = '    rows = cursor.execute("SELECT a, b FROM t WHERE a = ?", [x]).fetchall()\n    return list(rows)\n'
+    vulnerable = ('    cursor = conn.cursor()\n    cursor.execute("SELECT * FROM t WHERE a = " + x)\n'
+                  '    rows = cursor.fetchall()\n    cursor.close()\n    return rows\n')
+    near = vulnerable.replace('" + x)', ' ?", (x,))')
+    far = '    return list(conn.execute("SELECT a, b FROM t WHERE a = ?", [x]).fetchall())\n'
+    gutted = vulnerable.replace('    cursor.execute("SELECT * FROM t WHERE a = " + x)\n', "")  # the query deleted
+    prompt = 'import sqlite3\n\n\ndef f(conn, x):\n    """Look up."""\n'
     C = pairs.Candidate
-    assert pairs.best_fix(vulnerable, 89, [C(near, _finding(parsed=False), "model")]) is None  # does not parse
-    assert pairs.best_fix(vulnerable, 89, [C(near, _finding((89, "MEDIUM")), "model")]) is None  # still CWE-89
-    assert pairs.best_fix(vulnerable, 89, [C("    pass\n", _finding(), "model")]) is None  # under half the length
+
+    def best(*cands):
+        return pairs.best_fix(prompt, vulnerable, 89, list(cands))
+
+    assert best(C(near, _finding(parsed=False), "model")) is None  # does not parse
+    assert best(C(near, _finding((89, "MEDIUM")), "model")) is None  # still CWE-89
+    assert best(C("    pass\n", _finding(), "model")) is None  # under half the length
     for banned in ("    ...\n", "    # unchanged\n", "    # no change\n"):
-        assert pairs.best_fix(vulnerable, 89, [C(near + banned, _finding(), "model")]) is None
-    assert pairs.best_fix(vulnerable, 89, [C(vulnerable, _finding(), "rule")]) is None  # no edit at all
-    other = C(near, _finding((78, "HIGH")), "model")
-    clean = C(far, _finding(), "rule")
-    assert pairs.best_fix(vulnerable, 89, [other, clean]) is clean  # no detection beats another CWE
-    assert pairs.best_fix(vulnerable, 89, [other]) is other  # else none of the expected CWE
-    close, loose = C(near, _finding(), "model"), C(far, _finding(), "rule")
-    assert pairs.best_fix(vulnerable, 89, [loose, close]) is close  # the minimal edit
-    assert pairs.overlap(near, vulnerable) > pairs.overlap(far, vulnerable) and pairs.overlap(near, near) == 1.0
+        assert best(C(near + banned, _finding(), "model")) is None
+    assert best(C(vulnerable, _finding(), "rule")) is None  # no edit at all
+    assert best(C(near.replace("cursor.fetchall()", "json.loads(cursor.fetchall())"), _finding(), "rule")) is None
+    other, clean = C(near, _finding((78, "HIGH")), "model"), C(far, _finding(), "rule")
+    assert best(other, clean) is clean  # the no-detection tier first
+    assert best(other) is other  # else the tier without the expected CWE
+    assert best(C(far, _finding(), "rule"), C(near, _finding(), "model")).text == near  # the minimal edit
+    assert best(C(gutted, _finding(), "model"), C(near, _finding(), "model")).text == near  # brevity penalty
+    assert pairs.overlap(near, vulnerable) > pairs.overlap(gutted, vulnerable) and pairs.overlap(near, near) == 1.0
+    assert pairs.undefined("import os\ndef f(a):\n    return os.path.join(a, b)\n") == {"b"}
 
 
 def test_one_scenario_per_cluster_the_member_nearest_its_centre():
@@ -92,7 +100,7 @@ def test_the_utility_mix_is_one_to_one_with_the_roles_pinned():
               for i in range(6)]
     rows = pairs.mix(security, benign)
     util = [r for r in rows if r["benign"]]
-    assert len(util) == 5 and sum(not r["benign"] for r in rows) == 5  # a pair without a benign answer drops one each
+    assert len(util) == 5 and sorted(r["prompt"] for r in rows if not r["benign"]) == ["p0", "p1", "p3", "p4", "p5"]
     for r in util:
         i = r["prompt"][1:]
         assert r["chosen"].startswith(f"own{i}") and r["rejected"] == f"fix{i}"
@@ -189,11 +197,12 @@ def test_safecoder_marks_the_changed_spans_and_its_terms_are_nll_and_unlikelihoo
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([fixed.ids])).logits
         nll = torch.nn.functional.cross_entropy(logits[0, :-1], torch.tensor(fixed.ids[1:]), reduction="sum")
-        assert safecoder.loss_terms(logits, [fixed]) == pytest.approx(float(nll), rel=1e-5)
+        assert float(safecoder.loss_terms(logits, [fixed])[0]) * sum(fixed.like) == pytest.approx(float(nll), rel=1e-5)
         logits = model(input_ids=torch.tensor([vulnerable.ids])).logits
         p_next = logits[0, :-1].softmax(-1).gather(-1, torch.tensor(vulnerable.ids[1:])[:, None])[:, 0]
         want = -torch.log1p(-p_next[torch.tensor(vulnerable.unlike)]).sum()
-        assert safecoder.loss_terms(logits, [vulnerable]) == pytest.approx(float(want), rel=1e-5)
+        got = safecoder.loss_terms(logits, [vulnerable])[0] * sum(vulnerable.unlike)
+        assert float(got) == pytest.approx(float(want), rel=1e-5)
 
 
 def test_a_malformed_sven_row_is_one_error_naming_its_line(cli, tmp_path):
@@ -202,7 +211,8 @@ def test_a_malformed_sven_row_is_one_error_naming_its_line(cli, tmp_path):
     good = {"func_src_before": "a", "func_src_after": "b", "file_name": "x.py",
             "char_changes": {"deleted": [{"char_start": 0, "char_end": 1}], "added": []}}
     for bad, phrase in (({k: v for k, v in good.items() if k != "char_changes"}, "needs char_changes"),
-                        ({**good, "char_changes": {"deleted": [{"start": 0}]}}, "char_changes.deleted")):
+                        ({**good, "char_changes": {"deleted": [{"start": 0}], "added": []}}, "char_changes.deleted"),
+                        ({**good, "char_changes": {"deleted": []}}, "char_changes.added")):
         f = tmp_path / "cwe-089.jsonl"
         f.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
         r = cli("train", "--method", "safecoder", "--model", "ref:llama-test", "--data", f, "-o", tmp_path / "runs")
@@ -249,8 +259,10 @@ WORDS = {30: "CALL", 31: "INSECURE", 32: "SECURE", 33: "END"}
 def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
     """The notes' CPU toy through ``pipeline.run``: tasks 0-7 need a shell call (SFT writes INSECURE 70% of the
     time), 8-15 are their benign originals; pairs from tasks 0-5, tasks 6-7 held out; SimPO on the pairs. Held-out
-    vulnerable rate <= 0.5x SFT's, and the drift of the benign originals' log-likelihood (tasks 8-13, the utility
-    pairs' prompts) >= 2x smaller with the utility pairs (over all of 8-15 it is about 1.8x here)."""
+    vulnerable rate <= 0.5x SFT's (trivially here: SimPO drives INSECURE to about 1e-4); the drift of the benign
+    originals' log-likelihood is >= 2x smaller with the utility pairs on the pairs' own benign prompts (tasks 8-13)
+    only: over every benign task (8-15) it is smaller by about 1.7-1.9x, and on the held-out ones (14-15) not at all;
+    seed 1 barely drifts either way."""
     import re
 
     import torch
@@ -285,9 +297,12 @@ def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
         with torch.no_grad():
             return sum(float(model.logp(t, [CALL, INSECURE]).exp()[1]) for t in tasks) / len(tasks)
 
-    def benign_logp(model):  # the benign originals of the tasks the pairs come from
+    def benign_logp(model, tasks):
         with torch.no_grad():
-            return sum(float(model.logp(t, answer_for(t, None)).sum()) for t in range(8, 14)) / 6
+            return sum(float(model.logp(t, answer_for(t, None)).sum()) for t in tasks) / len(tasks)
+
+    def drift(model):  # on the utility pairs' own prompts (8-13), and on every benign task (8-15)
+        return [benign_logp(model, ts) - benign_logp(base, ts) for ts in (range(8, 14), range(8, 16))]
 
     g = torch.Generator().manual_seed(seed)
     base = _toy_lm(seed)
@@ -317,8 +332,9 @@ def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
             opt.zero_grad()
             loss.backward()
             opt.step()
-        outcomes[utility] = (vulnerable_rate(model, [6, 7]), benign_logp(model) - benign_logp(base))
+        outcomes[utility] = (vulnerable_rate(model, [6, 7]), *drift(model))
     assert sum(r["benign"] for r in rows) == sum(not r["benign"] for r in rows) > 0
     held_sft = vulnerable_rate(base, [6, 7])
     assert outcomes[True][0] <= 0.5 * held_sft and outcomes[False][0] <= 0.5 * held_sft
-    assert abs(outcomes[False][1]) >= 2 * abs(outcomes[True][1])
+    assert abs(outcomes[False][1]) >= 2 * abs(outcomes[True][1])  # the notes' 2x, on the utility prompts
+    assert abs(outcomes[False][2]) + 1e-3 >= abs(outcomes[True][2])  # over every benign task: smaller, not 2x

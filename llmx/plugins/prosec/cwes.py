@@ -27,41 +27,56 @@ class Elicitor:
     rewrite: Callable[[str], str]  # the rule-based fix
 
     def matches(self, issue_cwe: int, severity: str) -> bool:
-        return issue_cwe in self.reported and SEVERITY[severity] >= SEVERITY[self.min_severity]
+        return issue_cwe in self.reported and SEVERITY.get(severity, 0) >= SEVERITY[self.min_severity]
+
+
+def _with_import(code: str, module: str) -> str:
+    """The response with ``import module`` as its first body line (the prompt's imports are not the fix's to edit)."""
+    indent = re.match(r"\s*", code)[0] or "    "
+    return f"{indent}import {module}\n{code}" if re.search(rf"\b{module}\.", code) else code
 
 
 def _shell(code: str) -> str:
+    """A command string run through a shell becomes an argument list run without one."""
+    code = re.sub(r"\b(call|run|Popen|check_call|check_output)\(([^(),]+),\s*shell\s*=\s*True\s*\)",
+                  r"\1(shlex.split(\2))", code)
     code = re.sub(r"shell\s*=\s*True", "shell=False", code)
-    return re.sub(r"os\.system\((.*)\)", r"subprocess.run(shlex.split(\1), check=False).returncode", code)
+    code = re.sub(r"os\.system\(([^()]*)\)", r"subprocess.run(shlex.split(\1)).returncode", code)
+    return _with_import(code, "shlex")
+
+
+def _placeholders(text: str) -> str:
+    """``'%s'``, ``%s``, ``%d`` and f-string fields, quoted or not, as ``?``."""
+    text = re.sub(r"""(['"]?)(%[sd]|\{[^}]*\})\1""", "?", text)
+    return text
 
 
 def _sql(code: str) -> str:
     """``execute("... %s ..." % (a, b))`` / ``"..." + x + "..."`` / f-strings into a parameterised query."""
-    code = re.sub(r"""execute\((["'])(.*?)\1\s*%\s*\(?(.*?)\)?\s*\)\s*$""",
-                  lambda m: f"execute({m[1]}{m[2].replace(chr(39) + '%s' + chr(39), '?').replace('%s', '?')}{m[1]}, "
-                            f"({m[3].rstrip(',')},))", code, flags=re.M)
+    code = re.sub(r"""execute\((["'])(.*?)\1\s*%\s*\(?([^()]*?)\)?\s*\)[ \t]*$""",
+                  lambda m: f"execute({m[1]}{_placeholders(m[2])}{m[1]}, ({m[3].rstrip(',')},))", code, flags=re.M)
 
     def concat(m: re.Match) -> str:
         parts = re.split(r"""\s*\+\s*""", m[1])
         text = "".join(p[1:-1] if p[:1] in "'\"" else "?" for p in parts)
         args = [p for p in parts if p[:1] not in "'\""]
-        return f'execute("{text}", ({", ".join(args)},))'
+        return f'execute("{re.sub(chr(39) + "[?]" + chr(39), "?", text)}", ({", ".join(args)},))'
 
-    code = re.sub(r"execute\(((?:[\"'][^\"']*[\"']|\w+)(?:\s*\+\s*(?:[\"'][^\"']*[\"']|\w+))+)\)", concat, code)
+    part = r"""(?:"[^"]*"|'[^']*'|\w+)"""
+    code = re.sub(rf"execute\(({part}(?:\s*\+\s*{part})+)\)", concat, code)
     return re.sub(r"""execute\(f(["'])(.*?)\1\)""",
-                  lambda m: f"execute({m[1]}{re.sub(r'{[^}]*}', '?', m[2])}{m[1]}, "
+                  lambda m: f"execute({m[1]}{_placeholders(m[2])}{m[1]}, "
                             f"({', '.join(re.findall(r'{([^}]*)}', m[2]))},))", code)
 
 
 def _pickle(code: str) -> str:
-    code = re.sub(r"\b(c?[pP]ickle|marshal)\.(loads?|dumps?)\(", r"json.\2(", code)
-    return re.sub(r"^(\s*)import (c?[pP]ickle|marshal)\s*$", r"\1import json", code, flags=re.M)
+    return _with_import(re.sub(r"\b(c?[pP]ickle|marshal)\.(loads?|dumps?)\(", r"json.\2(", code), "json")
 
 
 def _random(code: str) -> str:
     code = re.sub(r"\brandom\.(random|randint|choice|choices|randrange|getrandbits|sample|shuffle|uniform)\(",
                   r"secrets.SystemRandom().\1(", code)
-    return re.sub(r"^(\s*)import random\s*$", r"\1import secrets", code, flags=re.M)
+    return _with_import(code, "secrets")
 
 
 def _hash(code: str) -> str:
@@ -69,7 +84,11 @@ def _hash(code: str) -> str:
 
 
 def _tempfile(code: str) -> str:
-    return re.sub(r"tempfile\.mktemp\(", "tempfile.mkstemp(", code)
+    """``mktemp(...)`` (a name an attacker can take first) as a file created now: ``NamedTemporaryFile(...).name``
+    (keyword arguments kept; mktemp's positional ones do not carry over)."""
+    return re.sub(r"tempfile\.mktemp\(([^()]*)\)",
+                  lambda m: "tempfile.NamedTemporaryFile(delete=False"
+                            + (f", {m[1]}" if m[1].strip() and "=" in m[1] else "") + ").name", code)
 
 
 def _tls(code: str) -> str:

@@ -42,20 +42,24 @@ def require_bandit() -> None:
         raise MissingRequirement("ProSec's analyzer needs bandit: pip install 'llmx[security]'") from exc
 
 
-def scan(programs: list[str]) -> list[list[Issue]]:
-    """bandit's issues in each program (its default profile), one temporary file per program."""
+def scan(programs: list[str]) -> list[list[Issue] | None]:
+    """bandit's issues in each program (its default profile, ``# nosec`` ignored), one temporary file per program;
+    None where bandit skipped the file."""
     require_bandit()
     from bandit.core import config, manager
 
     logging.getLogger("bandit").setLevel(logging.ERROR)
-    out: list[list[Issue]] = []
+    out: list[list[Issue] | None] = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, program in enumerate(programs):
             path = Path(tmp) / f"p{k}.py"
             path.write_text(program, encoding="utf-8")
-            m = manager.BanditManager(config.BanditConfig(), "file", quiet=True)
+            m = manager.BanditManager(config.BanditConfig(), "file", quiet=True, ignore_nosec=True)  # a "# nosec" is no fix
             m.discover_files([str(path)])
             m.run_tests()
+            if m.skipped:
+                out.append(None)
+                continue
             out.append([Issue(i.test_id, int(i.cwe.id), i.severity, int(i.lineno)) for i in m.get_issue_list()])
     return out
 
@@ -73,7 +77,8 @@ def detect(prompts: list[str], responses: list[str]) -> list[Finding]:
             out.append(Finding(False))
             continue
         first = p.count("\n") + 1  # the line the response starts on
-        out.append(Finding(True, tuple(i for i in next(it) if i.line >= first)))
+        issues = next(it)
+        out.append(Finding(False) if issues is None else Finding(True, tuple(i for i in issues if i.line >= first)))
     return out
 
 

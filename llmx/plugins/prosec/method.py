@@ -48,6 +48,7 @@ def analyze(ctx: RunContext, p: ProsecParams) -> dict[str, Any]:
     result = run(seeds("train", limit=p.seeds), p.cwes, p.scenarios, p.samples, p.fix_samples,
                  stages(ctx, p, ctx.config.seed), p.roles, p.utility, p.mix_seed)
     atomic.write_text(ctx.artifact("pairs.jsonl"), "".join(json.dumps(r) + "\n" for r in result.rows))
+    atomic.write_text(ctx.artifact("security.jsonl"), "".join(json.dumps(r) + "\n" for r in result.security))
     atomic.write_text(ctx.artifact("scenarios.jsonl"), "".join(
         json.dumps({"cwe": s.cwe, "seed": s.seed.where, "prompt": s.prompt, "start": s.start, "benign": s.benign}) + "\n"
         for s in result.scenarios))

@@ -19,6 +19,7 @@ from llmx.plugins.prosec.cwes import elicitor
 from llmx.plugins.prosec.pairs import Candidate, best_fix, mix
 from llmx.plugins.prosec.scenarios import Scenario, Seed, cut, scenario
 
+PER_PROMPT = 3  # the official collect script keeps at most three pairs per inducing prompt
 
 @dataclass
 class Stages:
@@ -30,16 +31,19 @@ class Stages:
 
 @dataclass
 class Result:
-    rows: list[dict]
+    rows: list[dict]  # the training rows (security pairs mixed with utility pairs, or security pairs alone)
     scenarios: list[Scenario]
+    security: list[dict]  # every security pair, before the mix
     stats: dict[str, Any] = field(default_factory=dict)
 
 
 def diverse(items: list[Scenario], k: int, embed: Callable[[list[str]], np.ndarray], seed: int = 0) -> list[Scenario]:
-    """One scenario per KMeans cluster of the embedded prompts (the official ``cluster_dataset.py``: k clusters,
-    random_state 0): the member nearest each centre, in cluster order. All of them when there are at most k."""
+    """One scenario per KMeans cluster of the embedded prompts (as the official ``cluster_dataset.py``: k clusters,
+    random_state 0, after dropping repeated prompts), the member nearest each centre (the official script takes a
+    random one), in cluster order. All of them when there are at most k."""
+    items = list({s.prompt: s for s in items}.values())
     if len(items) <= k:
-        return list(items)
+        return items
     from sklearn.cluster import KMeans
 
     x = np.asarray(embed([s.prompt for s in items]), dtype=np.float64)
@@ -56,6 +60,21 @@ def elicit(items: list[Scenario], samples: int, stages: Stages) -> list[list[str
     """Each scenario's responses: its statement start plus the model's completion, cut at the function's end."""
     drawn = stages.sample([s.prompt + s.start for s in items], samples)
     return [[cut(s.start + c) for c in row] for s, row in zip(items, drawn, strict=True)]
+
+
+def _fix(s: Scenario, vulnerable: str, n: int, stages: Stages) -> Candidate | None:
+    """The model's fixes first (step 5), filtered as step 6 does."""
+    texts = [cut(t) for t in stages.fix(s, vulnerable, n)]
+    if not texts:
+        return None
+    checks = stages.detect([s.prompt] * len(texts), texts)
+    return best_fix(s.prompt, vulnerable, s.cwe, [Candidate(t, f, "model") for t, f in zip(texts, checks, strict=True)])
+
+
+def _candidate(s: Scenario, text: str, source: str, vulnerable: str, stages: Stages) -> Candidate | None:
+    """The rule-based rewrite, the fallback when no model fix survives the filters."""
+    (check,) = stages.detect([s.prompt], [text])
+    return best_fix(s.prompt, vulnerable, s.cwe, [Candidate(text, check, source)])
 
 
 def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samples: int, stages: Stages,
@@ -76,22 +95,22 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
         plain_found = stages.detect([s.benign for s in items for _ in range(samples)], [c for row in plain for c in row])
         vulnerable = [(s, r) for (s, r), f in zip(flat, found, strict=True) if f.parsed and f.shows(cwe)]
         pairs = 0
-        seen = set()
+        seen: dict[str, set[str]] = {}
         for s, r in vulnerable:
-            if (s.prompt, r) in seen:
+            mine = seen.setdefault(s.prompt, set())
+            if r in mine or len(mine) >= PER_PROMPT:
                 continue
-            seen.add((s.prompt, r))
-            texts = [(cut(t), "model") for t in stages.fix(s, r, fix_samples)] + [(e.rewrite(r), "rule")]
-            checks = stages.detect([s.prompt] * len(texts), [t for t, _ in texts])
-            fixed = best_fix(r, cwe, [Candidate(t, f, src) for (t, src), f in zip(texts, checks, strict=True)])
+            fixed = _fix(s, r, fix_samples, stages) or _candidate(s, e.rewrite(r), "rule", r, stages)
             if fixed is None:
                 continue
+            mine.add(r)
             fix_sources[fixed.source] += 1
             pairs += 1
             security.append({"prompt": s.prompt, "chosen": fixed.text, "rejected": r, "cwe": cwe, "benign": False,
                              "seed": s.seed.where, "fix": fixed.source})
             k = items.index(s)
-            answers = [a for a, f in zip(plain[k], plain_found[k * samples:(k + 1) * samples], strict=True) if f.parsed]
+            answers = [a for a, f in zip(plain[k], plain_found[k * samples:(k + 1) * samples], strict=True)
+                       if f.parsed and not f.issues and "..." not in a]
             benign.append({"prompt": s.benign, "answers": answers, "fixed": fixed.text})
         parsed = sum(f.parsed for f in found)
         plain_parsed = sum(f.parsed for f in plain_found)
@@ -103,4 +122,4 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
     rows = mix(security, benign, seed, roles) if utility else security
     stats.update({"scenarios": len(chosen), "security_pairs": len(security), "rows": len(rows),
                   "utility_pairs": sum(r["benign"] for r in rows), "fix_sources": fix_sources})
-    return Result(rows, chosen, stats)
+    return Result(rows, chosen, security, stats)

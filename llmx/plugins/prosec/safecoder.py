@@ -1,8 +1,10 @@
 """SafeCoder-style security tuning (He & Vechev, 2024), the previous work ProSec compares with:
 ``llmx train --method safecoder --data SVEN``. Each SVEN pair gives the fixed function, trained by likelihood (every
 token, or its changed spans), and the vulnerable function, trained by unlikelihood ``-log(1 - p)`` on the tokens
-its deleted spans cover; ordinary standard-library functions are mixed in 1:1 by likelihood. A micro-batch's loss is
-the mean over all its trained tokens (our weighting; SafeCoder sums its three losses)."""
+its deleted spans cover; ordinary standard-library functions are mixed in 1:1 by likelihood. Each sample's loss is
+the mean over its trained tokens and every sample weighs the same, as SafeCoder's ``token_weighted_loss``; a sample
+with no trained token is dropped. SafeCoder's own default trains only the fixed function's changed tokens
+(``likelihood: changed``; its difflib gap filling is not reproduced); ``all`` follows the issue's wording."""
 
 from __future__ import annotations
 
@@ -43,9 +45,11 @@ def read(path: str | Path) -> list[dict]:
             missing = [k for k in FIELDS if k not in row] if isinstance(row, dict) else list(FIELDS)
             if missing:
                 raise UsageError(f"{f}:{n}: a SVEN pair needs {', '.join(missing)}")
-            spans = row["char_changes"].get("deleted") if isinstance(row["char_changes"], dict) else None
-            if not isinstance(spans, list) or any(not {"char_start", "char_end"} <= set(s) for s in spans):
-                raise UsageError(f"{f}:{n}: char_changes.deleted must list {{char_start, char_end}} spans")
+            changes = row["char_changes"] if isinstance(row["char_changes"], dict) else {}
+            for side in ("deleted", "added"):
+                spans = changes.get(side)
+                if not isinstance(spans, list) or any(not {"char_start", "char_end"} <= set(s) for s in spans):
+                    raise UsageError(f"{f}:{n}: char_changes.{side} must list {{char_start, char_end}} spans")
             if row["file_name"].endswith(".py"):
                 rows.append({**row, "where": f"{f}:{n}"})
     if not rows:
@@ -68,7 +72,8 @@ def items(tok, rows: list[dict], ordinary: list[str], p: SafeCoderParams) -> lis
     for r in rows:
         added = None if p.likelihood == "all" else [(s["char_start"], s["char_end"]) for s in r["char_changes"]["added"]]
         ids, mark = encode(tok, r["func_src_after"], added, p.max_length)
-        out.append(Item(ids, mark[1:], [False] * (len(ids) - 1)))
+        if any(mark[1:]):
+            out.append(Item(ids, mark[1:], [False] * (len(ids) - 1)))
         ids, mark = encode(tok, r["func_src_before"], [(s["char_start"], s["char_end"])
                                                        for s in r["char_changes"]["deleted"]], p.max_length)
         if any(mark[1:]):
@@ -80,18 +85,20 @@ def items(tok, rows: list[dict], ordinary: list[str], p: SafeCoderParams) -> lis
 
 
 def loss_terms(logits: torch.Tensor, batch: list[Item]) -> torch.Tensor:
-    """Summed ``-log p`` over likelihood targets and ``-log(1 - p)`` over unlikelihood targets."""
+    """Per item, the mean over its trained tokens of ``-log p`` (likelihood targets) and ``-log(1 - p)``
+    (unlikelihood targets): SafeCoder's token-weighted loss of one sample."""
     device = logits.device
-    total = logits.new_zeros(())
     logp = torch.log_softmax(logits[:, :-1].float(), -1)
+    out = []
     for b, it in enumerate(batch):
         n = len(it.ids) - 1
         target = torch.tensor(it.ids[1:], device=device)
         lp = logp[b, :n].gather(-1, target[:, None])[:, 0]
-        like = torch.tensor(it.like, device=device)
-        unlike = torch.tensor(it.unlike, device=device)
-        total = total - lp[like].sum() - torch.log1p(-lp[unlike].exp().clamp(max=1 - 1e-6)).sum()
-    return total
+        like = torch.tensor(it.like, dtype=torch.bool, device=device)
+        unlike = torch.tensor(it.unlike, dtype=torch.bool, device=device)
+        total = -lp[like].sum() - torch.log1p(-lp[unlike].exp().clamp(max=1 - 1e-6)).sum()
+        out.append(total / max(int(like.sum() + unlike.sum()), 1))
+    return torch.stack(out)
 
 
 def train(ctx: RunContext, p: SafeCoderParams) -> dict[str, Any]:
@@ -120,12 +127,9 @@ def train(ctx: RunContext, p: SafeCoderParams) -> dict[str, Any]:
         for b, it in enumerate(chunk):
             ids[b, :len(it.ids)] = torch.tensor(it.ids, device=device)
             mask[b, :len(it.ids)] = 1
-        return loss_terms(model(input_ids=ids, attention_mask=mask).logits, chunk) / max(weight(i), 1)
+        return loss_terms(model(input_ids=ids, attention_mask=mask).logits, chunk).mean()
 
-    def weight(i: int) -> float:
-        return float(sum(sum(it.like) + sum(it.unlike) for it in batch(i)))
-
-    result = fit(ctx, model, loss, p, weight=weight)
+    result = fit(ctx, model, loss, p, weight=lambda i: float(len(batch(i))))  # every sample weighs the same
     out = {"pairs": len(rows), "items": len(data), "ordinary": len(ordinary),
            "unlikelihood_items": sum(any(it.unlike) for it in data),
            "unlikelihood_tokens": sum(sum(it.unlike) for it in data), "likelihood_tokens": sum(sum(it.like) for it in data)}

@@ -75,7 +75,12 @@ def _from_file(path: Path, rel: str) -> list[Seed]:
         if not signature.startswith("def ") or not signature.rstrip().endswith(":"):
             continue  # a signature over several lines
         doc = ast.get_docstring(node).strip().splitlines()[0].replace('"""', "'''")
-        out.append(Seed(f"{rel}:{node.lineno}", node.name, f'{signature.rstrip()}\n    """{doc}"""\n',
+        header = f'{signature.rstrip()}\n    """{doc}"""\n'
+        try:
+            ast.parse(header + "    pass\n")  # a docstring ending in a quote cannot be re-quoted
+        except SyntaxError:
+            continue
+        out.append(Seed(f"{rel}:{node.lineno}", node.name, header,
                         "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n"))
     return out
 
