@@ -32,12 +32,37 @@ def evals(args) -> list[dict]:
             {"method": "perplexity", "params": {"max_tokens": 20000}}]
 
 
-def arm(name: str, args, pairs: str | None) -> list[dict]:
+def habits(args, work: Path) -> tuple[str, str]:
+    """The unaligned model and SafeCoder's data. With ``--habit-rows N`` the model first learns string-built SQL
+    from the vulnerable versions of SVEN's first N CWE-89 Python functions (``lm``, 200 steps), and SafeCoder trains
+    on the other SVEN Python pairs, so the two never share a function."""
+    if not args.habit_rows:
+        return args.model, str(Path(args.sven).resolve())
+    work.mkdir(parents=True, exist_ok=True)
+    rest = work / "sven-rest"
+    rest.mkdir(exist_ok=True)
+    texts = []
+    for f in sorted(Path(args.sven).glob("cwe-*.jsonl")):
+        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        rows = [r for r in rows if r["file_name"].endswith(".py")]
+        cut = args.habit_rows if f.name == "cwe-089.jsonl" else 0
+        texts += [r["func_src_before"] for r in rows[:cut]]
+        (rest / f.name).write_text("".join(json.dumps(r) + "\n" for r in rows[cut:]))
+    data = work / "habit.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    spec = {"model": args.model, "seed": 0, "out": str(work / "runs"), "stages": [
+        {"method": "lm", "params": {"data": str(data), "steps": 200, "batch_size": 8, "seq_len": 128, "lr": 3e-4,
+                                    "save": True}}]}
+    (made,) = cached(__file__, work / "cache", spec)
+    return made["model_dir"], str(rest)
+
+
+def arm(name: str, args, pairs: str | None, sven: str) -> list[dict]:
     train = {"steps": args.steps, "batch_size": 8, "save": False}
     if name == "unaligned":
         return evals(args)
     if name == "safecoder":
-        return [{"method": "safecoder", "params": {**train, "data": str(Path(args.sven).resolve()), "lr": 1e-4}},
+        return [{"method": "safecoder", "params": {**train, "data": sven, "lr": 1e-4}},
                 *evals(args)]
     loss = {"prosec-simpo": "simpo", "prosec-dpo": "dpo", "prosec-no-utility": "simpo"}[name]
     data = pairs if name != "prosec-no-utility" else pairs.replace("pairs.jsonl", "security.jsonl")
@@ -66,6 +91,8 @@ def main() -> None:
     ap.add_argument("--held-samples", type=int, default=8)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--sven", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "sven-train"))
+    ap.add_argument("--habit-rows", type=int, default=92, help="CWE-89 functions whose vulnerable versions the "
+                    "model learns first (0: the model as it is)")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-prosec"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--child")
@@ -74,9 +101,10 @@ def main() -> None:
         child(json.loads(args.child))
         return
     work = Path(args.work)
+    base, sven = habits(args, work)
     rows, counts = [], []
     for seed in args.seeds:
-        spec = {"model": args.model, "seed": seed, "out": str(work / "runs"), "stages": [
+        spec = {"model": base, "seed": seed, "out": str(work / "runs"), "stages": [
             {"method": "prosec", "stage": "analyze", "params": {"cwes": CWES, "scenarios": args.scenarios,
                                                                  "samples": args.samples}}]}
         (made,) = cached(__file__, work / "cache", spec)
@@ -86,14 +114,15 @@ def main() -> None:
                                              if made["security_pairs"] >= 4 else [])
 
         def one(name, seed=seed, pairs=pairs):
-            spec = {"model": args.model, "seed": seed, "out": str(work / "runs"), "stages": arm(name, args, pairs)}
+            spec = {"model": base, "seed": seed, "out": str(work / "runs"), "stages": arm(name, args, pairs, sven)}
             return row(name, seed, cached(__file__, work / "cache", spec))
 
         with ThreadPoolExecutor(args.jobs) as pool:
             rows += list(pool.map(one, arms))
         for r in rows[-len(arms):]:
             print(r, flush=True)
-    publish("prosec", rows, model=args.model, cwes=CWES, scenarios=args.scenarios, samples=args.samples,
+    publish("prosec", rows, model=args.model, base=base, habit_rows=args.habit_rows, cwes=CWES,
+            scenarios=args.scenarios, samples=args.samples,
             held=args.held, held_samples=args.held_samples, steps=args.steps, seeds=args.seeds, pipeline=counts)
 
 
