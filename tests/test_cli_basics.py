@@ -42,7 +42,7 @@ def test_methods_stage_filter_and_show(cli):
     r = cli("--json", "methods", "--stage", "eval")
     assert {m["name"] for m in r.json()} == {"perplexity", "speed", "memory", "generate", "task", "lm-eval",
                                              "scenes-vqa", "tracing", "length", "backdoor", "icl", "acquisition",
-                                             "mmmb"}
+                                             "mmmb", "secure-code"}
     (shown,) = cli("--json", "methods", "show", "PPL").json()
     assert shown["name"] == "perplexity"
     assert [v["stages"] for v in cli("--json", "methods", "show", "clover").json()] == [["prune"], ["train"]]
