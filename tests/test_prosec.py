@@ -120,7 +120,7 @@ def test_the_pipeline_on_stubs_counts_and_pairs_what_it_should():
                  for k in range(n)] for p in prompts]
 
     stages = pipeline.Stages(sample, detect, lambda texts: np.arange(len(texts), dtype=float)[:, None],
-                             lambda s, r, n: ["    ...\n"] * n)
+                             lambda todo, n: [["    ...\n"] * n for _ in todo])
     found = seeds("train", limit=40)
     result = pipeline.run(found, [89], per_cwe=5, samples=4, fix_samples=1, stages=stages)
     row = result.stats["per_cwe"]["89"]
@@ -316,7 +316,7 @@ def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
         return [Finding(True, (Issue("B602", 78, "HIGH", 9),) if "INSECURE" in r else ()) for r in responses]
 
     stages = pipeline.Stages(sample, detect_stub, lambda texts: np.arange(len(texts), dtype=float)[:, None],
-                             lambda s, r, n: [r.replace("INSECURE", "SECURE")] * n)
+                             lambda todo, n: [[r.replace("INSECURE", "SECURE")] * n for _, r in todo])
     toys = [Seed(f"toy:{k}", f"toy{k}", f'def toy{k}():\n    """Toy task."""\n') for k in range(6)]
     outcomes = {}
     for utility in (False, True):

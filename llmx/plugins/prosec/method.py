@@ -30,11 +30,9 @@ def stages(ctx: RunContext, p: Sampling, seed: int):
                         stop=STOP, seed=seed, batch_size=p.batch_size, progress=ctx.progress)
         return [[c.text for c in row] for row in done]
 
-    def fix(s: Scenario, vulnerable: str, n: int) -> list[str]:
-        if n == 0:
-            return []
-        prompt = FIX_PROMPT.format(program=s.prompt + vulnerable, rule=elicitor(s.cwe).rule, prompt=s.prompt)
-        return sample([prompt], n)[0]
+    def fix(todo: list[tuple[Scenario, str]], n: int) -> list[list[str]]:
+        return sample([FIX_PROMPT.format(program=s.prompt + r, rule=elicitor(s.cwe).rule, prompt=s.prompt)
+                       for s, r in todo], n)
 
     return Stages(sample, detect, lambda texts: embed(model, tok, texts).cpu().numpy(), fix)
 

@@ -5,7 +5,7 @@ tests run the pipeline with deterministic stubs:
 - ``sample(prompts, n) -> [[completion] * n]`` (the model at T 0.8 in the real run),
 - ``detect(prompts, responses) -> [Finding]`` (bandit),
 - ``embed(prompts) -> array (n, d)`` (the model's mean hidden states),
-- ``fix(scenario, vulnerable, n) -> [completion]`` (the model given the rule's text)."""
+- ``fix([(scenario, vulnerable)], n) -> [[completion] * n]`` (the model given the rule's text; one batched call)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Stages:
     sample: Callable[[list[str], int], list[list[str]]]
     detect: Callable[[list[str], list[str]], list]
     embed: Callable[[list[str]], np.ndarray]
-    fix: Callable[[Scenario, str, int], list[str]]
+    fix: Callable[[list[tuple[Scenario, str]], int], list[list[str]]]
 
 
 @dataclass
@@ -62,13 +62,15 @@ def elicit(items: list[Scenario], samples: int, stages: Stages) -> list[list[str
     return [[cut(s.start + c) for c in row] for s, row in zip(items, drawn, strict=True)]
 
 
-def _fix(s: Scenario, vulnerable: str, n: int, stages: Stages) -> Candidate | None:
-    """The model's fixes first (step 5), filtered as step 6 does."""
-    texts = [cut(t) for t in stages.fix(s, vulnerable, n)]
-    if not texts:
-        return None
-    checks = stages.detect([s.prompt] * len(texts), texts)
-    return best_fix(s.prompt, vulnerable, s.cwe, [Candidate(t, f, "model") for t, f in zip(texts, checks, strict=True)])
+def _model_fixes(todo: list[tuple[Scenario, str]], n: int, stages: Stages) -> list[Candidate | None]:
+    """The model's fixes of every vulnerable response (step 5, one batched call), each filtered as step 6 does."""
+    if not todo or n == 0:
+        return [None] * len(todo)
+    texts = [[cut(t) for t in row] for row in stages.fix(todo, n)]
+    checks = iter(stages.detect([s.prompt for (s, _), row in zip(todo, texts, strict=True) for _ in row],
+                                [t for row in texts for t in row]))
+    return [best_fix(s.prompt, r, s.cwe, [Candidate(t, next(checks), "model") for t in row])
+            for (s, r), row in zip(todo, texts, strict=True)]
 
 
 def _candidate(s: Scenario, text: str, source: str, vulnerable: str, stages: Stages) -> Candidate | None:
@@ -95,15 +97,15 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
         plain_found = stages.detect([s.benign for s in items for _ in range(samples)], [c for row in plain for c in row])
         vulnerable = [(s, r) for (s, r), f in zip(flat, found, strict=True) if f.parsed and f.shows(cwe)]
         pairs = 0
-        seen: dict[str, set[str]] = {}
-        for s, r in vulnerable:
-            mine = seen.setdefault(s.prompt, set())
-            if r in mine or len(mine) >= PER_PROMPT:
+        todo = list(dict.fromkeys(vulnerable))  # each distinct (scenario, response) once
+        kept: dict[str, int] = {}
+        for (s, r), model_fix in zip(todo, _model_fixes(todo, fix_samples, stages), strict=True):
+            if kept.get(s.prompt, 0) >= PER_PROMPT:
                 continue
-            fixed = _fix(s, r, fix_samples, stages) or _candidate(s, e.rewrite(r), "rule", r, stages)
+            fixed = model_fix or _candidate(s, e.rewrite(r), "rule", r, stages)
             if fixed is None:
                 continue
-            mine.add(r)
+            kept[s.prompt] = kept.get(s.prompt, 0) + 1
             fix_sources[fixed.source] += 1
             pairs += 1
             security.append({"prompt": s.prompt, "chosen": fixed.text, "rejected": r, "cwe": cwe, "benign": False,
