@@ -56,34 +56,38 @@ def analyze(ctx: RunContext, p: ProsecParams) -> dict[str, Any]:
 
 def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     """Per CWE: the vulnerable rate of the model's completions on held-out inducing scenarios and on their benign
-    originals (among completions that parse; the unparsed share apart), and the inducing / benign ratio."""
+    originals (among completions that parse; the unparsed share apart; the benign prompts are sampled once and
+    scanned for each CWE), and the inducing / benign ratio."""
     from llmx.plugins.prosec.detect import require_bandit
     from llmx.plugins.prosec.pipeline import elicit
     from llmx.plugins.prosec.scenarios import cut, scenario, seeds
 
     require_bandit()
-    held = seeds("validation")
+    held = seeds("validation")[:p.scenarios]
     st = stages(ctx, p, ctx.config.seed)
-    out: dict[str, Any] = {}
-    totals = {"inducing": [0, 0], "benign": [0, 0]}
+    plain = [[cut(c) for c in row] for row in st.sample([s.header for s in held], p.samples)]  # one draw for every CWE
+    plain_found = st.detect([s.header for s, row in zip(held, plain, strict=True) for _ in row],
+                            [c for row in plain for c in row])
+    plain_parsed = sum(f.parsed for f in plain_found)
+    out: dict[str, Any] = {"benign_unparsed": 1 - plain_parsed / len(plain_found)}
+    bad_total, parsed_total, plain_bad = 0, 0, 0
     for cwe in p.cwes:
-        items = [scenario(s, cwe) for s in held[:p.scenarios]]
+        items = [scenario(s, cwe) for s in held]
         responses = elicit(items, p.samples, st)
-        plain = [[cut(c) for c in row] for row in st.sample([s.benign for s in items], p.samples)]
-        for kind, prompts, texts in (("inducing", [s.prompt for s in items], responses),
-                                     ("benign", [s.benign for s in items], plain)):
-            found = st.detect([q for q, row in zip(prompts, texts, strict=True) for _ in row], [t for row in texts for t in row])
-            parsed = sum(f.parsed for f in found)
-            bad = sum(f.parsed and f.shows(cwe) for f in found)
-            totals[kind][0] += bad
-            totals[kind][1] += parsed
-            out[f"{kind}_vulnerable_rate_{cwe}"] = bad / parsed if parsed else 0.0
-            out[f"{kind}_unparsed_{cwe}"] = 1 - parsed / len(found)
-    for kind, (bad, parsed) in totals.items():
-        out[f"{kind}_vulnerable_rate"] = bad / parsed if parsed else 0.0
+        found = st.detect([s.prompt for s, row in zip(items, responses, strict=True) for _ in row],
+                          [r for row in responses for r in row])
+        parsed = sum(f.parsed for f in found)
+        bad = sum(f.parsed and f.shows(cwe) for f in found)
+        benign_bad = sum(f.parsed and f.shows(cwe) for f in plain_found)
+        bad_total, parsed_total, plain_bad = bad_total + bad, parsed_total + parsed, plain_bad + benign_bad
+        out.update({f"inducing_vulnerable_rate_{cwe}": bad / parsed if parsed else 0.0,
+                    f"inducing_unparsed_{cwe}": 1 - parsed / len(found),
+                    f"benign_vulnerable_rate_{cwe}": benign_bad / plain_parsed if plain_parsed else 0.0})
+    out["inducing_vulnerable_rate"] = bad_total / parsed_total if parsed_total else 0.0
+    out["benign_vulnerable_rate"] = plain_bad / (plain_parsed * len(p.cwes)) if plain_parsed else 0.0
     benign = out["benign_vulnerable_rate"]
     out["trigger_ratio"] = out["inducing_vulnerable_rate"] / benign if benign else None
-    out["scenarios_per_cwe"] = min(p.scenarios, len(held))
+    out["scenarios_per_cwe"] = len(held)
     return out
 
 
