@@ -76,7 +76,7 @@ def train(ctx: RunContext, p: ParrotTrainParams) -> dict[str, Any]:
     out.update({"strategy_switched": switched, "moe_on": moe is not None and moe.use_moe,
                 "moe_params": sum(t.numel() for t in moe.parameters()) if moe is not None else 0})
     if init is not None:
-        after = _routing(ctx.model.eval(), proc, p, ctx.config.seed)
+        after = _routing(ctx.model, proc, p, ctx.config.seed)
         atomic.write_text(ctx.artifact("routing.json"), json.dumps({"init": init, "trained": after}, indent=2) + "\n")
         out.update({"routing_language_accuracy_init": init["language_accuracy"],
                     "routing_language_accuracy": after["language_accuracy"], "routing_chance": after["chance"],

@@ -47,8 +47,7 @@ def _shell(code: str) -> str:
 
 def _placeholders(text: str) -> str:
     """``'%s'``, ``%s``, ``%d`` and f-string fields, quoted or not, as ``?``."""
-    text = re.sub(r"""(['"]?)(%[sd]|\{[^}]*\})\1""", "?", text)
-    return text
+    return re.sub(r"""(['"]?)(%[sd]|\{[^}]*\})\1""", "?", text)
 
 
 def _sql(code: str) -> str:
@@ -58,9 +57,9 @@ def _sql(code: str) -> str:
 
     def concat(m: re.Match) -> str:
         parts = re.split(r"""\s*\+\s*""", m[1])
-        text = "".join(p[1:-1] if p[:1] in "'\"" else "?" for p in parts)
+        text = "".join(p[1:-1] if p[:1] in "'\"" else "?" for p in parts).replace("'?'", "?")
         args = [p for p in parts if p[:1] not in "'\""]
-        return f'execute("{re.sub(chr(39) + "[?]" + chr(39), "?", text)}", ({", ".join(args)},))'
+        return f'execute("{text}", ({", ".join(args)},))'
 
     part = r"""(?:"[^"]*"|'[^']*'|\w+)"""
     code = re.sub(rf"execute\(({part}(?:\s*\+\s*{part})+)\)", concat, code)

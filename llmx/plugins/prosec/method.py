@@ -50,7 +50,6 @@ def analyze(ctx: RunContext, p: ProsecParams) -> dict[str, Any]:
     atomic.write_text(ctx.artifact("scenarios.jsonl"), "".join(
         json.dumps({"cwe": s.cwe, "seed": s.seed.where, "prompt": s.prompt, "start": s.start, "benign": s.benign}) + "\n"
         for s in result.scenarios))
-    ctx.state["prosec_pairs"] = str(ctx.artifact("pairs.jsonl"))
     return {"pairs_file": str(ctx.artifact("pairs.jsonl")), **_flat(result.stats)}
 
 

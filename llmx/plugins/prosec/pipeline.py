@@ -73,10 +73,11 @@ def _model_fixes(todo: list[tuple[Scenario, str]], n: int, stages: Stages) -> li
             for (s, r), row in zip(todo, texts, strict=True)]
 
 
-def _candidate(s: Scenario, text: str, source: str, vulnerable: str, stages: Stages) -> Candidate | None:
+def _rule_fix(s: Scenario, vulnerable: str, stages: Stages) -> Candidate | None:
     """The rule-based rewrite, the fallback when no model fix survives the filters."""
+    text = elicitor(s.cwe).rewrite(vulnerable)
     (check,) = stages.detect([s.prompt], [text])
-    return best_fix(s.prompt, vulnerable, s.cwe, [Candidate(text, check, source)])
+    return best_fix(s.prompt, vulnerable, s.cwe, [Candidate(text, check, "rule")])
 
 
 def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samples: int, stages: Stages,
@@ -86,7 +87,6 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
     security, benign, chosen = [], [], []
     fix_sources = {"model": 0, "rule": 0}
     for cwe in cwes:
-        e = elicitor(cwe)
         items = diverse([scenario(s, cwe) for s in seeds], per_cwe, stages.embed)
         chosen += items
         responses = elicit(items, samples, stages)
@@ -102,7 +102,7 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
         for (s, r), model_fix in zip(todo, _model_fixes(todo, fix_samples, stages), strict=True):
             if kept.get(s.prompt, 0) >= PER_PROMPT:
                 continue
-            fixed = model_fix or _candidate(s, e.rewrite(r), "rule", r, stages)
+            fixed = model_fix or _rule_fix(s, r, stages)
             if fixed is None:
                 continue
             kept[s.prompt] = kept.get(s.prompt, 0) + 1
