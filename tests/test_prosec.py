@@ -29,6 +29,15 @@ def test_bandit_matches_the_cwes_on_known_snippets():
         assert f.parsed and f.shows(cwe) == vulnerable, text
 
 
+def test_rewrites_that_would_break_the_code_leave_it_alone_and_nosec_hides_nothing():
+    like = "    cursor.execute(f\"SELECT * FROM t WHERE a LIKE '%{x}%'\")\n"  # a '?' inside quotes binds nothing
+    assert ELICITORS[89].rewrite(like) == like
+    listed = "    subprocess.call([cmd, path], cwd=path)\n"
+    assert ELICITORS[78].rewrite(listed) == listed
+    hidden = "    cursor.execute(\"SELECT * FROM t WHERE n = '%s'\" % name)  # nosec\n"
+    assert detect([SQL], [hidden])[0].shows(89)
+
+
 def test_an_issue_on_a_prompt_line_is_not_the_models():
     prompt = 'import pickle\n\n\ndef load(b):\n    """Load."""\n    x = pickle.loads(b)\n'
     assert detect([prompt], ["    return x\n"])[0].issues == ()
@@ -41,6 +50,7 @@ def test_an_issue_on_a_prompt_line_is_not_the_models():
     (89, '    cursor.execute("SELECT * FROM t WHERE a = " + x)\n'),
     (89, '    cursor.execute(f"SELECT * FROM t WHERE a = {x}")\n'),
     (78, "    subprocess.call(cmd, shell=True)\n"),
+    (78, "    subprocess.call('ls ' + path, shell=True, cwd=path)\n"),
     (502, "    return pickle.load(open(path, 'rb'))\n"),
     (338, "    token = ''.join(random.choice(string.ascii_letters) for _ in range(8))\n"),
 ])
@@ -133,6 +143,21 @@ def test_the_pipeline_on_stubs_counts_and_pairs_what_it_should():
     assert all("?" in r["chosen"] and "+ x" in r["rejected"] and r["prompt"].startswith("import sqlite3") for r in sec)
     alone = pipeline.run(found, [89], per_cwe=5, samples=4, fix_samples=1, stages=stages, utility=False)
     assert len(alone.rows) == 5 and not any(r["benign"] for r in alone.rows)
+    assert result.security == [r for r in result.rows if not r["benign"]]  # the ablation trains on the same pairs
+
+
+def test_at_most_three_pairs_per_prompt_and_the_rule_only_when_no_model_fix_survives():
+    def sample(prompts, n):  # every sample a different string-built query
+        return [[f'"SELECT c{k} FROM t WHERE a = " + x)\n' if p.endswith("execute(") else "    return 1\n"
+                 for k in range(n)] for p in prompts]
+
+    def fix(todo, n):  # a good fix for the first response of each prompt only
+        return [[r.replace('" + x)', ' ?", (x,))') if "c0 " in r else "    ...\n"] * n for _, r in todo]
+
+    stages = pipeline.Stages(sample, detect, lambda texts: np.arange(len(texts), dtype=float)[:, None], fix)
+    result = pipeline.run(seeds("train", limit=40), [89], per_cwe=2, samples=6, fix_samples=1, stages=stages)
+    assert result.stats["per_cwe"]["89"]["vulnerable"] == 12 and result.stats["per_cwe"]["89"]["pairs"] == 6
+    assert result.stats["fix_sources"] == {"model": 2, "rule": 4}
 
 
 def test_seeds_split_by_file_and_scenarios_splice_the_elicitor():

@@ -39,7 +39,7 @@ class ProsecParams(Sampling):
                            "hidden states (official 2,000).")
     seeds: int | None = Field(None, ge=1, description="Seed functions to splice (default: every train seed).")
     fix_samples: int = Field(4, ge=0, description="Fixes the model samples per vulnerable response (the rule-based "
-                             "rewrite is always a candidate too).")
+                             "rewrite is tried only when none of them survives the filters).")
     utility: bool = Field(True, description="Mix in one utility pair per security pair (ProSec without them: false).")
     roles: Literal["paper", "swapped"] = Field("paper", description="Utility pairs: chosen = the model's own benign "
                                                "answer, rejected = the fixed code (paper: the notes' reading of the "

@@ -4,7 +4,8 @@ sentence and the start of a statement that make the weak API the natural continu
 open (``cursor.execute(`` may take a parameterised query or a string-built one). Each CWE also names what bandit
 reports for it (weak randomness is CWE-330 there, accepted for 338; CWE-78 counts at MEDIUM severity or above, as the
 notes measured on SVEN) and a rule-based rewrite, the fixer's fallback. The paper rewrites seed tasks with
-Claude-3.5-Haiku; this templated splice is our stand-in (``rewrites: model`` asks the target model instead)."""
+Claude-3.5-Haiku; this templated splice is our stand-in. Where the prompt imports only the weak module (502, 338),
+a secure answer must import its own (``json``, ``secrets``), as the rule-based fixes do."""
 
 from __future__ import annotations
 
@@ -37,10 +38,17 @@ def _with_import(code: str, module: str) -> str:
 
 
 def _shell(code: str) -> str:
-    """A command string run through a shell becomes an argument list run without one."""
-    code = re.sub(r"\b(call|run|Popen|check_call|check_output)\(([^(),]+),\s*shell\s*=\s*True\s*\)",
-                  r"\1(shlex.split(\2))", code)
-    code = re.sub(r"shell\s*=\s*True", "shell=False", code)
+    """A command string run through a shell becomes an argument list run without one (its other keyword arguments
+    kept); a call this cannot rewrite is left as it is, so no pair comes of it."""
+
+    def unshell(m: re.Match) -> str:
+        kwargs = [k.strip() for k in m[3].split(",") if k.strip()]
+        if not any(re.fullmatch(r"shell\s*=\s*True", k) for k in kwargs):
+            return m[0]
+        rest = [k for k in kwargs if not re.fullmatch(r"shell\s*=\s*True", k)]
+        return f"{m[1]}({', '.join([f'shlex.split({m[2].strip()})', *rest])})"
+
+    code = re.sub(r"\b(call|run|Popen|check_call|check_output)\(([^(),]+)((?:,\s*\w+\s*=\s*[^(),]+)*)\s*\)", unshell, code)
     code = re.sub(r"os\.system\(([^()]*)\)", r"subprocess.run(shlex.split(\1)).returncode", code)
     return _with_import(code, "shlex")
 
@@ -51,8 +59,14 @@ def _placeholders(text: str) -> str:
 
 
 def _sql(code: str) -> str:
-    """``execute("... %s ..." % (a, b))`` / ``"..." + x + "..."`` / f-strings into a parameterised query."""
-    code = re.sub(r"""execute\((["'])(.*?)\1\s*%\s*\(?([^()]*?)\)?\s*\)[ \t]*$""",
+    """``execute("... %s ..." % (a, b))`` / ``"..." + x + "..."`` / f-strings into a parameterised query; a value
+    inside a quoted literal (``LIKE '%{x}%'``) cannot become a parameter, so such code is left as it is."""
+    fixed = _parameterised(code)
+    return code if re.search(r"'[^'\n]*\?[^'\n]*'", fixed) else fixed
+
+
+def _parameterised(code: str) -> str:
+    code = re.sub(r"""execute\((["'])((?:(?!\1).)*)\1\s*%\s*\(?([^()]*?)\)?\s*\)[ \t]*$""",
                   lambda m: f"execute({m[1]}{_placeholders(m[2])}{m[1]}, ({m[3].rstrip(',')},))", code, flags=re.M)
 
     def concat(m: re.Match) -> str:

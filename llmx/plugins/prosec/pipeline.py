@@ -33,7 +33,7 @@ class Stages:
 class Result:
     rows: list[dict]  # the training rows (security pairs mixed with utility pairs, or security pairs alone)
     scenarios: list[Scenario]
-    security: list[dict]  # every security pair, before the mix
+    security: list[dict]  # the security pairs the rows hold (ProSec without utility pairs trains on the same)
     stats: dict[str, Any] = field(default_factory=dict)
 
 
@@ -122,6 +122,8 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
             "vulnerable_rate": len(vulnerable) / parsed if parsed else 0.0,
             "benign_vulnerable_rate": plain_vulnerable / plain_parsed if plain_parsed else 0.0, "pairs": pairs}
     rows = mix(security, benign, seed, roles) if utility else security
-    stats.update({"scenarios": len(chosen), "security_pairs": len(security), "rows": len(rows),
+    kept = [r for r in rows if not r["benign"]]
+    stats.update({"scenarios": len(chosen), "security_pairs": len(security), "security_pairs_kept": len(kept),
+                  "rows": len(rows),
                   "utility_pairs": sum(r["benign"] for r in rows), "fix_sources": fix_sources})
-    return Result(rows, chosen, security, stats)
+    return Result(rows, chosen, kept, stats)
