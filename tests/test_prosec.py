@@ -286,8 +286,8 @@ def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
     time), 8-15 are their benign originals; pairs from tasks 0-5, tasks 6-7 held out; SimPO on the pairs. Held-out
     vulnerable rate <= 0.5x SFT's (trivially here: SimPO drives INSECURE to about 1e-4); the drift of the benign
     originals' log-likelihood is >= 2x smaller with the utility pairs on the pairs' own benign prompts (tasks 8-13)
-    only: over every benign task (8-15) it is smaller by about 1.7-1.9x, and on the held-out ones (14-15) not at all;
-    seed 1 barely drifts either way."""
+    only: over every benign task (8-15) it is smaller by about 1.7-1.9x on seeds 0 and 2, and on the held-out ones
+    (14-15) not at all; on seed 1 the utility pairs remove the drift almost entirely."""
     import re
 
     import torch
