@@ -2,13 +2,14 @@
 
     python benchmarks/bench_feeder.py [--seeds 0 1 2] [--workers 2] [--fewshot ../shared/data/fewshot]
 
-1. The episode model: ``llmx zoo build llama --preset bench --data icl-episodes --hidden 192 --layers 4 --vocab 768
-   --seq-len 256 --steps 1600`` (built once, cached by the zoo). First the check that it learns in context: 0-shot and
-   8-shot (and 32-shot) accuracy, random demonstrations from a 400-row pool, on held-out maps of 4, 8 and 32 cues.
-2. Per seed (a held-out 32-cue, 4-label map of 400 noisy pool rows and 200 clean test rows, and the tree's seed):
-   ``analyze --method feeder`` (the tree to one node, the necessity pass): set size, oracle calls, pool-sufficiency
-   rate; ``eval --method icl`` at 8 and 24 shots for selector random / similarity from the full pool, the FEEDER set
-   and a random subset of its size.
+1. The episode model: ``llmx zoo build llama --preset icl --data icl-episodes`` (a 2-layer Llama, 20k steps of
+   16x128 tokens with no early stopping, built once and cached by the zoo). First the check that it learns in context:
+   0-shot and 8-shot (and 16-shot) accuracy, random demonstrations from a 400-row pool, on held-out maps of 4, 8 and
+   12 cues.
+2. Per seed (a held-out 12-cue, 4-label map of 400 noisy pool rows and 200 clean test rows, and the tree's seed):
+   ``analyze --method feeder`` (the tree to one node, the necessity pass checking the whole pool, the notes'
+   wording): set size, oracle calls, pool-sufficiency rate; ``eval --method icl`` at 8 and 16 shots for selector
+   random / similarity from the full pool, the FEEDER set and a random subset of its size.
 3. Fine-tuning at one budget (64 steps of 8 in-context sequences, 4 shots each, lr 3e-4, full weights): the full
    pool, the FEEDER set (one selection; bi-level: 2 outer rounds of 32 steps), a random subset of the FEEDER set's
    size; then 0-shot and 8-shot (full pool, random) accuracy on the test rows, with tokens trained.
@@ -33,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached, child, machine, markdown, spread, verdict, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EPISODE_MODEL = {"arch": "llama", "preset": "bench", "data": "icl-episodes", "hidden": 192, "layers": 4, "heads": 4,
-                 "vocab": 768, "seq_len": 256, "steps": 1600, "name": "llama-icl"}
+EPISODE_MODEL = {"arch": "llama", "preset": "icl", "data": "icl-episodes", "name": "llama-episodes"}
 NATURAL_MODEL = {"arch": "llama", "preset": "bench", "text_split": "blocks", "hidden": 128, "layers": 4, "heads": 4,
                  "vocab": 2048, "seq_len": 512, "steps": 1200, "name": "llama-metaicl"}
-TEMPLATE = "> {input} = {label}"
+TEMPLATE = "> {input} {label}"  # episodes.TEMPLATE
+CUES = 12  # the FEEDER maps: one row per cue fits the 128-token context
 FT = {"steps": 64, "batch_size": 8, "shots": 4, "lr": 3e-4, "warmup": 6, "save": False}
 POOLS = ("full", "feeder", "random")
 SELECTORS = ("random", "similarity")
@@ -67,7 +68,7 @@ def cues_covered(data: str, set_file: str) -> int:
 
 def feeder_stage(data: str) -> dict:
     return {"method": "feeder", "stage": "analyze", "params": {"data": f"{data}/pool.jsonl", "template": TEMPLATE,
-                                                               "batch_size": 32}}
+                                                               "batch_size": 32, "necessity_check": "pool"}}
 
 
 def metaicl_corpus(fewshot: Path, out: Path) -> tuple[Path, dict]:
@@ -137,10 +138,10 @@ def main() -> None:
 
     jobs = ThreadPoolExecutor(args.workers)
     checks = []
-    for cues in (4, 8, 32):
+    for cues in (4, 8, CUES):
         for s in args.seeds:
             data = episodes(cues, 1000 + s)
-            for shots in (8, 32) if cues == 32 else (8,):
+            for shots in (8, 16) if cues == CUES else (8,):
                 checks.append(((cues, s, shots), jobs.submit(run, f"check_c{cues}_m{s}_k{shots}",
                                                              [icl_eval(data, shots)])))
     check_rows = []
@@ -151,19 +152,19 @@ def main() -> None:
                            "acc_kshot_ci": m["accuracy_ci"]})
     print(markdown(list(check_rows[0]), check_rows), flush=True)
 
-    maps = {s: episodes(32, s) for s in args.seeds}
+    maps = {s: episodes(CUES, s) for s in args.seeds}
     picking = {s: jobs.submit(run, f"feeder_m{s}", [feeder_stage(data)], s) for s, data in maps.items()}
     selections, icl_jobs, ft_jobs = {}, [], []
     for s, data in maps.items():
         sel = selections[s] = picking[s].result()[0]
-        for shots in (8, 24):  # 24 of the longest rows fit the 256-token context with a query
+        for shots in (8, 16):  # 16 >= the FEEDER set's size: the whole set in context
             for selector in SELECTORS:
                 for kind in POOLS:
                     stage = icl_eval(data, shots, selector, kind, sel["set_file"])
                     icl_jobs.append(((s, shots, selector, kind),
                                      jobs.submit(run, f"icl_m{s}_k{shots}_{selector}_{kind}", [stage], s)))
         train = {"data": f"{data}/pool.jsonl", "template": TEMPLATE, "batch_size": FT["batch_size"],
-                 "shots": FT["shots"], "lr": FT["lr"], "warmup": FT["warmup"], "save": False, "max_length": 256}
+                 "shots": FT["shots"], "lr": FT["lr"], "warmup": FT["warmup"], "save": False, "max_length": 128}
         runs = {"full": {"pool": "full", "outer_rounds": 1, "steps": FT["steps"]},
                 "feeder": {"pool": "feeder", "outer_rounds": 1, "steps": FT["steps"]},
                 "feeder bi-level": {"pool": "feeder", "outer_rounds": 2, "steps": FT["steps"] // 2},
@@ -188,7 +189,7 @@ def main() -> None:
                for (s, name), fut in ft_jobs for tr, ev in [fut.result()]]
 
     summary = []
-    for k in (8, 24):
+    for k in (8, 16):
         for selector in SELECTORS:
             acc = {kind: [r["acc"] for r in icl_rows if (r["shots"], r["selector"], r["pool"]) == (k, selector, kind)]
                    for kind in POOLS}
@@ -211,7 +212,7 @@ def main() -> None:
                "summary": summary, "natural_text": natural, "machine": machine()}
     write("feeder", payload)
     md = ["## In-context learning check (random demonstrations, full 400-row pool)",
-          markdown(list(check_rows[0]), check_rows), "", "## FEEDER selection (32 cues, 400 rows, tree to one node)",
+          markdown(list(check_rows[0]), check_rows), "", f"## FEEDER selection ({CUES} cues, 400 rows, tree to one node)",
           markdown(list(sel_rows[0]), sel_rows), "", "## Summary over seeds (means; verdict: ranges over seeds)",
           markdown(["part", "setting", "full", "feeder", "feeder bi-level", "random", "feeder_minus_full",
                     "feeder_vs_random"], summary), "", "## k-shot accuracy per seed", markdown(list(icl_rows[0]),

@@ -281,3 +281,40 @@ def test_bad_input_is_exit_2_without_a_run_folder(cli, tmp_path, sets, words):
     assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) <= 2, r.err
     out = tmp_path / "runs"
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_similarity_embeds_each_row_as_the_model_reads_it(cli, tmp_path, episode_data, monkeypatch):
+    """The selector's vectors are of the formatted query (template prefix, the first word's leading space), not of
+    the bare input, whose first word the tokenizer splits into pieces the model never saw."""
+    from llmx.core.eval import icl
+
+    seen, real = [], icl.embed
+    monkeypatch.setattr(icl, "embed", lambda model, tok, texts, batch: seen.extend(texts) or real(model, tok, texts,
+                                                                                               batch))
+    pool, test = episode_data / "pool.jsonl", episode_data / "test.jsonl"
+    _stage(cli("--json", "eval", "--method", "icl", "--model", MODEL, "--data", pool, "--set", f"test={test}", "--set",
+               "shots=2", "--set", "selector=similarity", "--set", f"template={E.TEMPLATE}", "-o", tmp_path / "runs"))
+    inputs = [json.loads(x)["input"] for f in (pool, test) for x in f.read_text().splitlines()]
+    assert seen == [E.FORMAT.query(x) for x in inputs] and all(t.startswith("> ") for t in seen)
+
+
+def test_a_collapsed_reselection_keeps_the_previous_rounds_set(cli, tmp_path, episode_data, monkeypatch):
+    from llmx.plugins.feeder import method
+
+    real, calls = method._choose, []
+
+    def choose(ctx, p, rows, labels, fmt, batch):
+        out = real(ctx, p, rows, labels, fmt, batch)
+        calls.append(list(out.indices))
+        if len(calls) == 2:
+            out.indices = out.indices[:1]
+        return out
+
+    monkeypatch.setattr(method, "_choose", choose)
+    m = _stage(cli("--json", "train", "--method", "feeder", "--model", MODEL, "--data", episode_data / "pool.jsonl",
+                   "--set", "depth=1", "--set", f"template={E.TEMPLATE}", "--set", "outer_rounds=2", "--set",
+                   "steps=1", "--set", "batch_size=2", "--set", "shots=2", "--set", "save=false", "-o",
+                   tmp_path / "runs"))
+    first, second = m["rounds"]
+    assert not first["kept_previous_selection"] and second["kept_previous_selection"]
+    assert second["selected_rows"] == first["selected_rows"] == len(calls[0]) > 1

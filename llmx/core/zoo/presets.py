@@ -18,7 +18,7 @@ class Preset:
     lr: float
     warmup: int = 50
     eval_every: int = 50
-    patience: int = 4
+    patience: int | None = 4  # None: no early stopping (a capability that forms after a plateau)
     eval_windows: int = 48
     corpus_chars: int | None = None  # cap on the training text (None: the whole train split)
     heads: int = 4
@@ -54,6 +54,8 @@ class LlavaPreset(Preset):
 # ``small`` is the default ``ref:NAME``: minutes on one CPU thread. ``bench`` trains longer so that methods can be
 # told apart (3-bit RTN costs little on an under-trained model). ``test`` builds in seconds for the test suite.
 # ``long`` has 1024-token contexts (KV-cache and length-generalisation work); ``medium`` is wider and deeper.
+# ``icl`` is for in-context episodes (``--data icl-episodes``): a 2-layer Llama trained with no early stopping, since
+# the induction circuit forms abruptly after a long plateau of validation loss (bench_feeder.py).
 _SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=500, lr=2e-3)
 _TRANSFORMERS = ("gpt2", "llama", "moe", "opt", "qwen2")
 _LONG = replace(_SMALL, seq_len=1024, batch=4, max_steps=600, eval_windows=16)
@@ -71,6 +73,8 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "mamba2": replace(_SMALL, max_steps=1200, patience=6),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=800, patience=6),
     },
+    "icl": {"llama": Preset(hidden=128, layers=2, vocab=768, seq_len=128, batch=16, max_steps=20000, lr=2e-3,
+                            warmup=100, eval_every=1000, patience=None)},
     "long": {arch: _LONG for arch in (*_TRANSFORMERS, "mamba2")},
     "medium": {arch: _MEDIUM for arch in (*_TRANSFORMERS, "mamba2")},
     "test": {

@@ -1,12 +1,16 @@
 """In-context episodes: a task built for a few-million-parameter model to solve from its context alone.
 
 Each episode draws a fresh map from cue words to label words; an input holds one cue among distractor words, and its
-label is the map's (5% of rows get another label). The cue comes last by default (``Spec.cue_last``: the label then
-follows an induction pattern). A model trained on episodes can only predict a label by finding the query's cue among
-the demonstrations, so in-context learning is what lowers its loss (bench_feeder.py measures whether it emerged); a
-held-out map (``heldout``) is then a pool that is redundant by construction (many rows per cue): a core set of one
-row per cue exists, and a random subset of its size misses cues. The words are pseudo-words (cues CVCV, distractors
-CVC) and colour names (labels), from a fixed seed.
+label is the map's (5% of rows get another label). The cue comes last by default (``Spec.cue_last``) and the label
+follows it directly: the classic induction pattern (A B ... A -> B). A 2-layer Llama learns it abruptly after a
+plateau of about T*sqrt(B*C) tokens (batch B, context C, T ~ 10^5.7: Aoyama, Wilcox and Schneider, "Predicting the
+Formation of Induction Heads", arXiv 2511.16893); with a ``=`` between cue and label (a 2-back match) it had not
+formed after 12k steps. Training episodes hold 2 to 8 cues, so that cues repeat within a 128-token window. A model
+trained on episodes can only predict a label by finding the query's cue among the demonstrations, so in-context
+learning is what lowers its loss (bench_feeder.py measures whether it emerged); a held-out map (``heldout``) is then a
+pool that is redundant by construction (many rows per cue): a core set of one row per cue exists, and a random subset
+of its size misses cues. The words are pseudo-words (cues CVCV, distractors CVC) and colour names (labels), from a
+fixed seed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 LABEL_WORDS = ("red", "blue", "green", "gold", "pink", "gray", "cyan", "teal", "jade", "rose", "navy", "lime", "plum",
                "rust", "sand", "snow")
 TRAIN_EPISODES, VALIDATION_EPISODES = 6000, 300
-TEMPLATE = "> {input} = {label}"  # compact (32+ demonstrations fit 256 tokens); every word after a space
+TEMPLATE = "> {input} {label}"  # compact (16+ demonstrations fit 128 tokens); every word after a space
 FORMAT = Format(TEMPLATE)
 
 
@@ -71,8 +75,8 @@ def row(mapping: dict[str, str], labels: list[str], spec: Spec, rng: random.Rand
 
 
 def episode(rng: random.Random, fmt: Format = FORMAT, rows: int = 40) -> str:
-    """One training document: a fresh map of 2 to 32 cues over 2 to 6 labels, ``rows`` rows in the format."""
-    spec = Spec(cues=rng.randint(2, 32), labels=rng.randint(2, 6))
+    """One training document: a fresh map of 2 to 8 cues over 2 to 6 labels, ``rows`` rows in the format."""
+    spec = Spec(cues=rng.randint(2, 8), labels=rng.randint(2, 6))
     mapping, labels = draw_map(spec, rng)
     return fmt.render([row(mapping, labels, spec, rng) for _ in range(rows)])
 

@@ -132,8 +132,8 @@ def evaluate(ctx: RunContext, p: IclEvalParams) -> dict[str, Any]:
     pool = _subset(ctx, p.pool, rows, labels, fmt, p.feeder)
     rng = random.Random(ctx.config.seed)
     if p.selector == "similarity":
-        vectors = icl.embed(model, tok, [rows[i]["input"] for i in pool], p.batch_size)
-        queries = icl.embed(model, tok, [r["input"] for r in test], p.batch_size)
+        vectors = icl.embed(model, tok, [fmt.query(rows[i]["input"]) for i in pool], p.batch_size)
+        queries = icl.embed(model, tok, [fmt.query(r["input"]) for r in test], p.batch_size)
         chosen = [icl.similar_demos(queries[j], vectors, pool, p.shots) for j in range(len(test))]
     else:
         chosen = [icl.random_demos(pool, p.shots, rng) for _ in test]
@@ -182,13 +182,15 @@ def train(ctx: RunContext, p: FeederTrainParams) -> dict[str, Any]:
                              else None)
     held = load_rows(p.test, labels) if p.test else []
     loop = {k: getattr(p, k) for k in TrainParams.model_fields}
-    rounds, last = [], None
+    rounds, last, chosen = [], None, []
     for r in range(p.outer_rounds):
         figures: dict[str, Any] = {"round": r}
         if p.pool == "feeder":
             last = _choose(ctx, p, rows, labels, fmt, p.batch_size)
-            chosen = last.indices
             figures.update({k: v for k, v in _summary(last, len(rows)).items() if k != "levels"})
+            collapsed = r > 0 and len(last.indices) < 2  # the tuned model infers the pool from one row
+            figures["kept_previous_selection"] = collapsed
+            chosen = chosen if collapsed else last.indices
         else:
             chosen = _subset(ctx, p.pool, rows, labels, fmt, None, size, rng)
         if len(chosen) < 2:
