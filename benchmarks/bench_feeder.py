@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached, child, machine, markdown, spread, verdict, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EPISODE_MODEL = {"arch": "llama", "preset": "icl", "data": "icl-episodes", "name": "llama-episodes"}
+EPISODE_MODEL = {"arch": "llama", "preset": "icl"}  # ref:llama-icl: the icl-episodes corpus
 NATURAL_MODEL = {"arch": "llama", "preset": "bench", "text_split": "blocks", "hidden": 128, "layers": 4, "heads": 4,
                  "vocab": 2048, "seq_len": 512, "steps": 1200, "name": "llama-metaicl"}
 TEMPLATE = "> {input} {label}"  # episodes.TEMPLATE

@@ -362,3 +362,16 @@ def test_a_recipe_builds_its_reference_model_first(cli, cache, notes, tmp_path):
     recipe.write_text("model: ref:x\nzoo: {arch: lama, name: x, hidden: wide}\npipeline:\n  - method: perplexity\n")
     r = cli("config", "validate", recipe)
     assert r.code == 2 and "zoo.hidden" in r.err
+
+
+def test_the_icl_preset_trains_on_episodes_without_early_stopping():
+    """``ref:llama-icl`` is the in-context episode model: its corpus is icl-episodes unless --data says otherwise,
+    and it trains every step (the induction circuit forms after a plateau an early stop would cut)."""
+    from llmx.core.zoo.request import parse_builtin
+
+    req = parse_builtin("llama-icl")
+    assert req.data == "icl-episodes" and req.builtin and req.ref_name == "ref:llama-icl"
+    assert req.spec.patience is None and req.spec.layers == 2
+    assert RefRequest("llama", "icl", data="icl-episodes") == req
+    assert RefRequest("llama", "icl", data="stdlib").ref_name is None
+    assert RefRequest("llama").data == "stdlib" and "data" not in RefRequest("llama").options()

@@ -15,6 +15,7 @@ zoo_app = typer.Typer(help="Build, list and remove the reference models trained 
 
 @zoo_app.command("build", epilog=examples(
     "llmx zoo build llama", "llmx zoo build mamba2 --preset bench", "llmx zoo build qwen2 --preset long",
+    "llmx zoo build llama --preset icl",
     "llmx zoo build llama --data pydoc --name llama-prose",
     "llmx zoo build llava",
     "llmx zoo build llama --data notes.txt --layers 6 --hidden 384 --heads 6 --seq-len 512 --tokens 2000000 --name notes",
@@ -25,8 +26,8 @@ def build(
     arch: Annotated[str, typer.Argument(help="gpt2, llama, llava, mamba, mamba2, moe, opt or qwen2.")],
     preset: Annotated[str, typer.Option("--preset", help="small (default), bench, long (1024 tokens), medium or "
                                         "test (seconds).")] = "small",
-    data: Annotated[str, typer.Option("--data", help="stdlib (default), pydoc, a .txt/.jsonl file, hf:NAME or a "
-                                      "plugin dataset.")] = "stdlib",
+    data: Annotated[Optional[str], typer.Option("--data", help="stdlib (default; icl-episodes for --preset icl), "
+                                                "pydoc, a .txt/.jsonl file, hf:NAME or a plugin dataset.")] = None,
     text_split: Annotated[str, typer.Option("--text-split", help="How a local file splits into train and validation: "
                                             "auto (blank-line blocks, or lines), blocks, lines (each by a hash of "
                                             "its text) or legacy (a .txt's last percent).")] = "auto",

@@ -88,3 +88,4 @@ PRESETS: dict[str, dict[str, Preset]] = {
                                qa_questions=20, instruct_steps=30, instruct_rows=240)},
 }
 DEFAULT_PRESET = "small"
+PRESET_DATA = {"icl": "icl-episodes"}  # a preset's corpus when --data is not given (else stdlib)

@@ -17,7 +17,7 @@ from llmx.core.data import TextSplit
 from llmx.core.models.archs import ATTENTION_FREE, check_shape, default_kv_heads
 from llmx.core.names import did_you_mean
 from llmx.core.zoo.cache import cache_root
-from llmx.core.zoo.presets import DEFAULT_PRESET, PRESETS, SHAPE, Preset
+from llmx.core.zoo.presets import DEFAULT_PRESET, PRESET_DATA, PRESETS, SHAPE, Preset
 from llmx.errors import UsageError
 
 ZOO_VERSION = 2  # 2: the key holds the resolved shape and length; entries of 1 are listed as stale
@@ -31,7 +31,7 @@ class RefRequest:
     preset: str = DEFAULT_PRESET
     seed: int = 0
     steps: int | None = None
-    data: str = "stdlib"
+    data: str | None = None  # None: the preset's corpus (PRESET_DATA), else stdlib
     text_split: str = "auto"
     validation_percent: int = 10
     tokens: int | None = None
@@ -48,6 +48,8 @@ class RefRequest:
         if self.preset not in PRESETS:
             raise UsageError(f"unknown preset '{self.preset}'.{did_you_mean(self.preset, PRESETS)}",
                              hint=f"Presets: {', '.join(PRESETS)}.")
+        if self.data is None:
+            object.__setattr__(self, "data", PRESET_DATA.get(self.preset, "stdlib"))
         if self.arch not in PRESETS[self.preset]:
             known = list(PRESETS[self.preset])
             raise UsageError(f"unknown reference model '{self.arch}' for the {self.preset} preset."
