@@ -2,13 +2,13 @@
 
     python benchmarks/bench_feeder.py [--seeds 0 1 2] [--workers 2] [--fewshot ../shared/data/fewshot]
 
-1. The episode model: ``llmx zoo build llama --preset icl --data icl-episodes`` (a 2-layer Llama, 20k steps of
-   16x128 tokens with no early stopping, built once and cached by the zoo). First the check that it learns in context:
-   0-shot and 8-shot (and 16-shot) accuracy, random demonstrations from a 400-row pool, on held-out maps of 4, 8 and
-   12 cues.
-2. Per seed (a held-out 12-cue, 4-label map of 400 noisy pool rows and 200 clean test rows, and the tree's seed):
+1. The episode model: ``llmx zoo build llama --preset icl`` (``ref:llama-icl``: a 2-layer Llama, 40k steps of 8x64
+   tokens of ``icl-episodes`` with no early stopping, built once and cached by the zoo). First the check that it
+   learns in context: 0-shot and 8-shot (and 4-shot) accuracy, random demonstrations from a 400-row pool, on held-out
+   maps of 4, 6 and 8 cues.
+2. Per seed (a held-out 6-cue, 4-label map of 400 noisy pool rows and 200 clean test rows, and the tree's seed):
    ``analyze --method feeder`` (the tree to one node, the necessity pass checking the whole pool, the notes'
-   wording): set size, oracle calls, pool-sufficiency rate; ``eval --method icl`` at 8 and 16 shots for selector
+   wording): set size, oracle calls, pool-sufficiency rate; ``eval --method icl`` at 4 and 8 shots for selector
    random / similarity from the full pool, the FEEDER set and a random subset of its size.
 3. Fine-tuning at one budget (64 steps of 8 in-context sequences, 4 shots each, lr 3e-4, full weights): the full
    pool, the FEEDER set (one selection; bi-level: 2 outer rounds of 32 steps), a random subset of the FEEDER set's
@@ -38,7 +38,7 @@ EPISODE_MODEL = {"arch": "llama", "preset": "icl"}  # ref:llama-icl: the icl-epi
 NATURAL_MODEL = {"arch": "llama", "preset": "bench", "text_split": "blocks", "hidden": 128, "layers": 4, "heads": 4,
                  "vocab": 2048, "seq_len": 512, "steps": 1200, "name": "llama-metaicl"}
 TEMPLATE = "> {input} {label}"  # episodes.TEMPLATE
-CUES = 12  # the FEEDER maps: one row per cue fits the 128-token context
+CUES = 6  # the FEEDER maps: one row per cue, and 8 shots, fit the 64-token context
 FT = {"steps": 64, "batch_size": 8, "shots": 4, "lr": 3e-4, "warmup": 6, "save": False}
 POOLS = ("full", "feeder", "random")
 SELECTORS = ("random", "similarity")
@@ -60,10 +60,12 @@ def icl_eval(data: str, shots: int, selector: str = "random", pool: str = "full"
         {"limit": limit} if limit else {})}
 
 
-def cues_covered(data: str, set_file: str) -> int:
-    """How many of the map's cues the FEEDER set holds a row of."""
+def set_rows(data: str, set_file: str) -> tuple[int, int]:
+    """How many of the map's cues the FEEDER set holds a row of, and how many of its rows are mislabelled."""
     rows = [json.loads(x) for x in Path(data, "pool.jsonl").read_text().splitlines()]
-    return len({rows[i]["cue"] for i in json.loads(Path(set_file).read_text())["indices"]})
+    mapping = json.loads(Path(data, "map.json").read_text())["map"]
+    members = [rows[i] for i in json.loads(Path(set_file).read_text())["indices"]]
+    return len({r["cue"] for r in members}), sum(r["label"] != mapping[r["cue"]] for r in members)
 
 
 def feeder_stage(data: str) -> dict:
@@ -138,10 +140,10 @@ def main() -> None:
 
     jobs = ThreadPoolExecutor(args.workers)
     checks = []
-    for cues in (4, 8, CUES):
+    for cues in (4, CUES, 8):
         for s in args.seeds:
             data = episodes(cues, 1000 + s)
-            for shots in (8, 16) if cues == CUES else (8,):
+            for shots in (4, 8) if cues == CUES else (8,):
                 checks.append(((cues, s, shots), jobs.submit(run, f"check_c{cues}_m{s}_k{shots}",
                                                              [icl_eval(data, shots)])))
     check_rows = []
@@ -157,14 +159,14 @@ def main() -> None:
     selections, icl_jobs, ft_jobs = {}, [], []
     for s, data in maps.items():
         sel = selections[s] = picking[s].result()[0]
-        for shots in (8, 16):  # 16 >= the FEEDER set's size: the whole set in context
+        for shots in (4, 8):  # 8 >= the FEEDER set's size: the whole set in context
             for selector in SELECTORS:
                 for kind in POOLS:
                     stage = icl_eval(data, shots, selector, kind, sel["set_file"])
                     icl_jobs.append(((s, shots, selector, kind),
                                      jobs.submit(run, f"icl_m{s}_k{shots}_{selector}_{kind}", [stage], s)))
         train = {"data": f"{data}/pool.jsonl", "template": TEMPLATE, "batch_size": FT["batch_size"],
-                 "shots": FT["shots"], "lr": FT["lr"], "warmup": FT["warmup"], "save": False, "max_length": 128}
+                 "shots": FT["shots"], "lr": FT["lr"], "warmup": FT["warmup"], "save": False, "max_length": 64}
         runs = {"full": {"pool": "full", "outer_rounds": 1, "steps": FT["steps"]},
                 "feeder": {"pool": "feeder", "outer_rounds": 1, "steps": FT["steps"]},
                 "feeder bi-level": {"pool": "feeder", "outer_rounds": 2, "steps": FT["steps"] // 2},
@@ -176,7 +178,7 @@ def main() -> None:
     sel_rows = [{"seed": s, "pool_rows": m["pool_rows"], "feeder_rows": m["feeder_rows"],
                  "kept_share": m["kept_share"], "oracle_calls": m["oracle_calls"], "cache_hits": m["cache_hits"],
                  "sufficiency_rate": m["sufficiency_rate"], "rate_nonmembers": m["sufficiency_rate_nonmembers"],
-                 "cues_covered": cues_covered(maps[s], m["set_file"]),
+                 "cues_covered": set_rows(maps[s], m["set_file"])[0], "noisy_rows": set_rows(maps[s], m["set_file"])[1],
                  "dropped_by_necessity": m["dropped_by_necessity"], "per_class": m["per_class"],
                  "budget_tokens": m["budget"], "truncations": m["truncations"]} for s, m in selections.items()]
     icl_rows = [{"seed": s, "shots": k, "selector": sel, "pool": kind, "pool_rows": m["pool_rows"],
@@ -189,7 +191,7 @@ def main() -> None:
                for (s, name), fut in ft_jobs for tr, ev in [fut.result()]]
 
     summary = []
-    for k in (8, 16):
+    for k in (4, 8):
         for selector in SELECTORS:
             acc = {kind: [r["acc"] for r in icl_rows if (r["shots"], r["selector"], r["pool"]) == (k, selector, kind)]
                    for kind in POOLS}

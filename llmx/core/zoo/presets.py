@@ -73,8 +73,8 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "mamba2": replace(_SMALL, max_steps=1200, patience=6),
         "mamba": replace(_SMALL, hidden=128, batch=8, max_steps=800, patience=6),
     },
-    "icl": {"llama": Preset(hidden=128, layers=2, vocab=768, seq_len=128, batch=16, max_steps=20000, lr=2e-3,
-                            warmup=100, eval_every=1000, patience=None)},
+    "icl": {"llama": Preset(hidden=128, layers=2, vocab=768, seq_len=64, batch=8, max_steps=40000, lr=1e-3,
+                            warmup=100, eval_every=2000, patience=None)},
     "long": {arch: _LONG for arch in (*_TRANSFORMERS, "mamba2")},
     "medium": {arch: _MEDIUM for arch in (*_TRANSFORMERS, "mamba2")},
     "test": {

@@ -5,7 +5,7 @@ label is the map's (5% of rows get another label). The cue comes last by default
 follows it directly: the classic induction pattern (A B ... A -> B). A 2-layer Llama learns it abruptly after a
 plateau of about T*sqrt(B*C) tokens (batch B, context C, T ~ 10^5.7: Aoyama, Wilcox and Schneider, "Predicting the
 Formation of Induction Heads", arXiv 2511.16893); with a ``=`` between cue and label (a 2-back match) it had not
-formed after 12k steps. Training episodes hold 2 to 8 cues, so that cues repeat within a 128-token window. A model
+formed after 12k steps. Training episodes hold 2 to 6 cues, so that cues repeat within a 64-token window. A model
 trained on episodes can only predict a label by finding the query's cue among the demonstrations, so in-context
 learning is what lowers its loss (bench_feeder.py measures whether it emerged); a held-out map (``heldout``) is then a
 pool that is redundant by construction (many rows per cue): a core set of one row per cue exists, and a random subset
@@ -75,8 +75,9 @@ def row(mapping: dict[str, str], labels: list[str], spec: Spec, rng: random.Rand
 
 
 def episode(rng: random.Random, fmt: Format = FORMAT, rows: int = 40) -> str:
-    """One training document: a fresh map of 2 to 8 cues over 2 to 6 labels, ``rows`` rows in the format."""
-    spec = Spec(cues=rng.randint(2, 8), labels=rng.randint(2, 6))
+    """One training document: a fresh map of 2 to 6 cues over 2 to 6 labels, 1 or 2 distractors per input, ``rows``
+    rows in the format."""
+    spec = Spec(cues=rng.randint(2, 6), labels=rng.randint(2, 6), distractors=(1, 2))
     mapping, labels = draw_map(spec, rng)
     return fmt.render([row(mapping, labels, spec, rng) for _ in range(rows)])
 
