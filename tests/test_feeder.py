@@ -56,7 +56,19 @@ def test_tree_and_necessity_keep_exactly_one_row_per_cue(depth):
     sel = select(oracle, depth=depth, seed=3)
     cues = [made["pool"][i]["cue"] for i in sel.indices]
     assert sorted(cues) == sorted({r["cue"] for r in made["pool"]}) and sel.sufficiency_rate == 1.0
-    assert sel.dropped_by_necessity >= 0 and sel.truncations == 0
+    assert sel.truncations == 0
+
+
+def test_necessity_over_the_pool_drops_the_noisy_rows_that_self_keeps():
+    """Under label noise a mislabelled row is inferred by nothing but itself, so ``self`` keeps it (and a clean
+    partner); ``pool`` drops it when the rest still infers every row the set inferred (the notes' wording)."""
+    made = pool(cues=8, rows=160, noise=0.15, seed=1)
+    noisy = lambda idx: sum(made["pool"][i]["label"] != made["map"][made["pool"][i]["cue"]] for i in idx)  # noqa: E731
+    by = {check: select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=2, necessity_check=check)
+          for check in ("self", "pool")}
+    assert noisy(by["self"].indices) > noisy(by["pool"].indices)
+    assert len(by["pool"].indices) < len(by["self"].indices) and by["pool"].dropped_by_necessity > 0
+    assert by["pool"].sufficiency_rate >= by["self"].sufficiency_rate - 1e-9
 
 
 def test_the_parent_is_a_then_b_then_their_union():
