@@ -94,9 +94,12 @@ def test_the_tree_alone_shrinks_the_pool_and_stays_sufficient():
 def test_oracle_calls_stay_within_c_n_k_and_repeats_hit_the_cache(depth, rounds, repair):
     made = pool(cues=20, rows=200, noise=0.05)
     oracle = KnnOracle(made["pool"], made["labels"])
-    sel = select(oracle, depth=depth, rounds=rounds, repair_pass=repair, seed=1)
+    sel = select(oracle, depth=depth, rounds=rounds, repair_pass=repair, seed=1, necessity_check="self")
     n = len(made["pool"])
     assert sel.oracle_calls <= n * depth * rounds + 2 * n + (n if repair else 0)  # n per level, necessity, recount
+    pooled = select(KnnOracle(made["pool"], made["labels"]), depth=depth, rounds=rounds, repair_pass=repair, seed=1)
+    tree_set = len(pooled.indices) + pooled.dropped_by_necessity - pooled.added_by_repair
+    assert pooled.oracle_calls <= n * depth * rounds + tree_set * n + 2 * n + (n if repair else 0)  # |S| n necessity
     before = oracle.calls
     again = oracle.ask([((0, 5, 9), 3), ((9, 0, 5), 3), ((0, 5, 9), 3)])
     assert oracle.calls == before + 1 and oracle.hits == sel.cache_hits + 2 and len(set(again)) == 1
@@ -265,9 +268,9 @@ def test_analyze_then_eval_from_the_feeder_set(cli, tmp_path, episode_data):
 def test_bilevel_training_reselects_each_round(cli, tmp_path, episode_data):
     pool = episode_data / "pool.jsonl"
     m = _stage(cli("--json", "train", "--method", "feeder", "--model", MODEL, "--data", pool, "--set", "depth=1",
-                   "--set", f"template={E.TEMPLATE}", "--set", "outer_rounds=2", "--set", "steps=2", "--set",
-                   "batch_size=2", "--set", "shots=2", "--set", f"test={episode_data / 'test.jsonl'}", "--set",
-                   "save=false", "-o", tmp_path / "runs"))
+                   "--set", "necessity_check=self", "--set", f"template={E.TEMPLATE}", "--set", "outer_rounds=2",
+                   "--set", "steps=2", "--set", "batch_size=2", "--set", "shots=2", "--set",
+                   f"test={episode_data / 'test.jsonl'}", "--set", "save=false", "-o", tmp_path / "runs"))
     assert len(m["rounds"]) == 2 and all(r["oracle_calls"] > 0 and r["steps"] == 2 for r in m["rounds"])
     assert m["sequence_tokens"] == sum(r["sequence_tokens"] for r in m["rounds"]) > m["label_tokens"] > 0
     assert all(r["sequences"] == 4 for r in m["rounds"])  # steps x batch: none held out of training
@@ -324,7 +327,8 @@ def test_a_collapsed_reselection_keeps_the_previous_rounds_set(cli, tmp_path, ep
 
     monkeypatch.setattr(method, "_choose", choose)
     m = _stage(cli("--json", "train", "--method", "feeder", "--model", MODEL, "--data", episode_data / "pool.jsonl",
-                   "--set", "depth=1", "--set", f"template={E.TEMPLATE}", "--set", "outer_rounds=2", "--set",
+                   "--set", "depth=1", "--set", "necessity_check=self", "--set", f"template={E.TEMPLATE}",
+                   "--set", "outer_rounds=2", "--set",
                    "steps=1", "--set", "batch_size=2", "--set", "shots=2", "--set", "save=false", "-o",
                    tmp_path / "runs"))
     first, second = m["rounds"]

@@ -52,10 +52,10 @@ class TreeParams(Params):
     rounds: int = Field(1, ge=1, description="Tree rounds R; each round after the first starts from the previous "
                         "round's set (reconstructed).")
     necessity_pass: bool = Field(True, description="Drop, in random order, members the set does not need.")
-    necessity_check: Literal["self", "pool"] = Field("self", description="What a dropped member's removal must "
-                                                     "keep: self: the rest still infers that member (|S| questions); "
-                                                     "pool: the rest still infers every pool row the set inferred "
-                                                     "(the notes' wording, |S| x n questions).")
+    necessity_check: Literal["self", "pool"] = Field("pool", description="What a dropped member's removal must "
+                                                     "keep: pool: the rest still infers every pool row the set "
+                                                     "inferred (the notes' wording, |S| x n questions); self: the rest "
+                                                     "still infers that member (|S| questions; keeps mislabelled rows).")
     repair_pass: bool = Field(False, description="Add the pool rows the set does not infer (up to the context).")
     max_node_size: int | None = Field(None, ge=1, description="Most demonstrations in one node (one prompt). A "
                                       "node past it, or past the model's context with the longest query, keeps the "

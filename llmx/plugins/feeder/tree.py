@@ -117,7 +117,7 @@ def inferred(oracle: Oracle, chosen: list[int]) -> list[bool]:
 
 
 def select(oracle: Oracle, depth: int | None = None, rounds: int = 1, necessity_pass: bool = True,
-           repair_pass: bool = False, seed: int = 0, necessity_check: str = "self") -> Selection:
+           repair_pass: bool = False, seed: int = 0, necessity_check: str = "pool") -> Selection:
     """The FEEDER set of the oracle's pool, with its cost and its measured pool-sufficiency rate. Oracle calls are
     at most n per level (each row is asked once per pair it is in), so n K R for the tree, plus |S| (``self``) or
     |S| n (``pool``) for the necessity pass, n for the recount and n more with the repair pass."""
