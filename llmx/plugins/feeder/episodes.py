@@ -24,7 +24,7 @@ CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 LABEL_WORDS = ("red", "blue", "green", "gold", "pink", "gray", "cyan", "teal", "jade", "rose", "navy", "lime", "plum",
                "rust", "sand", "snow")
 TRAIN_EPISODES, VALIDATION_EPISODES = 6000, 300
-TEMPLATE = "> {input} {label}"  # compact (16+ demonstrations fit 128 tokens); every word after a space
+TEMPLATE = "> {input} {label}"  # compact (8 demonstrations fit 64 tokens); every word after a space
 FORMAT = Format(TEMPLATE)
 
 
