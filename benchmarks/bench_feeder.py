@@ -178,7 +178,7 @@ def main() -> None:
     sel_rows = [{"seed": s, "pool_rows": m["pool_rows"], "feeder_rows": m["feeder_rows"],
                  "kept_share": m["kept_share"], "oracle_calls": m["oracle_calls"], "cache_hits": m["cache_hits"],
                  "sufficiency_rate": m["sufficiency_rate"], "rate_nonmembers": m["sufficiency_rate_nonmembers"],
-                 "cues_covered": set_rows(maps[s], m["set_file"])[0], "noisy_rows": set_rows(maps[s], m["set_file"])[1],
+                 **dict(zip(("cues_covered", "noisy_rows"), set_rows(maps[s], m["set_file"]), strict=True)),
                  "dropped_by_necessity": m["dropped_by_necessity"], "per_class": m["per_class"],
                  "budget_tokens": m["budget"], "truncations": m["truncations"]} for s, m in selections.items()]
     icl_rows = [{"seed": s, "shots": k, "selector": sel, "pool": kind, "pool_rows": m["pool_rows"],

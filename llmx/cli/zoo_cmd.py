@@ -24,8 +24,8 @@ zoo_app = typer.Typer(help="Build, list and remove the reference models trained 
     "llmx --json zoo build moe --force"))
 def build(
     arch: Annotated[str, typer.Argument(help="gpt2, llama, llava, mamba, mamba2, moe, opt or qwen2.")],
-    preset: Annotated[str, typer.Option("--preset", help="small (default), bench, long (1024 tokens), medium or "
-                                        "test (seconds).")] = "small",
+    preset: Annotated[str, typer.Option("--preset", help="small (default), bench, long (1024 tokens), medium, "
+                                        "icl (in-context episodes) or test (seconds).")] = "small",
     data: Annotated[Optional[str], typer.Option("--data", help="stdlib (default; icl-episodes for --preset icl), "
                                                 "pydoc, a .txt/.jsonl file, hf:NAME or a plugin dataset.")] = None,
     text_split: Annotated[str, typer.Option("--text-split", help="How a local file splits into train and validation: "

@@ -54,8 +54,8 @@ class LlavaPreset(Preset):
 # ``small`` is the default ``ref:NAME``: minutes on one CPU thread. ``bench`` trains longer so that methods can be
 # told apart (3-bit RTN costs little on an under-trained model). ``test`` builds in seconds for the test suite.
 # ``long`` has 1024-token contexts (KV-cache and length-generalisation work); ``medium`` is wider and deeper.
-# ``icl`` is for in-context episodes (``--data icl-episodes``): a 2-layer Llama trained with no early stopping, since
-# the induction circuit forms abruptly after a long plateau of validation loss (bench_feeder.py).
+# ``icl`` is for in-context episodes (its corpus is icl-episodes, PRESET_DATA): a 2-layer Llama trained with no
+# early stopping, since the induction circuit forms abruptly after a long plateau of validation loss (bench_feeder.py).
 _SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=500, lr=2e-3)
 _TRANSFORMERS = ("gpt2", "llama", "moe", "opt", "qwen2")
 _LONG = replace(_SMALL, seq_len=1024, batch=4, max_steps=600, eval_windows=16)
