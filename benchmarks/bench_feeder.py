@@ -68,9 +68,9 @@ def set_rows(data: str, set_file: str) -> tuple[int, int]:
     return len({r["cue"] for r in members}), sum(r["label"] != mapping[r["cue"]] for r in members)
 
 
-def feeder_stage(data: str) -> dict:
+def feeder_stage(data: str, cut: str = "random") -> dict:
     return {"method": "feeder", "stage": "analyze", "params": {"data": f"{data}/pool.jsonl", "template": TEMPLATE,
-                                                               "batch_size": 32, "necessity_check": "pool"}}
+                                                               "batch_size": 32, "necessity_check": "pool", "cut": cut}}
 
 
 def metaicl_corpus(fewshot: Path, out: Path) -> tuple[Path, dict]:
@@ -118,6 +118,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cut", default="random", choices=["random", "redundancy"],
+                    help="how the tree cuts an oversized node; not random: results to feeder_cut_<cut>.*")
     ap.add_argument("--fewshot", default=None, help="the few-shot-learning data folder (sst2/, trec/) for part 4")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-feeder"),
                     help="finished runs are kept here; a rerun reuses them (delete it to start afresh)")
@@ -155,7 +157,8 @@ def main() -> None:
     print(markdown(list(check_rows[0]), check_rows), flush=True)
 
     maps = {s: episodes(CUES, s) for s in args.seeds}
-    picking = {s: jobs.submit(run, f"feeder_m{s}", [feeder_stage(data)], s) for s, data in maps.items()}
+    picking = {s: jobs.submit(run, f"feeder_m{s}", [feeder_stage(data, args.cut)], s)
+               for s, data in maps.items()}
     selections, icl_jobs, ft_jobs = {}, [], []
     for s, data in maps.items():
         sel = selections[s] = picking[s].result()[0]
@@ -165,7 +168,7 @@ def main() -> None:
                     stage = icl_eval(data, shots, selector, kind, sel["set_file"])
                     icl_jobs.append(((s, shots, selector, kind),
                                      jobs.submit(run, f"icl_m{s}_k{shots}_{selector}_{kind}", [stage], s)))
-        train = {"data": f"{data}/pool.jsonl", "template": TEMPLATE, "batch_size": FT["batch_size"],
+        train = {"data": f"{data}/pool.jsonl", "template": TEMPLATE, "batch_size": FT["batch_size"], "cut": args.cut,
                  "shots": FT["shots"], "lr": FT["lr"], "warmup": FT["warmup"], "save": False, "max_length": 64}
         runs = {"full": {"pool": "full", "outer_rounds": 1, "steps": FT["steps"]},
                 "feeder": {"pool": "feeder", "outer_rounds": 1, "steps": FT["steps"]},
@@ -209,10 +212,11 @@ def main() -> None:
                         "feeder_vs_random": verdict(acc["feeder"], acc["random"], ("feeder", "random"), False)})
 
     natural = natural_text(args, work, run) if args.fewshot else None
-    payload = {"benchmark": "feeder", "model": EPISODE_MODEL, "template": TEMPLATE, "fine_tune": FT,
+    payload = {"benchmark": "feeder", "cut": args.cut, "model": EPISODE_MODEL, "template": TEMPLATE, "fine_tune": FT,
                "icl_check": check_rows, "selection": sel_rows, "icl": icl_rows, "fine_tuning": ft_rows,
                "summary": summary, "natural_text": natural, "machine": machine()}
-    write("feeder", payload)
+    name = "feeder" if args.cut == "random" else f"feeder_cut_{args.cut}"
+    write(name, payload)
     md = ["## In-context learning check (random demonstrations, full 400-row pool)",
           markdown(list(check_rows[0]), check_rows), "", f"## FEEDER selection ({CUES} cues, 400 rows, tree to one node)",
           markdown(list(sel_rows[0]), sel_rows), "", "## Summary over seeds (means; verdict: ranges over seeds)",
@@ -223,7 +227,7 @@ def main() -> None:
     if natural:
         md += ["", "## SST-2 and TREC, MetaICL-style episode model", markdown(list(natural["rows"][0]),
                                                                             natural["rows"]), "", natural["verdict"]]
-    (Path(__file__).resolve().parent / "results" / "feeder.md").write_text("\n".join(md) + "\n")
+    (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 

@@ -96,10 +96,12 @@ def test_oracle_calls_stay_within_c_n_k_and_repeats_hit_the_cache(depth, rounds,
     oracle = KnnOracle(made["pool"], made["labels"])
     sel = select(oracle, depth=depth, rounds=rounds, repair_pass=repair, seed=1, necessity_check="self")
     n = len(made["pool"])
-    assert sel.oracle_calls <= n * depth * rounds + 2 * n + (n if repair else 0)  # n per level, necessity, recount
+    # n per level, necessity, recount; with repair: a recount and a second necessity pass of at most n members
+    assert sel.oracle_calls <= n * depth * rounds + 2 * n + (2 * n if repair else 0)
     pooled = select(KnnOracle(made["pool"], made["labels"]), depth=depth, rounds=rounds, repair_pass=repair, seed=1)
-    tree_set = len(pooled.indices) + pooled.dropped_by_necessity - pooled.added_by_repair
-    assert pooled.oracle_calls <= n * depth * rounds + tree_set * n + 2 * n + (n if repair else 0)  # |S| n necessity
+    grown = len(pooled.indices) + pooled.dropped_after_repair
+    tree_set = grown + pooled.dropped_by_necessity - pooled.added_by_repair
+    assert pooled.oracle_calls <= n * depth * rounds + tree_set * n + 2 * n + ((grown + 1) * n if repair else 0)
     before = oracle.calls
     again = oracle.ask([((0, 5, 9), 3), ((9, 0, 5), 3), ((0, 5, 9), 3)])
     assert oracle.calls == before + 1 and oracle.hits == sel.cache_hits + 2 and len(set(again)) == 1
@@ -146,6 +148,16 @@ def test_a_node_past_max_node_size_is_cut_and_counted():
     assert max(len(c) for c, _ in oracle.cache) <= 3
     with pytest.raises(ValueError, match="does not fit one prompt"):
         oracle.ask([((0, 1, 2, 3), 4)])
+
+
+def test_a_redundancy_cut_drops_repeated_cues_before_new_ones():
+    made = pool(cues=6, rows=48, noise=0.0, seed=1)
+    cues = lambda sel: {made["pool"][i]["cue"] for i in sel.indices}  # noqa: E731
+    runs = {how: [select(CueOracle(made["pool"], made["labels"] + ["none"], max_node_size=6), depth=None,
+                         necessity_pass=False, seed=s, cut=how) for s in range(5)] for how in ("redundancy", "random")}
+    assert all(sel.truncations > 0 for sels in runs.values() for sel in sels)
+    assert all(len(cues(sel)) == 6 == len(sel.indices) and sel.sufficiency_rate == 1.0 for sel in runs["redundancy"])
+    assert any(len(cues(sel)) < 6 for sel in runs["random"])  # a random cut drops cues
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,7 @@ def test_shape_options_and_token_budget_reach_the_model(cli, cache, notes):
     assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
             config["num_key_value_heads"], config["vocab_size"]) == (3, 128, 8, 2, 400)
     assert info["steps_run"] == 10 and info["tokens_seen"] == 2560  # 2560 tokens / (batch 8 x 32)
+    assert info["weights_step"] == info["best_step"]  # early stopping restores the best state: it is what ships
 
 
 def test_bad_input_is_one_line_exit_2_and_leaves_no_entry(cli, cache, tmp_path):

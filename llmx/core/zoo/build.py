@@ -93,7 +93,9 @@ def _causal(req: RefRequest, corp: Corpus, tok, show: bool):
     scored = val_ids[: 40_000 if spec.corpus_chars is None else 8_000]
     total, count = sequence_nll(model, scored, spec.seq_len, spec.seq_len // 2, batch_size=16)
     figures = {"train_tokens": len(train_ids), "val_tokens": len(val_ids),
-               "steps_run": result.steps, "best_step": result.best_step, "train_seconds": round(result.seconds, 1),
+               "steps_run": result.steps, "best_step": result.best_step,
+               "weights_step": result.best_step if spec.patience is not None else result.steps,
+               "train_seconds": round(result.seconds, 1),
                "tokens_seen": result.steps * spec.batch * spec.seq_len, "best_val_nll": result.best_eval,
                "val_perplexity": math.exp(total / count), "val_tokens_scored": count,
                "val_bits_per_byte": bits_per_byte(total, tok, scored),

@@ -56,10 +56,16 @@ class TreeParams(Params):
                                                      "keep: pool: the rest still infers every pool row the set "
                                                      "inferred (the notes' wording, |S| x n questions); self: the rest "
                                                      "still infers that member (|S| questions; keeps mislabelled rows).")
-    repair_pass: bool = Field(False, description="Add the pool rows the set does not infer (up to the context).")
+    repair_pass: bool = Field(False, description="Add the pool rows the set does not infer (up to the context), "
+                              "then run the necessity pass again over the grown set.")
     max_node_size: int | None = Field(None, ge=1, description="Most demonstrations in one node (one prompt). A "
-                                      "node past it, or past the model's context with the longest query, keeps the "
-                                      "rows of a random order while they fit; every cut is counted.")
+                                      "node past it, or past the model's context with the longest query, is cut; "
+                                      "every cut is counted.")
+    cut: Literal["random", "redundancy"] = Field("random", description="How an oversized node is cut "
+                                                 "(reconstructed): random: the rows of a random order while they "
+                                                 "fit; redundancy: rows in a random order, each kept when the rows "
+                                                 "kept so far do not infer it, while they fit (keeps mislabelled "
+                                                 "rows first under label noise: bench_feeder.py --cut redundancy).")
     oracle: Literal["lm", "knn"] = Field("lm", description="Ψ: the model scoring label words (lm), or the nearest "
                                          "demonstration by shared words (knn, a deterministic stand-in).")
 

@@ -60,7 +60,8 @@ def _oracle(ctx: RunContext, p: FeederParams | FeederTrainParams, rows: list[dic
 def _choose(ctx: RunContext, p: FeederParams | FeederTrainParams, rows, labels, fmt, batch_size: int) -> Selection:
     oracle = _oracle(ctx, p, rows, labels, fmt, batch_size)
     ctx.log.info("feeder: %d pool rows, %s tokens a question for demonstrations", len(rows), oracle.budget)
-    return select(oracle, p.depth, p.rounds, p.necessity_pass, p.repair_pass, ctx.config.seed, p.necessity_check)
+    return select(oracle, p.depth, p.rounds, p.necessity_pass, p.repair_pass, ctx.config.seed, p.necessity_check,
+                  p.cut)
 
 
 def _summary(sel: Selection, pool: int) -> dict[str, Any]:

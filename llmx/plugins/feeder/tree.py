@@ -6,7 +6,9 @@ visits members in random order and drops one when the rest still infers it (``ne
 every pool row the set inferred (``pool``, the notes' "removal keeps the set sufficient": |S| x n questions); the
 repair pass adds the pool rows the set does not infer, while they fit. Sufficiency is not transitive, so the share of
 the pool the set infers is measured, never assumed. A node (or the final union) that does not fit one prompt
-(``max_node_size``, the model's context) keeps the rows of a random order while they fit; every cut is counted."""
+(``max_node_size``, the model's context) is cut, and every cut is counted: ``cut: random`` keeps the rows of a random
+order while they fit; ``redundancy`` (reconstructed) visits them in a random order and keeps each one the rows kept so
+far do not already infer, while it fits, so a cut drops redundant rows before rows that carry something new."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Selection:
     dropped_by_necessity: int = 0
     added_by_repair: int = 0
     repair_unfit: int = 0  # uninferred rows the repair pass had no room for
+    dropped_after_repair: int = 0  # members the second necessity pass (after repair) dropped
     budget: int | None = None  # tokens one question leaves for demonstrations (LM oracle)
 
     def as_dict(self) -> dict:
@@ -48,14 +51,24 @@ def _fill(oracle: Oracle, kept: list[int], candidates: list[int]) -> list[int]:
     return kept
 
 
+def _fill_new(oracle: Oracle, candidates: list[int]) -> list[int]:
+    """The candidates, in their order, that the ones kept before do not infer and that still fit one prompt."""
+    kept: list[int] = []
+    for i in candidates:
+        if oracle.fits([*kept, i]) and not (kept and oracle.infers(kept, i)):
+            kept.append(i)
+    return kept
+
+
 class _Cap:
-    def __init__(self, oracle: Oracle, rng: random.Random) -> None:
-        self.oracle, self.rng, self.cuts, self.rows = oracle, rng, 0, 0
+    def __init__(self, oracle: Oracle, rng: random.Random, how: str = "random") -> None:
+        self.oracle, self.rng, self.how, self.cuts, self.rows = oracle, rng, how, 0, 0
 
     def __call__(self, node: list[int]) -> list[int]:
         if self.oracle.fits(node):
             return node
-        kept = _fill(self.oracle, [], self.rng.sample(node, len(node)))
+        order = self.rng.sample(node, len(node))
+        kept = _fill_new(self.oracle, order) if self.how == "redundancy" else _fill(self.oracle, [], order)
         self.cuts += 1
         self.rows += len(node) - len(kept)
         return sorted(kept)
@@ -117,12 +130,13 @@ def inferred(oracle: Oracle, chosen: list[int]) -> list[bool]:
 
 
 def select(oracle: Oracle, depth: int | None = None, rounds: int = 1, necessity_pass: bool = True,
-           repair_pass: bool = False, seed: int = 0, necessity_check: str = "pool") -> Selection:
+           repair_pass: bool = False, seed: int = 0, necessity_check: str = "pool", cut: str = "random") -> Selection:
     """The FEEDER set of the oracle's pool, with its cost and its measured pool-sufficiency rate. Oracle calls are
     at most n per level (each row is asked once per pair it is in), so n K R for the tree, plus |S| (``self``) or
-    |S| n (``pool``) for the necessity pass, n for the recount and n more with the repair pass."""
+    |S| n (``pool``) for the necessity pass, n for the recount, n more with the repair pass (and a second necessity
+    pass over the grown set, as the rows it adds are mostly mislabelled ones), and |node| per ``redundancy`` cut."""
     rng = random.Random(seed)
-    cap = _Cap(oracle, rng)
+    cap = _Cap(oracle, rng, cut)
     levels: list[int] = []
     chosen = list(range(len(oracle.rows)))
     for _ in range(rounds):
@@ -132,16 +146,19 @@ def select(oracle: Oracle, depth: int | None = None, rounds: int = 1, necessity_
         chosen = necessity(oracle, chosen, rng, necessity_check)
     dropped = before - len(chosen)
     hits = inferred(oracle, chosen)
-    added = unfit = 0
+    added = unfit = after_repair = 0
     if repair_pass and not all(hits):
         missing = [x for x, ok in enumerate(hits) if not ok and x not in chosen]
         grown = _fill(oracle, chosen, rng.sample(missing, len(missing)))
         added, unfit = len(grown) - len(chosen), len(missing) - (len(grown) - len(chosen))
         chosen = sorted(grown)
+        if necessity_pass and added:
+            kept = necessity(oracle, chosen, rng, necessity_check)
+            after_repair, chosen = len(chosen) - len(kept), kept
         hits = inferred(oracle, chosen)
     members = set(chosen)
     outside = [ok for x, ok in enumerate(hits) if x not in members]
     return Selection(sorted(chosen), oracle.calls, oracle.hits, sum(hits) / max(len(hits), 1), hits,
                      dict(sorted(Counter(oracle.rows[i]["label"] for i in chosen).items())), seed,
                      sum(outside) / len(outside) if outside else 1.0, cap.cuts, cap.rows, levels, dropped, added, unfit,
-                     oracle.budget)
+                     after_repair, oracle.budget)
