@@ -26,6 +26,7 @@ BUILTIN = (
     "llmx.plugins.crow.plugin",
     "llmx.plugins.backdoor.plugin",
     "llmx.plugins.feeder.plugin",
+    "llmx.plugins.pasta.plugin",
     "llmx.plugins.funbo.plugin",
     "llmx.plugins.cosd.plugin",
     "llmx.plugins.reper.plugin",

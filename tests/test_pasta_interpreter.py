@@ -1,0 +1,169 @@
+"""The Pasta-Lang interpreter on scripted (forced) token streams through a tiny 4-layer RoPE Llama (notes §5): steps
+equal the critical path, the cache holds each position once with layer-0 keys equal to a sequential run's, the
+teacher-forced threads give the Pasta-SFT forward's logits, and with no tag emitted it is greedy ``generate``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from llmx.core.tokenizer import byte_tokenizer
+from llmx.plugins.pasta import annotate as A
+from llmx.plugins.pasta import interpreter as I
+from llmx.plugins.pasta import lang, layout
+
+
+@pytest.fixture(scope="module")
+def kit():
+    tok = byte_tokenizer()
+    tags = lang.equip(tok)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).eval()
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return model, tok, tags, enc
+
+
+def scripted(kit, chunk_lengths=(48, 40, 56), intro=12, middle=10, outro=12):
+    """The notes' stream: intro, three promises (each with its chunk inline), middle text, <sync/>, outro."""
+    model, tok, tags, enc = kit
+    resp = enc("a" * intro)
+    for k, n in enumerate(chunk_lengths):
+        resp += enc(lang.promise_tag(f"t{k}", n)) + [tags[lang.ASYNC_OPEN]] + enc("x" * (n - 2)) + [tags[lang.ASYNC_CLOSE]]
+    resp += enc("b" * middle) + [tags[lang.SYNC]] + enc("c" * outro)
+    return enc("def f"), resp
+
+
+def interpret(kit, prompt, resp, opts=None, keep_logits=False):
+    model, tok, tags, _ = kit
+    lay = layout.build(prompt, resp, tags, tok.decode, eos=tok.eos_token_id)
+    main, chunks = lay.script()
+    forced = I.Forced(main[:-1], chunks, tok.eos_token_id, tags[lang.ASYNC_CLOSE])  # EOS ends it, never fed
+    return lay, I.run(model, prompt, tags, tok.decode, tok.eos_token_id, opts, forced, keep_logits)
+
+
+def critical_path(kit, lay: layout.Layout, serial: bool = False) -> int:
+    """Steps by hand: main token i is fed at step i+1; a chunk of n tokens forked at the step its promise's last
+    token is fed (f) ends at f+n-1 (``serial``: it starts the step after the previous chunk ends); ``<sync/>`` is
+    fed once the main stream reaches it and every chunk has ended, then the rest of the main stream follows."""
+    tags = kit[2]
+    main, chunks = lay.script()
+    main = main[:-1]  # EOS ends the main thread; it is never fed
+    forks = [i + 1 for i, t in enumerate(main) if t == tags[lang.PROMISE_CLOSE]]
+    sync = main.index(tags[lang.SYNC])
+    end = 0
+    for f, c in zip(forks, chunks, strict=True):
+        end = (max(f, end + 1) if serial else f) + len(c) - 1 if serial else max(end, f + len(c) - 1)
+    return max(sync + 1, end + 1) + len(main) - 1 - sync
+
+
+def sequential_keys(model, ids, positions):
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]), position_ids=torch.tensor([positions]), past_key_values=cache,
+              use_cache=True)
+    return cache.layers[0].keys[0]
+
+
+def test_steps_equal_the_critical_path_and_the_cache_matches_a_sequential_run(kit):
+    model = kit[0]
+    prompt, resp = scripted(kit)
+    lay, r = interpret(kit, prompt, resp)
+    assert r.errors == [] and r.response == resp and r.tokens == len(resp)
+    assert r.steps == critical_path(kit, lay) < len(resp)  # 200 sequential tokens
+    assert max(r.active) == 4  # the main thread and three chunks in one forward
+    assert sorted(r.slot_positions) == list(range(len(prompt) + len(resp)))  # each position once: oracle lengths
+    full = prompt + resp
+    seq = sequential_keys(model, full, list(range(len(full))))
+    got = r.cache.layers[0].keys[0]
+    assert torch.allclose(got, seq[:, torch.tensor(r.slot_positions)], atol=1e-5)
+    assert [full[p] for p in r.slot_positions] == r.slot_tokens  # the splice: every slot holds its position's token
+
+
+def test_serial_threads_and_wrong_positions_fail_the_checks(kit, monkeypatch):
+    model = kit[0]
+    prompt, resp = scripted(kit)
+    _, right = interpret(kit, prompt, resp)
+    lay, serial = interpret(kit, prompt, resp, I.Options(max_threads=1))
+    assert serial.steps == critical_path(kit, lay, serial=True) > critical_path(kit, lay)  # one thread at a time costs steps
+    full = prompt + resp
+    seq = sequential_keys(model, full, list(range(len(full))))
+    _, no_skip = interpret(kit, prompt, resp, I.Options(positions="fixed", fixed_tokens=0))
+    assert sorted(no_skip.slot_positions) != list(range(len(full)))  # the main stream overlaps the chunks
+
+    class Restart(I.Thread):  # a thread that starts its positions at 0
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.index:
+                self.next_pos = 0
+
+    monkeypatch.setattr(I, "Thread", Restart)
+    _, restart = interpret(kit, prompt, resp)
+    want = seq[:, torch.tensor(right.slot_positions)]  # the same schedule puts the same token in each slot
+    assert torch.allclose(right.cache.layers[0].keys[0], want, atol=1e-5)
+    for bad in (no_skip, restart):
+        assert bad.slot_tokens == right.slot_tokens
+        assert not torch.allclose(bad.cache.layers[0].keys[0], want, atol=1e-3)
+
+
+def test_oracle_and_fixed_positions_and_logged_length_gaps(kit):
+    prompt, resp = scripted(kit)
+    lay, oracle = interpret(kit, prompt, resp, I.Options(positions="oracle", lengths=[48, 40, 56]))
+    assert oracle.length_gaps == [0, 0, 0] and sorted(oracle.slot_positions) == list(range(len(lay.ids) - 1))
+    _, fixed = interpret(kit, prompt, resp, I.Options(positions="fixed", fixed_tokens=32))
+    assert fixed.promised == [32, 32, 32] and fixed.length_gaps == [16, 8, 24]
+    assert fixed.steps == oracle.steps  # positions never change the schedule
+    with pytest.raises(lang.PastaSyntaxError, match="no length for promise 3"):
+        interpret(kit, prompt, resp, I.Options(positions="oracle", lengths=[48, 40]))
+
+
+def test_a_thread_cap_queues_promises_and_keeps_the_cache_exact(kit):
+    prompt, resp = scripted(kit)
+    lay, r = interpret(kit, prompt, resp, I.Options(max_threads=2))
+    assert max(r.active) == 3 and critical_path(kit, lay) < r.steps < critical_path(kit, lay, serial=True)
+    assert r.response == resp and sorted(r.slot_positions) == list(range(len(lay.ids) - 1))
+
+
+def test_teacher_forced_threads_give_the_pasta_sft_logits(kit):
+    model, tok, tags, enc = kit
+    rows, _ = A.build(enc, A.Options(limit=3))
+    row = rows[0]
+    prompt, resp = enc(row["prompt"]), enc(row["response"])
+    lay, r = interpret(kit, prompt, resp, I.Options(max_chunk_tokens=2048, max_new_tokens=2048), keep_logits=True)
+    assert r.errors == [] and r.response == resp and len(r.chunks) == row["chunks"]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([lay.ids]), position_ids=torch.tensor([lay.positions]),
+                       attention_mask=lay.visible()[None, None]).logits[0]
+    main_at = [i for i in range(lay.prompt_len, len(lay.ids) - 1) if lay.stream[i] == layout.MAIN]
+    assert torch.allclose(torch.stack(r.main_logits), logits[main_at], atol=1e-5)
+    assert torch.allclose(r.prefill_logits, logits[lay.prompt_len - 1], atol=1e-5)
+    for k, got in enumerate(r.chunk_logits, 1):
+        at = [i for i, s in enumerate(lay.stream) if s == k]
+        assert torch.allclose(torch.stack(got), logits[at], atol=1e-5)
+    causal = model(input_ids=torch.tensor([lay.ids])).logits[0]
+    assert not torch.allclose(causal[main_at], logits[main_at], atol=1e-3)  # the mask matters
+
+
+def test_with_no_tag_it_is_greedy_generate(kit):
+    model, tok, tags, enc = kit
+    prompt = enc("class Point:\n")
+    r = I.run(model, prompt, tags, tok.decode, tok.eos_token_id, I.Options(max_new_tokens=40))
+    assert not set(r.main) & set(tags.values()) and r.chunks == [] and r.steps == len(r.main)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert r.main == out[0, len(prompt):].tolist()
+
+
+def test_malformed_tags_are_recorded_and_never_fork(kit):
+    model, tok, tags, enc = kit
+    bad = enc("ab") + enc('<promise topic="x" tokens="many"/>') + enc("cd")
+    r = I.run(model, enc("p"), tags, tok.decode, tok.eos_token_id,
+              choose=I.Forced(bad, [], tok.eos_token_id, tags[lang.ASYNC_CLOSE]))
+    assert r.chunks == [] and r.errors == ["main: bad-count"] and r.main == bad
+    nested = enc("a") + enc(lang.promise_tag("t", 6))
+    inner = [tags[lang.ASYNC_OPEN]] + enc("xy") + [tags[lang.SYNC]]
+    r = I.run(model, enc("p"), tags, tok.decode, tok.eos_token_id,
+              choose=I.Forced(nested, [inner], tok.eos_token_id, tags[lang.ASYNC_CLOSE]))
+    assert r.chunks[0][-1] == tags[lang.ASYNC_CLOSE] and "thread 1: tag-in-thread" in r.errors
+    assert "main: no-sync" in r.errors
