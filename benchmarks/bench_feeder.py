@@ -1,6 +1,7 @@
 """FEEDER against the full pool and a random subset of its size, on a Llama that learns in context.
 
     python benchmarks/bench_feeder.py [--seeds 0 1 2] [--workers 2] [--fewshot ../shared/data/fewshot]
+                                      [--cut random|redundancy]
 
 1. The episode model: ``llmx zoo build llama --preset icl`` (``ref:llama-icl``: a 2-layer Llama, 40k steps of 8x64
    tokens of ``icl-episodes`` with no early stopping, built once and cached by the zoo). First the check that it
@@ -18,7 +19,7 @@
    under a fixed held-out map first, FEEDER only if that shows in-context learning.
 
 Finished runs are kept in ``--work`` under their spec's digest, so an interrupted run resumes. Writes
-benchmarks/results/feeder.json and .md."""
+benchmarks/results/feeder.json and .md (``--cut redundancy``: feeder_cut_redundancy.json and .md)."""
 
 from __future__ import annotations
 

@@ -140,6 +140,18 @@ def test_repair_adds_rows_the_set_does_not_infer():
     assert fixed.added_by_repair > 0 and fixed.sufficiency_rate > plain.sufficiency_rate
 
 
+def test_a_repair_that_lowers_the_rate_is_reverted():
+    made = pool(cues=8, rows=160, noise=0.15, seed=1)  # added mislabelled rows override clean ones for this seed
+    plain = select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=2)
+    fixed = select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=2, repair_pass=True)
+    assert fixed.added_by_repair > 0 and fixed.dropped_after_repair > 0 and fixed.repair_reverted
+    assert fixed.indices == plain.indices and fixed.sufficiency_rate == plain.sufficiency_rate
+    for seed in range(4):
+        grown = select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=seed, repair_pass=True)
+        assert grown.sufficiency_rate >= select(CueOracle(made["pool"], made["labels"] + ["none"]),
+                                                seed=seed).sufficiency_rate
+
+
 def test_a_node_past_max_node_size_is_cut_and_counted():
     rows = [{"input": f"w{i}", "label": "b"} for i in range(8)]  # no shared word: every pair is a union
     oracle = KnnOracle(rows, ["a", "b"], max_node_size=3)
@@ -158,6 +170,13 @@ def test_a_redundancy_cut_drops_repeated_cues_before_new_ones():
     assert all(sel.truncations > 0 for sels in runs.values() for sel in sels)
     assert all(len(cues(sel)) == 6 == len(sel.indices) and sel.sufficiency_rate == 1.0 for sel in runs["redundancy"])
     assert any(len(cues(sel)) < 6 for sel in runs["random"])  # a random cut drops cues
+    noisy = pool(cues=6, rows=48, noise=0.2, seed=1)
+    oracle = CueOracle(noisy["pool"], noisy["labels"] + ["none"], max_node_size=6)
+    sel = select(oracle, depth=2, necessity_pass=False, seed=0, cut="redundancy")
+    n = len(noisy["pool"])
+    assert sel.truncations > 0 and sel.oracle_calls <= n * 2 + n + sel.truncations * n  # a cut asks each row once
+    with pytest.raises(ValueError, match="cut must be"):
+        select(oracle, cut="redundant")
 
 
 @pytest.fixture(scope="module")

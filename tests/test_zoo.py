@@ -85,7 +85,7 @@ def test_shape_options_and_token_budget_reach_the_model(cli, cache, notes):
     assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
             config["num_key_value_heads"], config["vocab_size"]) == (3, 128, 8, 2, 400)
     assert info["steps_run"] == 10 and info["tokens_seen"] == 2560  # 2560 tokens / (batch 8 x 32)
-    assert info["weights_step"] == info["best_step"]  # early stopping restores the best state: it is what ships
+    assert info["weights_step"] == info["steps_run"]
 
 
 def test_bad_input_is_one_line_exit_2_and_leaves_no_entry(cli, cache, tmp_path):
@@ -376,3 +376,11 @@ def test_the_icl_preset_trains_on_episodes_without_early_stopping():
     assert RefRequest("llama", "icl", data="icl-episodes") == req
     assert RefRequest("llama", "icl", data="stdlib").ref_name is None
     assert RefRequest("llama").data == "stdlib" and "data" not in RefRequest("llama").options()
+
+
+def test_the_shipped_step_is_the_best_with_early_stopping_and_the_last_without():
+    from llmx.core.train.loop import TrainResult
+    from llmx.core.zoo.build import weights_step
+
+    result = TrainResult(steps=40000, best_step=26000, best_eval=2.3, seconds=1.0, last_loss=2.3)
+    assert (weights_step(result, 4), weights_step(result, None)) == (26000, 40000)

@@ -94,13 +94,18 @@ def _causal(req: RefRequest, corp: Corpus, tok, show: bool):
     total, count = sequence_nll(model, scored, spec.seq_len, spec.seq_len // 2, batch_size=16)
     figures = {"train_tokens": len(train_ids), "val_tokens": len(val_ids),
                "steps_run": result.steps, "best_step": result.best_step,
-               "weights_step": result.best_step if spec.patience is not None else result.steps,
+               "weights_step": weights_step(result, spec.patience),
                "train_seconds": round(result.seconds, 1),
                "tokens_seen": result.steps * spec.batch * spec.seq_len, "best_val_nll": result.best_eval,
                "val_perplexity": math.exp(total / count), "val_tokens_scored": count,
                "val_bits_per_byte": bits_per_byte(total, tok, scored),
                "unigram_perplexity": math.exp(unigram_nll(train_ids, scored, len(tok)))}
     return model, tok, figures
+
+
+def weights_step(result, patience: int | None) -> int:
+    """The step whose weights ship: early stopping restores the best state; with no patience the last step stays."""
+    return result.best_step if patience is not None else result.steps
 
 
 def environment() -> dict:

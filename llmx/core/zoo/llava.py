@@ -28,6 +28,7 @@ def build(req: RefRequest, corp: Corpus, tok: Any, show: bool) -> tuple[Any, Any
     from llmx.core.multimodal import model as M
     from llmx.core.progress import note, track
     from llmx.core.tokenizer import train_bpe
+    from llmx.core.zoo.build import weights_step
     from llmx.core.zoo.corpus import special_ids
     from llmx.core.zoo.train import pretrain
 
@@ -59,7 +60,8 @@ def build(req: RefRequest, corp: Corpus, tok: Any, show: bool) -> tuple[Any, Any
                "clip_final_loss": clip_loss, "probe_accuracy": probe,
                "stage1_caption_loss_before": before, "stage1_caption_loss": after,
                "image_tokens": M.image_tokens(model), "train_tokens": len(train_ids), "val_tokens": len(val_ids),
-               "steps_run": text.steps, "best_step": text.best_step, "best_val_nll": text.best_eval,
+               "steps_run": text.steps, "best_step": text.best_step,
+               "weights_step": weights_step(text, spec.patience), "best_val_nll": text.best_eval,
                "tokens_seen": text.steps * spec.batch * spec.seq_len,
                "build_seconds": round(time.perf_counter() - t0, 1)}
     return model.eval(), proc, figures

@@ -36,6 +36,7 @@ class Selection:
     added_by_repair: int = 0
     repair_unfit: int = 0  # uninferred rows the repair pass had no room for
     dropped_after_repair: int = 0  # members the second necessity pass (after repair) dropped
+    repair_reverted: bool = False  # the repaired set inferred fewer pool rows: the set before repair is kept
     budget: int | None = None  # tokens one question leaves for demonstrations (LM oracle)
 
     def as_dict(self) -> dict:
@@ -62,6 +63,8 @@ def _fill_new(oracle: Oracle, candidates: list[int]) -> list[int]:
 
 class _Cap:
     def __init__(self, oracle: Oracle, rng: random.Random, how: str = "random") -> None:
+        if how not in ("random", "redundancy"):
+            raise ValueError(f"cut must be random or redundancy, not {how!r}")
         self.oracle, self.rng, self.how, self.cuts, self.rows = oracle, rng, how, 0, 0
 
     def __call__(self, node: list[int]) -> list[int]:
@@ -133,8 +136,9 @@ def select(oracle: Oracle, depth: int | None = None, rounds: int = 1, necessity_
            repair_pass: bool = False, seed: int = 0, necessity_check: str = "pool", cut: str = "random") -> Selection:
     """The FEEDER set of the oracle's pool, with its cost and its measured pool-sufficiency rate. Oracle calls are
     at most n per level (each row is asked once per pair it is in), so n K R for the tree, plus |S| (``self``) or
-    |S| n (``pool``) for the necessity pass, n for the recount, n more with the repair pass (and a second necessity
-    pass over the grown set, as the rows it adds are mostly mislabelled ones), and |node| per ``redundancy`` cut."""
+    |S| n (``pool``) for the necessity pass, n for the recount, and |node| per ``redundancy`` cut. The repair pass
+    adds n for its recount and a second necessity pass over the grown set; a repaired set that infers fewer pool rows
+    than the set before it (added mislabelled rows can override clean ones) is discarded (``repair_reverted``)."""
     rng = random.Random(seed)
     cap = _Cap(oracle, rng, cut)
     levels: list[int] = []
@@ -147,18 +151,22 @@ def select(oracle: Oracle, depth: int | None = None, rounds: int = 1, necessity_
     dropped = before - len(chosen)
     hits = inferred(oracle, chosen)
     added = unfit = after_repair = 0
+    reverted = False
     if repair_pass and not all(hits):
         missing = [x for x, ok in enumerate(hits) if not ok and x not in chosen]
         grown = _fill(oracle, chosen, rng.sample(missing, len(missing)))
         added, unfit = len(grown) - len(chosen), len(missing) - (len(grown) - len(chosen))
-        chosen = sorted(grown)
+        repaired = sorted(grown)
         if necessity_pass and added:
-            kept = necessity(oracle, chosen, rng, necessity_check)
-            after_repair, chosen = len(chosen) - len(kept), kept
-        hits = inferred(oracle, chosen)
+            kept = necessity(oracle, repaired, rng, necessity_check)
+            after_repair, repaired = len(repaired) - len(kept), kept
+        new_hits = inferred(oracle, repaired)
+        reverted = sum(new_hits) < sum(hits)
+        if not reverted:
+            chosen, hits = repaired, new_hits
     members = set(chosen)
     outside = [ok for x, ok in enumerate(hits) if x not in members]
     return Selection(sorted(chosen), oracle.calls, oracle.hits, sum(hits) / max(len(hits), 1), hits,
                      dict(sorted(Counter(oracle.rows[i]["label"] for i in chosen).items())), seed,
                      sum(outside) / len(outside) if outside else 1.0, cap.cuts, cap.rows, levels, dropped, added, unfit,
-                     after_repair, oracle.budget)
+                     after_repair, reverted, oracle.budget)
