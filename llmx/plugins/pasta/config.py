@@ -3,9 +3,13 @@ here: method listings load this module."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
+from llmx.core.refs import DataFile
 from llmx.core.spec import Params
+from llmx.core.train.sft.params import SFTParams
 
 
 class AnnotateParams(Params):
@@ -24,3 +28,41 @@ class AnnotateParams(Params):
         if self.min_chunks > self.max_chunks:
             raise ValueError(f"min_chunks ({self.min_chunks}) is above max_chunks ({self.max_chunks})")
         return self
+
+
+class PastaSFTParams(SFTParams):
+    """``train --method pasta``: Pasta-SFT on annotated rows (``analyze --method pasta-annotate``), the model and its
+    tokenizer equipped with the six tag tokens first (new embedding rows: the mean of the old)."""
+
+    data: DataFile | None = Field(None, description="Annotated rows (.jsonl: prompt, response); default: the "
+                                  "train.jsonl an earlier analyze --method pasta-annotate stage of the run wrote.")
+    annotated: bool = Field(True, description="true: Pasta-SFT (the interpreter's masks and positions); false: "
+                            "Baseline-SFT on the same rows with the tags stripped, through the same code.")
+    max_length: int = Field(384, gt=2, description="Tokens per row (prompt + annotated response); a longer row is "
+                            "left out whole.")
+
+    @model_validator(mode="after")
+    def _no_packing(self) -> PastaSFTParams:
+        if self.packing:
+            raise ValueError("packing: Pasta rows carry their own attention masks; set packing: false")
+        return self
+
+
+class PastaDecodeParams(Params):
+    """``decode --method pasta``: the interpreter over the prompts of annotated rows (notes §2, "Interpreter")."""
+
+    data: DataFile | None = Field(None, description="Rows with a 'prompt' (.jsonl); default: the validation.jsonl "
+                                  "an earlier analyze --method pasta-annotate stage of the run wrote.")
+    limit: int | None = Field(None, gt=0, description="First N rows.")
+    positions: Literal["predicted", "oracle", "fixed"] = Field("predicted", description="Where the main stream "
+                                                               "resumes after a promise: its predicted tokens; the "
+                                                               "oracle (a first pass's true chunk lengths, decoded "
+                                                               "again: reconstructed); or fixed_tokens.")
+    fixed_tokens: int = Field(32, ge=0, description="N for every promise with positions: fixed.")
+    max_threads: int = Field(8, ge=1, description="Async threads at once; later promises wait in a queue.")
+    max_chunk_tokens: int = Field(256, ge=2, description="A chunk is closed at this length.")
+    max_new_tokens: int = Field(384, gt=0, description="Main-thread tokens per response.")
+    judge: str | None = Field(None, description="A model scoring each plain response given its prompt (per-token "
+                              "NLL), e.g. ref:llama-bench; none: quality is the parse rate only.")
+    repeats: int = Field(1, ge=1, description="Decodes per prompt for wall-clock; above 1 the first is a warm-up "
+                         "and the median of the rest is reported.")

@@ -28,7 +28,7 @@ from typing import Literal
 
 import torch
 
-from llmx.plugins.pasta import lang
+from llmx.plugins.pasta import lang, layout
 
 Positions = Literal["predicted", "oracle", "fixed"]
 
@@ -117,20 +117,6 @@ class Forced:
         return self.eos if thread.index == 0 else self.closing
 
 
-class _Mask:
-    """Additive or boolean 4-D masks, as the model's attention implementation reads them."""
-
-    def __init__(self, model):
-        self.bool = getattr(model.config, "_attn_implementation", "sdpa") in ("sdpa", "flash_attention_2")
-        self.dtype = next(model.parameters()).dtype
-
-    def __call__(self, seen: torch.Tensor) -> torch.Tensor:
-        if self.bool:
-            return seen[None, None]
-        out = torch.zeros(seen.shape, dtype=self.dtype, device=seen.device)
-        return out.masked_fill(~seen, torch.finfo(self.dtype).min)[None, None]
-
-
 def require_attention(model) -> None:
     """Refuse a model without attention (the interpreter's threads share one cache through attention masks)."""
     cfg = model.config
@@ -147,7 +133,6 @@ def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[lis
 
     opts = opts or Options()
     device = next(model.parameters()).device
-    mask = _Mask(model)
     opening, closing, sync_id = tag_ids[lang.ASYNC_OPEN], tag_ids[lang.ASYNC_CLOSE], tag_ids[lang.SYNC]
     tags = set(tag_ids.values())
     cache = DynamicCache(config=model.config)
@@ -204,7 +189,7 @@ def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[lis
         t0 = time.perf_counter()
         out = model(input_ids=torch.tensor([[t.fed[-1] for t in fed]], device=device),
                     position_ids=torch.tensor([[slot_pos[t.slots[-1]] for t in fed]], device=device),
-                    attention_mask=mask(seen), past_key_values=cache, use_cache=True)
+                    attention_mask=layout.attention_mask(seen[None], model), past_key_values=cache, use_cache=True)
         seconds.append(time.perf_counter() - t0)
         active.append(len(fed))
         for j, t in enumerate(fed):

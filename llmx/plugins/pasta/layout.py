@@ -16,10 +16,26 @@ from dataclasses import dataclass
 
 import torch
 
+from llmx.core.tokenizer import leading_specials
 from llmx.plugins.pasta import lang
 
 IGNORE = -100
 MAIN = 0
+
+
+def encode(tok, text: str, prompt: bool = False) -> list[int]:
+    """Ids of a prompt (after the tokenizer's leading specials) or of a response, each tokenized on its own: the
+    interpreter starts from the prompt's ids, so training reads the same boundary."""
+    return (leading_specials(tok) if prompt else []) + tok(text, add_special_tokens=False)["input_ids"]
+
+
+def attention_mask(seen: torch.Tensor, model) -> torch.Tensor:
+    """[B, Q, K] visibility as the model's attention reads a custom 4-D mask: boolean for SDPA and flash, additive
+    (0 or the dtype's minimum) for eager attention."""
+    if getattr(model.config, "_attn_implementation", "sdpa") in ("sdpa", "flash_attention_2"):
+        return seen[:, None]
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill(~seen, torch.finfo(dtype).min)[:, None]
 
 
 @dataclass

@@ -1,17 +1,30 @@
-"""``analyze --method pasta-annotate``: Pasta-Lang rows (train.jsonl, validation.jsonl) under the run model's
-tokenizer, equipped with the six tag tokens (a copy: the run's tokenizer is left as it was)."""
+"""``analyze --method pasta-annotate`` writes Pasta-Lang rows (train.jsonl, validation.jsonl) under the run model's
+tokenizer equipped with the six tag tokens (a copy: the run's tokenizer is left as it was); ``train --method pasta``
+runs Pasta-SFT (or Baseline-SFT); ``decode --method pasta`` runs the interpreter over prompts and measures it."""
 
 from __future__ import annotations
 
 import copy
 import statistics
+from pathlib import Path
 from typing import Any
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
+from llmx.errors import UsageError
 from llmx.plugins.pasta import annotate as A
 from llmx.plugins.pasta import lang
-from llmx.plugins.pasta.config import AnnotateParams
+from llmx.plugins.pasta.config import AnnotateParams, PastaDecodeParams, PastaSFTParams
+
+STATE = "pasta_rows"  # the folder an annotate stage wrote, for later train and decode stages of the run
+
+
+def _rows(ctx: RunContext, given: str | None, split: str) -> str:
+    if given:
+        return given
+    if STATE not in ctx.state:
+        raise UsageError("no annotated rows: pass data (a .jsonl), or run analyze --method pasta-annotate first")
+    return str(Path(ctx.state[STATE]) / f"{split}.jsonl")
 
 
 def annotate(ctx: RunContext, p: AnnotateParams) -> dict[str, Any]:
@@ -31,6 +44,45 @@ def annotate(ctx: RunContext, p: AnnotateParams) -> dict[str, Any]:
     if lengths:
         out.update(row_tokens_median=statistics.median(lengths), row_tokens_p90=lengths[int(0.9 * (len(lengths) - 1))],
                    row_tokens_max=lengths[-1], chunks_mean=statistics.fmean(r["chunks"] for r in rows))
-    out["data_dir"] = str(ctx.artifact("train.jsonl").parent)
+    out["data_dir"] = ctx.state[STATE] = str(ctx.artifact("train.jsonl").parent)
     ctx.log.info("pasta-annotate: %d train / %d validation rows", out["rows_train"], out["rows_validation"])
     return out
+
+
+def train(ctx: RunContext, p: PastaSFTParams) -> dict[str, Any]:
+    """Pasta-SFT (or Baseline-SFT with ``annotated: false``) through the ``sft`` stage with the interpreter's layout."""
+    from llmx.core.train.sft.run import run as sft
+    from llmx.plugins.pasta import sft as S
+
+    p = p.model_copy(update={"data": _rows(ctx, p.data, "train")})
+    tags = lang.equip(ctx.tokenizer, ctx.model)
+    out = sft(ctx, p, "pasta" if p.annotated else "pasta-baseline", codec=S.codec(ctx.model, tags, p.annotated))
+    return {"annotated": p.annotated, **out}
+
+
+def decode(ctx: RunContext, p: PastaDecodeParams) -> dict[str, Any]:
+    from llmx.core import models
+    from llmx.plugins.pasta import decode as D
+    from llmx.plugins.pasta import interpreter as I
+
+    I.require_attention(ctx.model)
+    tags = lang.ids(ctx.tokenizer)
+    if tags is None:
+        raise UsageError(f"{ctx.config.model}: the tokenizer has no Pasta-Lang tokens; train it with "
+                         "llmx train --method pasta first")
+    rows = D.load_prompts(_rows(ctx, p.data, "validation"))[: p.limit]
+    opts = I.Options(positions=p.positions, fixed_tokens=p.fixed_tokens, max_threads=p.max_threads,
+                     max_chunk_tokens=p.max_chunk_tokens, max_new_tokens=p.max_new_tokens)
+    model = ctx.model.eval()
+    decoded = []
+    for row in ctx.progress(rows, description=f"pasta decode ({p.positions} positions)"):
+        decoded.append({"name": row.get("name"), **D.one(model, ctx.tokenizer, tags, row["prompt"], opts, p.repeats)})
+    out = D.summary(decoded)
+    if p.judge:
+        judge, judge_tok = models.load(p.judge, ctx.config.dtype, ctx.device)
+        for r, nll in zip(decoded, D.judge_nll(judge.eval(), judge_tok, decoded), strict=True):
+            r["judge_nll"] = nll
+        scored = [r["judge_nll"] for r in decoded if r["judge_nll"] is not None]
+        out["judge_nll_mean"] = statistics.fmean(scored) if scored else None
+    atomic.write_jsonl(ctx.artifact("decoded.jsonl"), decoded)
+    return {"positions": p.positions, **out, "decoded": str(ctx.artifact("decoded.jsonl"))}

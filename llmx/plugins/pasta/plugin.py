@@ -1,6 +1,6 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.pasta.config import AnnotateParams
+from llmx.plugins.pasta.config import AnnotateParams, PastaDecodeParams, PastaSFTParams
 
 PAPER = "Jin et al., ICML 2025 (PMLR 267:27941-27956)"
 
@@ -11,3 +11,9 @@ def llmx_methods():
                      summary="Pasta-Lang SFT rows from the standard library: independent methods and functions "
                      "become <promise/><async> chunks with their token counts under the model's tokenizer.",
                      paper=PAPER)
+    yield MethodSpec("pasta", (Stage.TRAIN,), "llmx.plugins.pasta.method:train", PastaSFTParams,
+                     summary="Pasta-SFT: fine-tune on annotated rows with the interpreter's attention masks and "
+                     "positions (annotated: false: Baseline-SFT on the same rows, tags stripped).", paper=PAPER)
+    yield MethodSpec("pasta", (Stage.DECODE,), "llmx.plugins.pasta.method:decode", PastaDecodeParams,
+                     summary="The Pasta-Lang interpreter: independent chunks decoded as parallel threads over one "
+                     "interleaved KV cache; steps, theoretical speedup, parse rate, judge NLL.", paper=PAPER)

@@ -5,6 +5,7 @@ and processes), and report the held-out completion loss before and after."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,32 @@ from llmx.core.train.sft import data as D
 from llmx.core.train.sft.encode import Encoded, encode
 from llmx.core.train.sft.params import SFTParams
 from llmx.core.train.stage import continue_adapter, finish, fit, prepare, trainable
+from llmx.errors import UsageError
 
 Optimise = Callable[[torch.nn.Module], tuple[dict[str, torch.nn.Parameter], OptimizerFactory]]
 Objective = Callable[[torch.nn.Module, dict[str, torch.Tensor]], "torch.Tensor | tuple[torch.Tensor, dict]"]
 
 
-def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int) -> float:
+@dataclass(frozen=True)
+class Codec:
+    """How the stage reads rows and batches them. ``encode`` returns an item with ``ids``, ``trained``,
+    ``prompt_cut`` and ``completion_cut``, or None for a row it leaves out (counted); ``collate(items, pad, device)``
+    gives model inputs whose ``labels`` are read shifted by one, as transformers' causal-LM loss reads them. A method
+    whose rows carry their own masks and positions (Pasta-SFT) passes its own codec; packing needs the plain one."""
+
+    load: Callable[[str], list]
+    encode: Callable[[Any, Any, SFTParams], Any]
+    collate: Callable[[list, int, Any], dict[str, Any]] = B.padded
+    packs: bool = True
+
+
+PLAIN = Codec(D.load, lambda tok, row, p: encode(tok, row, p.max_length, p.max_prompt_length, p.completion_only))
+
+
+def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int, collate=B.padded) -> float:
     """Mean NLL per trained token over the held-out rows (each row padded on its own batch, no packing)."""
     device = next(model.parameters()).device
-    return B.labelled_nll(model, (B.padded(items[s:s + batch_size], pad_id, device)
+    return B.labelled_nll(model, (collate(items[s:s + batch_size], pad_id, device)
                                   for s in range(0, len(items), batch_size)))
 
 
@@ -70,20 +88,30 @@ def _continued(ctx: RunContext, p: SFTParams) -> str | None:
 
 
 def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise = dense,
-        objective: Objective = lm_loss) -> dict[str, Any]:
+        objective: Objective = lm_loss, codec: Codec = PLAIN) -> dict[str, Any]:
     """The stage; ``optimise(model)`` picks the trained tensors and their optimiser (a sparse fine-tuning method
     passes its own), ``objective(model, batch)`` turns a micro-batch (ids, mask, labels) into its loss (a method
-    with a regulariser passes its own)."""
+    with a regulariser passes its own), ``codec`` reads and batches the rows."""
+    if p.packing and not codec.packs:
+        raise UsageError(f"{method} rows carry their own attention masks: set packing: false")
     source = _continued(ctx, p)
-    rows = D.load(p.data)
-    train_rows, held_rows = (rows, D.load(p.eval_data)) if p.eval_data else holdout(rows)
+    rows = codec.load(p.data)
+    train_rows, held_rows = (rows, codec.load(p.eval_data)) if p.eval_data else holdout(rows)
     tok = ctx.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    left_out = 0
 
-    def enc(rs: list[D.Row]) -> list[Encoded]:
-        return [encode(tok, r, p.max_length, p.max_prompt_length, p.completion_only) for r in rs]
+    def enc(rs: list) -> list:
+        nonlocal left_out
+        out = [codec.encode(tok, r, p) for r in rs]
+        left_out += sum(e is None for e in out)
+        return [e for e in out if e is not None]
 
     items, held = enc(train_rows), enc(held_rows)
+    if not items:
+        raise UsageError(f"{p.data}: no row fits max_length {p.max_length}")
+    if left_out:
+        ctx.log.warning("left out %d rows longer than max_length %d", left_out, p.max_length)
     cut_prompt, cut_completion = sum(e.prompt_cut for e in items), sum(e.completion_cut for e in items)
     if cut_prompt or cut_completion:
         ctx.log.warning("truncated %d of %d prompts from the left (max_prompt_length %d) and %d completions from the "
@@ -102,11 +130,11 @@ def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise =
 
     def loss(i: int) -> torch.Tensor:  # micro-batch i: a pure function of i (exact resume, disjoint DDP shards)
         chosen = [units[k] for k in order.batch(i, p.batch_size)]
-        t = B.packed(chosen, pad, p.max_length, device) if p.packing else B.padded(chosen, pad, device)
+        t = B.packed(chosen, pad, p.max_length, device) if p.packing else codec.collate(chosen, pad, device)
         return objective(model, t)
 
-    before = heldout_loss(model, held, pad, p.batch_size) if held else None
-    evaluate = (lambda: heldout_loss(model, held, pad, p.batch_size)) if held else None
+    before = heldout_loss(model, held, pad, p.batch_size, codec.collate) if held else None
+    evaluate = (lambda: heldout_loss(model, held, pad, p.batch_size, codec.collate)) if held else None
     params, optimizer = optimise(model)
     plan = schedule(p, len(units))
     result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None, **plan),
@@ -115,12 +143,12 @@ def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise =
                  optimizer=optimizer)
     out: dict[str, Any] = {"train_rows": len(items), "eval_rows": len(held), "packing": p.packing,
                            "sequences": len(units), "prompts_truncated": cut_prompt,
-                           "completions_truncated": cut_completion,
+                           "completions_truncated": cut_completion, "rows_left_out": left_out,
                            "trained_tokens_per_epoch": sum(sum(e.trained) for e in items), "warmup": plan["warmup"]}
     if p.epochs:
         out["epochs"] = p.epochs
     if held:
-        out.update(heldout_loss_before=before, heldout_loss=heldout_loss(model, held, pad, p.batch_size))
+        out.update(heldout_loss_before=before, heldout_loss=heldout_loss(model, held, pad, p.batch_size, codec.collate))
     else:
         ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
     out.update(finish(ctx, model, p, method, result, source=source))

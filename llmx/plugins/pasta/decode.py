@@ -1,0 +1,104 @@
+"""Decoding prompts through the interpreter and measuring it (notes §2, "Speed metrics"): per response the steps
+(forwards after the prefill), the tokens (tags counted), the promises and their length gaps, whether the assembled
+source parses, the wall-clock; over the run the geometric-mean theoretical speedup (tokens / steps) and the time
+per step against the threads it fed."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from llmx.errors import UsageError
+from llmx.plugins.pasta import interpreter as I
+from llmx.plugins.pasta import lang, layout
+
+
+def load_prompts(path: str) -> list[dict[str, Any]]:
+    """Rows with a string ``prompt`` (annotated rows or bare prompts); a bad line is a ``UsageError`` naming it."""
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise UsageError(f"{path}:{n}: a row needs a string 'prompt'")
+        rows.append(row)
+    if not rows:
+        raise UsageError(f"{path}: no prompts")
+    return rows
+
+
+def parses(prompt: str, plain: str) -> bool:
+    try:
+        ast.parse(prompt + plain)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def one(model, tok, tags: dict[str, int], prompt: str, opts: I.Options, repeats: int = 1) -> dict[str, Any]:
+    """One prompt decoded (``positions: oracle``: twice, the second pass at the first pass's true chunk lengths)."""
+    ids = layout.encode(tok, prompt, prompt=True)
+
+    def go(o: I.Options) -> tuple[I.Result, float]:
+        t0 = time.perf_counter()
+        res = I.run(model, ids, tags, tok.decode, tok.eos_token_id, o)
+        return res, time.perf_counter() - t0
+
+    if opts.positions == "oracle":
+        first, _ = go(I.Options(**{**vars(opts), "positions": "predicted"}))
+        opts = I.Options(**{**vars(opts), "lengths": [len(c) for c in first.chunks]})
+    runs = [go(opts) for _ in range(repeats)]
+    res = runs[0][0]
+    walls = [w for _, w in (runs[1:] if repeats > 1 else runs)]
+    text = tok.decode(res.response)
+    try:
+        plain = lang.strip(text)
+    except lang.PastaSyntaxError:  # an unfinished promise or chunk: drop the tags as text goes
+        plain = tok.decode([t for t in res.response if t not in set(tags.values())])
+    return {"prompt": prompt, "response": text, "plain": plain, "parses": parses(prompt, plain), "steps": res.steps,
+            "tokens": res.tokens, "promises": len(res.chunks), "length_gaps": res.length_gaps, "errors": res.errors,
+            "wall_s": statistics.median(walls), "step_ms": _per_active(res)}
+
+
+def _per_active(res: I.Result) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = defaultdict(list)
+    for n, s in zip(res.active, res.step_seconds, strict=True):
+        out[n].append(1000 * s)
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run figures: geometric means of the theoretical speedup, rates, and median ms per step by active threads."""
+    per: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        for n, ms in r.pop("step_ms").items():
+            per[n] += ms
+    gaps = [abs(g) for r in rows for g in r["length_gaps"]]
+    return {"rows": len(rows),
+            "speedup_theoretical_geomean": math.exp(statistics.fmean(math.log(r["tokens"] / r["steps"]) for r in rows)),
+            "steps_mean": statistics.fmean(r["steps"] for r in rows),
+            "tokens_mean": statistics.fmean(r["tokens"] for r in rows),
+            "parse_rate": statistics.fmean(r["parses"] for r in rows),
+            "promises_per_response": statistics.fmean(r["promises"] for r in rows),
+            "length_error_mean": statistics.fmean(gaps) if gaps else None,
+            "responses_with_errors": sum(bool(r["errors"]) for r in rows),
+            "wall_s_median": statistics.median(r["wall_s"] for r in rows),
+            "ms_per_step_by_threads": {str(n): statistics.median(v) for n, v in sorted(per.items())}}
+
+
+def judge_nll(judge, judge_tok, rows: list[dict[str, Any]], batch_size: int = 8) -> list[float | None]:
+    """Per-token NLL of each plain response given its prompt under ``judge`` (None for an empty response)."""
+    from llmx.core.eval.score import continuation_logprobs
+
+    scored = continuation_logprobs(judge, judge_tok, [(r["prompt"], r["plain"]) for r in rows], batch_size)
+    return [-s.logprob / s.tokens if s.tokens else None for s in scored]

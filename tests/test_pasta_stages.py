@@ -1,0 +1,117 @@
+"""Pasta-SFT and the decode stage: the SFT batch is the interpreter's layout (loss = a hand sum over each stream's
+next tokens), Baseline-SFT reduces to plain causal SFT, the CLI chain runs, and bad input is one line, exit 2, no run
+folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from llmx.core.tokenizer import byte_tokenizer
+from llmx.core.train.sft.batch import padded
+from llmx.core.train.sft.data import Row
+from llmx.core.train.sft.encode import encode as plain_encode
+from llmx.plugins.pasta import annotate as A
+from llmx.plugins.pasta import lang, layout
+from llmx.plugins.pasta import sft as S
+
+MODEL = "ref:llama-test"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_error(err: str) -> bool:
+    """One ``error:`` line, and nothing else but the zoo's note on building a reference model."""
+    lines = [x for x in err.strip().splitlines() if not x.startswith("building ")]
+    return len(lines) == 1 and lines[0].startswith("error: ")
+
+
+@pytest.fixture(scope="module")
+def kit():
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    model = LlamaForCausalLM(cfg).eval()
+    tags = lang.equip(tok, model)
+    rows, _ = A.build(lambda s: tok(s, add_special_tokens=False)["input_ids"], A.Options(limit=4, max_chars=500))
+    return model, tok, tags, rows
+
+
+def test_the_sft_batch_loss_is_a_hand_sum_over_each_streams_next_tokens(kit):
+    model, tok, tags, rows = kit
+    lays = [layout.build(layout.encode(tok, r["prompt"], True), layout.encode(tok, r["response"]), tags, tok.decode,
+                         eos=tok.eos_token_id) for r in rows[:2]]
+    batch = S.batch(lays, tok.pad_token_id, model, "cpu")
+    with torch.no_grad():
+        out = model(**batch)
+    total, count = 0.0, 0
+    for b, lay in enumerate(lays):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([lay.ids]), position_ids=torch.tensor([lay.positions]),
+                           attention_mask=lay.visible()[None, None]).logits[0]
+        assert torch.allclose(out.logits[b, :len(lay.ids)], logits, atol=1e-5)  # padding changes nothing
+        logp = torch.log_softmax(logits.double(), -1)
+        for i, t in enumerate(lay.targets):
+            if t != layout.IGNORE:
+                total -= float(logp[i, t])
+                count += 1
+    assert sum(t == tags[lang.ASYNC_CLOSE] for lay in lays for t in lay.ids) == sum(r["chunks"] for r in rows[:2])
+    assert out.loss.item() == pytest.approx(total / count, rel=1e-5)
+    main_after_chunk = [lay.targets[lay.stream.index(1) - 1] for lay in lays]  # the promise's last token
+    assert all(t not in (tags[lang.ASYNC_OPEN], layout.IGNORE) for t in main_after_chunk)
+
+
+def test_baseline_sft_on_stripped_rows_is_plain_causal_sft(kit):
+    model, tok, tags, rows = kit
+    row = rows[0]
+    prompt, response = layout.encode(tok, row["prompt"], True), layout.encode(tok, row["plain"])
+    lay = layout.build(prompt, response, tags, tok.decode, eos=tok.eos_token_id)
+    n = len(lay.ids)
+    assert lay.positions == list(range(n)) and torch.equal(lay.visible(), torch.ones(n, n, dtype=torch.bool).tril())
+    mine = S.batch([lay], tok.pad_token_id, model, "cpu")
+    enc = plain_encode(tok, Row("x", prompt=row["prompt"], completion=row["plain"]), 4096, 4000)
+    if enc.ids == lay.ids:  # the byte tokenizer splits prompt and completion the same either way
+        theirs = padded([enc], tok.pad_token_id, "cpu")
+        with torch.no_grad():
+            assert model(**mine).loss.item() == pytest.approx(model(**theirs).loss.item(), rel=1e-6)
+    annotated = layout.build(prompt, layout.encode(tok, row["response"]), tags, tok.decode, eos=tok.eos_token_id)
+    assert annotated.positions == list(range(len(annotated.ids)))  # true lengths: positions never jump or overlap
+    assert not torch.equal(annotated.visible(), torch.ones(len(annotated.ids), len(annotated.ids)).bool().tril())
+
+
+def test_the_smoke_chain_annotates_trains_and_decodes(cli, tmp_path):
+    r = cli("--json", "run", ROOT / "configs" / "smoke" / "pasta.yaml", "-o", tmp_path)
+    assert r.code == 0, r.err
+    stages = json.loads(r.out)["stages"]
+    annotated, trained, decoded = (s["metrics"] for s in stages)
+    assert annotated["rows_validation"] >= 2 and trained["heldout_loss"] < trained["heldout_loss_before"]
+    assert decoded["rows"] == 2 and decoded["judge_nll_mean"] > 0 and decoded["steps_mean"] <= decoded["tokens_mean"]
+    rows = [json.loads(x) for x in open(decoded["decoded"])]
+    assert all(r["steps"] <= r["tokens"] and lang.strip(r["response"]) == r["plain"] for r in rows)
+
+
+@pytest.mark.parametrize("line,words", [
+    ({"prompt": "class A:\n", "response": '<promise topic="f" tokens="3"/><async>x'}, "pasta.jsonl:2"),
+    ({"prompt": "class A:\n", "response": '<promise topic="f" tokens="three"/><async>x</async><sync/>'},
+     "pasta.jsonl:2"),
+])
+def test_bad_annotated_rows_are_exit_2_without_a_run_folder(cli, tmp_path, line, words):
+    good = {"prompt": "class A:\n", "response": '<promise topic="f" tokens="4"/><async>x</async><sync/>'}
+    data = tmp_path / "pasta.jsonl"
+    data.write_text(json.dumps(good) + "\n" + json.dumps(line) + "\n")
+    r = cli("train", "--method", "pasta", "--model", MODEL, "--data", data, "--set", "steps=1", "-o", tmp_path / "runs")
+    assert r.code == 2 and words in r.err and one_error(r.err), r.err
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize("model,words", [(MODEL, "no Pasta-Lang tokens"), ("tiny:mamba2", "no attention layers")])
+def test_decode_refuses_a_model_it_cannot_run(cli, tmp_path, model, words):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "class A:\n"}) + "\n")
+    r = cli("decode", "--method", "pasta", "--model", model, "--data", data, "-o", tmp_path / "runs")
+    assert r.code == 2 and words in r.err and one_error(r.err), r.err
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
