@@ -115,3 +115,49 @@ def test_decode_refuses_a_model_it_cannot_run(cli, tmp_path, model, words):
     r = cli("decode", "--method", "pasta", "--model", model, "--data", data, "-o", tmp_path / "runs")
     assert r.code == 2 and words in r.err and one_error(r.err), r.err
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_bonbon_scores_pairs_and_its_loss_widens_the_margin(kit):
+    from llmx.plugins.pasta import bonbon as B
+
+    model, tok, tags, rows = kit
+    assert B.bonbon_tau(2) == 0.5 and B.bonbon_tau(10) == pytest.approx(1 / (18 * sum(1 / k for k in range(1, 10))))
+    lays = [layout.build(layout.encode(tok, r["prompt"], True), layout.encode(tok, r["response"]), tags, tok.decode,
+                         eos=tok.eos_token_id) for r in rows[:3]]
+    fast_bad = B.Candidate(lays[0], 2.0, False, "x", 3.0)
+    slow_good = B.Candidate(lays[1], 1.2, True, "y", 1.0)
+    broken = B.Candidate(None, 5.0, True, "z", 0.5)
+    assert B.pair([fast_bad, slow_good, broken], 1.0) == (lays[1], lays[0])  # 1.2 + 0 > 2.0 - 3; broken never pairs
+    assert B.pair([fast_bad, slow_good], 0.0) == (lays[0], lays[1])  # speed alone
+    assert B.pair([fast_bad, slow_good], float("inf")) == (lays[1], lays[0])
+    assert B.pair([fast_bad, B.Candidate(lays[2], 2.0, False, "w", 3.0)], 1.0) is None  # a tie teaches nothing
+
+    with torch.no_grad():
+        logps, counts = B.sequence_logps(model, lays[:2], tok.pad_token_id)
+    for lay, got, n in zip(lays[:2], logps, counts, strict=True):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([lay.ids]), position_ids=torch.tensor([lay.positions]),
+                           attention_mask=lay.visible()[None, None]).logits[0]
+        logp = torch.log_softmax(logits.double(), -1)
+        hand = [float(logp[i, t]) for i, t in enumerate(lay.targets) if t != layout.IGNORE]
+        assert float(got) == pytest.approx(sum(hand), rel=1e-5) and int(n) == len(hand)
+
+    import copy
+
+    policy = copy.deepcopy(model).train()
+    reference = copy.deepcopy(model).eval()
+    pairs = [(lays[1], lays[0])]
+    value, stats = B.loss(policy, reference, pairs, tok.pad_token_id, alpha=0.0, tau=0.5)
+    assert float(stats["margin"]) == pytest.approx(0.0, abs=1e-5) and float(value) == pytest.approx(1.0, rel=1e-5)
+    opt = torch.optim.SGD(policy.parameters(), lr=1e-3)
+    value.backward()
+    opt.step()
+    after = B.loss(policy, reference, pairs, tok.pad_token_id, alpha=0.0, tau=0.5)[1]["margin"]
+    assert float(after) > 0  # IPO pulls the best up and the worst down against the reference
+
+
+def test_bonbon_refuses_a_model_without_pasta_tokens(cli, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "class A:\n"}) + "\n")
+    r = cli("align", "--method", "pasta-bonbon", "--model", MODEL, "--data", data, "-o", tmp_path / "runs")
+    assert r.code == 2 and "no Pasta-Lang tokens" in r.err and one_error(r.err), r.err

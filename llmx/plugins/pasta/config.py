@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from llmx.core.refs import DataFile
 from llmx.core.spec import Params
+from llmx.core.train.params import TrainParams
 from llmx.core.train.sft.params import SFTParams
 
 
@@ -66,3 +67,22 @@ class PastaDecodeParams(Params):
                               "NLL), e.g. ref:llama-bench; none: quality is the parse rate only.")
     repeats: int = Field(1, ge=1, description="Decodes per prompt for wall-clock; above 1 the first is a warm-up "
                          "and the median of the rest is reported.")
+
+
+class BonbonParams(TrainParams):
+    """``align --method pasta-bonbon``: BoNBoN rounds on a Pasta-SFT model (notes §2, "Stage 2")."""
+
+    data: DataFile | None = Field(None, description="Rows whose prompts are sampled (.jsonl); default: the "
+                                  "train.jsonl an earlier analyze --method pasta-annotate stage of the run wrote.")
+    prompts: int = Field(32, gt=0, description="Prompts per round (the first N rows).")
+    samples: int = Field(10, ge=2, description="Responses sampled per prompt (the paper: 10).")
+    temperature: float = Field(1.0, gt=0)
+    lam: float = Field(1.0, ge=0, description="λ in speedup + λ·quality (inf: quality first, speedup breaks ties).")
+    alpha: float = Field(0.5, ge=0, le=1, description="Weight of the SFT loss on the best; 1-α weights IPO.")
+    tau: float | None = Field(None, gt=0, description="IPO's τ; none: BoNBoN's 1/(2 (n-1) H_(n-1)) for n samples.")
+    rounds: int = Field(1, ge=1, description="Sample-then-train rounds; each samples from the current policy.")
+    judge: str | None = Field(None, description="A model scoring the plain responses (per-token NLL) for quality; "
+                              "none: quality is parse validity alone.")
+    max_new_tokens: int = Field(384, gt=0)
+    max_chunk_tokens: int = Field(256, ge=2)
+    max_threads: int = Field(8, ge=1)

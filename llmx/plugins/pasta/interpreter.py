@@ -101,6 +101,18 @@ def greedy(thread: Thread, logits: torch.Tensor) -> int:
     return int(logits.argmax())
 
 
+class Sample:
+    """Sampling at ``temperature`` from a seeded generator (BoNBoN's candidates)."""
+
+    def __init__(self, temperature: float, seed: int):
+        self.temperature = temperature
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, thread: Thread, logits: torch.Tensor) -> int:
+        probs = torch.softmax(logits.float().cpu() / self.temperature, -1)
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+
 class Forced:
     """A scripted chooser: the main thread's response tokens and each chunk's tokens (``<async>`` through
     ``</async>``, as ``Layout.script`` gives them), in promise order; a stream past its script ends (EOS for the

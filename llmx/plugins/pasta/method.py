@@ -14,7 +14,7 @@ from llmx.core.context import RunContext
 from llmx.errors import UsageError
 from llmx.plugins.pasta import annotate as A
 from llmx.plugins.pasta import lang
-from llmx.plugins.pasta.config import AnnotateParams, PastaDecodeParams, PastaSFTParams
+from llmx.plugins.pasta.config import AnnotateParams, BonbonParams, PastaDecodeParams, PastaSFTParams
 
 STATE = "pasta_rows"  # the folder an annotate stage wrote, for later train and decode stages of the run
 
@@ -86,3 +86,58 @@ def decode(ctx: RunContext, p: PastaDecodeParams) -> dict[str, Any]:
         out["judge_nll_mean"] = statistics.fmean(scored) if scored else None
     atomic.write_jsonl(ctx.artifact("decoded.jsonl"), decoded)
     return {"positions": p.positions, **out, "decoded": str(ctx.artifact("decoded.jsonl"))}
+
+
+def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
+    """BoNBoN rounds: sample, score, pick best and worst per prompt, train SFT + IPO against the round's start."""
+    from llmx.core import models
+    from llmx.core.train.stage import finish, fit, prepare, trainable
+    from llmx.plugins.pasta import bonbon as B
+    from llmx.plugins.pasta import decode as D
+    from llmx.plugins.pasta import interpreter as I
+
+    I.require_attention(ctx.model)
+    tags = lang.ids(ctx.tokenizer)
+    if tags is None:
+        raise UsageError(f"{ctx.config.model}: the tokenizer has no Pasta-Lang tokens; train it with "
+                         "llmx train --method pasta first")
+    prompts = [r["prompt"] for r in D.load_prompts(_rows(ctx, p.data, "train"))[: p.prompts]]
+    tok = ctx.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    opts = I.Options(max_threads=p.max_threads, max_chunk_tokens=p.max_chunk_tokens, max_new_tokens=p.max_new_tokens)
+    tau = p.tau or B.bonbon_tau(p.samples)
+    judge = models.load(p.judge, ctx.config.dtype, ctx.device) if p.judge else None
+    policy = prepare(ctx, ctx.model, p)
+    rounds, result = [], None
+    for r in range(p.rounds):
+        policy.eval()
+        cands = [B.candidates(policy, tok, tags, q, p.samples, opts, p.temperature, ctx.config.seed + 7919 * r + i)
+                 for i, q in enumerate(ctx.progress(prompts, description=f"bonbon round {r}: sampling"))]
+        if judge is not None:
+            flat = [c for cs in cands for c in cs]
+            rows = [{"prompt": q, "plain": c.plain} for q, cs in zip(prompts, cands, strict=True) for c in cs]
+            for c, nll in zip(flat, D.judge_nll(judge[0].eval(), judge[1], rows), strict=True):
+                c.nll = nll
+        pairs = [x for x in (B.pair(cs, p.lam) for cs in cands) if x is not None]
+        if not pairs:
+            raise UsageError(f"round {r}: no prompt had two differently scored well-formed samples to pair")
+        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        policy.train()
+
+        def loss(i: int, pairs=pairs, reference=reference):
+            chosen = [pairs[(i * p.batch_size + j) % len(pairs)] for j in range(p.batch_size)]
+            return B.loss(policy, reference, chosen, pad, p.alpha, tau)
+
+        result = fit(ctx, policy, loss, p, params=trainable(policy))
+        flat = [c for cs in cands for c in cs]
+        rounds.append({"round": r, "pairs": len(pairs), "samples": len(flat),
+                       "well_formed": statistics.fmean(c.lay is not None for c in flat),
+                       "speedup_mean": statistics.fmean(c.speedup for c in flat),
+                       "parse_rate": statistics.fmean(c.parses for c in flat),
+                       "best_speedup_mean": statistics.fmean(
+                           max((c for c in cs if c.lay is not None), key=lambda c: B.score(c, p.lam)).speedup
+                           for cs in cands if any(c.lay is not None for c in cs)),
+                       "final_loss": result.last_loss})
+    out = {"lam": p.lam, "alpha": p.alpha, "tau": tau, "prompts": len(prompts), "rounds": rounds}
+    out.update(finish(ctx, policy, p, "pasta-bonbon", result))
+    return out

@@ -1,6 +1,6 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.pasta.config import AnnotateParams, PastaDecodeParams, PastaSFTParams
+from llmx.plugins.pasta.config import AnnotateParams, BonbonParams, PastaDecodeParams, PastaSFTParams
 
 PAPER = "Jin et al., ICML 2025 (PMLR 267:27941-27956)"
 
@@ -17,3 +17,6 @@ def llmx_methods():
     yield MethodSpec("pasta", (Stage.DECODE,), "llmx.plugins.pasta.method:decode", PastaDecodeParams,
                      summary="The Pasta-Lang interpreter: independent chunks decoded as parallel threads over one "
                      "interleaved KV cache; steps, theoretical speedup, parse rate, judge NLL.", paper=PAPER)
+    yield MethodSpec("pasta-bonbon", (Stage.ALIGN,), "llmx.plugins.pasta.method:bonbon", BonbonParams,
+                     summary="BoNBoN rounds for Pasta: sample through the interpreter, score speedup + λ·quality, "
+                     "train SFT on the best plus IPO best-vs-worst.", paper=PAPER)

@@ -1,0 +1,103 @@
+"""BoNBoN rounds for Pasta (notes §2, "Stage 2"): sample ``samples`` annotated responses per prompt through the
+interpreter, score each by ``speedup + λ·quality``, and train on the best with the SFT loss plus IPO between the best
+and the worst (Gui et al. 2024: α·L_SFT + (1-α)·L_IPO), log-probabilities under the Pasta layout (each token's
+target is the next token of its own stream).
+
+Reconstructed choices, each an option: quality = parse validity (0/1) minus the judge's per-token NLL of the plain
+response (the paper: Gemini's win rate); λ = inf ranks by quality with speedup breaking ties; IPO's τ defaults to
+BoNBoN's 1/(2 (n-1) H_{n-1}) for best-vs-worst of n samples (H the harmonic number, as we read Gui et al.); sums of
+log-probabilities, as BoNBoN; the reference is the policy at the start of each round.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from llmx.core.preference import ipo_loss
+from llmx.plugins.pasta import decode as D
+from llmx.plugins.pasta import interpreter as I
+from llmx.plugins.pasta import lang, layout
+
+
+@dataclass
+class Candidate:
+    lay: layout.Layout | None  # None: tags the layout cannot read (never trained on)
+    speedup: float
+    parses: bool
+    plain: str  # the response without its tags
+    nll: float | None = None  # the judge's per-token NLL of ``plain``
+
+    def quality(self) -> float:
+        return float(self.parses) - (self.nll if self.nll is not None else 10.0)
+
+
+def bonbon_tau(n: int) -> float:
+    """IPO's τ for the best-vs-worst pair of ``n`` samples: 1 / (2 (n-1) H_{n-1})."""
+    return 1 / (2 * (n - 1) * sum(1 / k for k in range(1, n)))
+
+
+def score(c: Candidate, lam: float) -> tuple[float, float]:
+    """What ranks candidates: ``speedup + λ·quality``; λ = inf ranks by quality, speedup breaking ties."""
+    if math.isinf(lam):
+        return (c.quality(), c.speedup)
+    return (c.speedup + lam * c.quality(), 0.0)
+
+
+def candidates(model, tok, tags: dict[str, int], prompt: str, n: int, opts: I.Options, temperature: float,
+               seed: int) -> list[Candidate]:
+    """``n`` sampled responses to ``prompt`` with their layouts, speedups and parse validity."""
+    ids = layout.encode(tok, prompt, prompt=True)
+    out = []
+    for k in range(n):
+        res = I.run(model, ids, tags, tok.decode, tok.eos_token_id, opts, I.Sample(temperature, seed * 1000 + k))
+        text = tok.decode(res.response)
+        try:
+            lay = layout.build(ids, res.response, tags, tok.decode, eos=tok.eos_token_id)
+            plain = lang.strip(text)
+        except lang.PastaSyntaxError:
+            lay, plain = None, tok.decode([t for t in res.response if t not in set(tags.values())])
+        out.append(Candidate(lay, res.tokens / max(res.steps, 1), D.parses(prompt, plain), plain))
+    return out
+
+
+def pair(cands: list[Candidate], lam: float) -> tuple[layout.Layout, layout.Layout] | None:
+    """(best, worst) among the candidates with a layout, or None when they all score the same."""
+    ok = [c for c in cands if c.lay is not None]
+    if len(ok) < 2:
+        return None
+    ranked = sorted(ok, key=lambda c: score(c, lam))
+    if score(ranked[0], lam) == score(ranked[-1], lam):
+        return None
+    return ranked[-1].lay, ranked[0].lay
+
+
+def sequence_logps(model, lays: list[layout.Layout], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probabilities of each layout's response targets, and their counts."""
+    from llmx.plugins.pasta.sft import batch
+
+    device = next(model.parameters()).device
+    t = batch(lays, pad, model, device)
+    labels = t.pop("labels")
+    logits = model(**t).logits[:, :-1].float()
+    target = labels[:, 1:]
+    keep = target != layout.IGNORE
+    picked = torch.log_softmax(logits, -1).gather(-1, target.clamp(min=0)[..., None]).squeeze(-1)
+    return (picked * keep).sum(-1), keep.sum(-1)
+
+
+def loss(policy, reference, pairs: list[tuple[layout.Layout, layout.Layout]], pad: int, alpha: float,
+         tau: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """α · NLL per token of the best + (1-α) · IPO(best, worst) on summed log-probs, averaged over the pairs."""
+    best, worst = [b for b, _ in pairs], [w for _, w in pairs]
+    pi, count = sequence_logps(policy, best + worst, pad)
+    with torch.no_grad():
+        ref, _ = sequence_logps(reference, best + worst, pad)
+    n = len(pairs)
+    sft = -pi[:n] / count[:n].clamp(min=1)
+    ipo = ipo_loss(pi[:n], pi[n:], ref[:n], ref[n:], tau)
+    total = alpha * sft + (1 - alpha) * ipo
+    return total.mean(), {"sft": sft.detach().mean(), "ipo": ipo.detach().mean(),
+                          "margin": ((pi[:n] - ref[:n]) - (pi[n:] - ref[n:])).detach().mean()}
