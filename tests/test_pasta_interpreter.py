@@ -1,17 +1,22 @@
 """The Pasta-Lang interpreter on scripted (forced) token streams through a tiny 4-layer RoPE Llama (notes §5): steps
 equal the critical path, the cache holds each position once with layer-0 keys equal to a sequential run's, the
-teacher-forced threads give the Pasta-SFT forward's logits, and with no tag emitted it is greedy ``generate``."""
+teacher-forced threads give the Pasta-SFT forward's logits, and with no tag emitted it is greedy ``generate``.
+Attention from the visibility tables: their dense mask is the rule, the ``segments`` path (AttentionInterface; the
+SDPA reference on CPU) decodes exactly as the ``mask`` path, and on a GPU the CuPy kernel equals the reference."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from llmx.core import kernels
 from llmx.core.tokenizer import byte_tokenizer
-from llmx.plugins.pasta import annotate as A
+from llmx.plugins.pasta import annotate, lang, layout
+from llmx.plugins.pasta import attention as A
 from llmx.plugins.pasta import interpreter as I
-from llmx.plugins.pasta import lang, layout
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +133,7 @@ def test_a_thread_cap_queues_promises_and_keeps_the_cache_exact(kit):
 
 def test_teacher_forced_threads_give_the_pasta_sft_logits(kit):
     model, tok, tags, enc = kit
-    rows, _ = A.build(enc, A.Options(limit=3))
+    rows, _ = annotate.build(enc, annotate.Options(limit=3))
     row = rows[0]
     prompt, resp = enc(row["prompt"]), enc(row["response"])
     lay, r = interpret(kit, prompt, resp, I.Options(max_chunk_tokens=2048, max_new_tokens=2048), keep_logits=True)
@@ -167,3 +172,84 @@ def test_malformed_tags_are_recorded_and_never_fork(kit):
               choose=I.Forced(nested, [inner], tok.eos_token_id, tags[lang.ASYNC_CLOSE]))
     assert r.chunks[0][-1] == tags[lang.ASYNC_CLOSE] and "thread 1: tag-in-thread" in r.errors
     assert "main: no-sync" in r.errors
+
+
+cupy = pytest.mark.skipif(not kernels.available(), reason="needs CuPy and a CUDA device")
+
+
+def tables(t: int, s: int, owners: int, seed: int = 0, device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+    owner = torch.randint(0, owners, (s,), generator=g)
+    limit = torch.randint(0, s + 1, (t, owners), generator=g)
+    limit[:, 0] = torch.randint(1, s + 1, (t,), generator=g)
+    owner[0] = 0  # every row sees slot 0 at least
+    return owner.int().to(device), limit.int().to(device)
+
+
+def test_the_tables_dense_mask_is_the_rule():
+    owner, limit = tables(5, 40, 4)
+    mask = A.dense(owner, limit)
+    for t in range(5):
+        for s in range(40):
+            assert bool(mask[t, s]) == (s < int(limit[t, owner[s]]))
+
+
+def test_the_reference_is_sdpa_with_gqa_on_the_dense_mask(monkeypatch):
+    monkeypatch.setattr(kernels, "function", lambda *a: (_ for _ in ()).throw(AssertionError("kernel on CPU")))
+    owner, limit = tables(3, 30, 3)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(4, 3, 16, generator=g), torch.randn(2, 30, 16, generator=g), torch.randn(2, 30, 16, generator=g)
+    out = A.segment_attention(q, k, v, owner, limit, 0.25)
+    mask = A.dense(owner, limit)
+    for h in range(4):
+        kh = h // 2
+        for t in range(3):
+            w = torch.softmax((q[h, t] @ k[kh].T * 0.25).masked_fill(~mask[t], float("-inf")), -1)
+            assert torch.allclose(out[t, h], w @ v[kh], atol=1e-5)
+
+
+def test_segments_decode_exactly_as_the_mask(kit):
+    prompt, resp = scripted(kit)
+    _, masked = interpret(kit, prompt, resp, I.Options(), keep_logits=True)
+    _, segments = interpret(kit, prompt, resp, I.Options(attention="segments"), keep_logits=True)
+    assert segments.steps == masked.steps and segments.slot_positions == masked.slot_positions
+    assert torch.allclose(torch.stack(segments.main_logits), torch.stack(masked.main_logits), atol=1e-5)
+    for a, b in zip(segments.chunk_logits, masked.chunk_logits, strict=True):
+        assert torch.allclose(torch.stack(a), torch.stack(b), atol=1e-5)
+    assert kit[0].config._attn_implementation != A.NAME  # the model's own attention is restored
+
+
+@pytest.mark.gpu
+@cupy
+@pytest.mark.parametrize("t,s,hq,hkv,d", [(1, 7, 4, 2, 16), (5, 300, 8, 2, 64), (9, 1500, 16, 4, 128)])
+def test_the_kernel_matches_the_reference(t, s, hq, hkv, d):
+    owner, limit = tables(t, s, 6, device="cuda")
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(*shape, generator=g).cuda() for shape in ((hq, t, d), (hkv, s, d), (hkv, s, d)))
+    got = A.segment_attention(q, k, v, owner, limit, d ** -0.5)
+    want = A.reference(q, k, v, owner, limit, d ** -0.5)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    for name, fn in (("kernel", A.segment_attention), ("reference", A.reference)):
+        fn(q, k, v, owner, limit, d ** -0.5)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            fn(q, k, v, owner, limit, d ** -0.5)
+        torch.cuda.synchronize()
+        print(f"pasta segment attention {name} t={t} s={s} hq={hq} d={d}: {(time.perf_counter() - t0) / 20 * 1e6:.1f} us")
+
+
+@pytest.mark.gpu
+@cupy
+def test_the_interpreter_on_cuda_decodes_as_on_cpu(kit):
+    model = kit[0]
+    prompt, resp = scripted(kit)
+    _, cpu = interpret(kit, prompt, resp, I.Options(), keep_logits=True)
+    model.cuda()
+    try:
+        for how in ("mask", "segments"):
+            _, gpu = interpret(kit, prompt, resp, I.Options(attention=how), keep_logits=True)
+            assert gpu.steps == cpu.steps and gpu.response == cpu.response
+            assert torch.allclose(torch.stack(gpu.main_logits), torch.stack(cpu.main_logits), atol=1e-3)
+    finally:
+        model.cpu()

@@ -1,8 +1,12 @@
 """The Pasta-Lang interpreter (notes §2, "Interpreter", and §6): a thread table over one interleaved KV cache.
 
 Every step is one forward in which each active thread feeds its next token: one cache row (batch 1) holds every
-thread's tokens in the order they were fed, a 4-D mask says which slots each new token sees and explicit position ids
-say where it stands, so the prompt is never copied and a join only changes the mask (no copy, no recompute).
+thread's tokens in the order they were fed, visibility tables say which slots each new token sees and explicit
+position ids say where it stands, so the prompt is never copied and a join only changes the tables (no copy, no
+recompute). Each slot has an owner thread; a thread sees the slots of owner o below ``limits[o]``: the main thread
+sees its own slots and, from the join on, every chunk's; a chunk sees what the main thread saw through its promise
+and its own slots. ``attention: mask`` turns the tables into a 4-D mask for the model's own attention;
+``segments`` hands them to ``attention.py`` (a CuPy kernel on CUDA, no dense mask).
 
 - The main thread feeds the tokens it chose; ``lang.StreamParser`` reads them. When it feeds a promise's last token
   (position p), a thread is forked in the same step: it sees what the main thread sees (through that token) and
@@ -29,6 +33,7 @@ from typing import Literal
 import torch
 
 from llmx.plugins.pasta import lang, layout
+from llmx.plugins.pasta.attention import dense as attention_dense
 
 Positions = Literal["predicted", "oracle", "fixed"]
 
@@ -41,12 +46,13 @@ class Options:
     max_threads: int = 8
     max_chunk_tokens: int = 256
     max_new_tokens: int = 512  # main-thread tokens
+    attention: Literal["mask", "segments"] = "mask"
 
 
 @dataclass
 class Thread:
     index: int  # 0: main; k: the k-th promise's chunk
-    view: torch.Tensor  # [slots] bool: the cache slots this thread sees (grown as the cache grows)
+    limits: dict[int, int]  # owner -> the first of its slots this thread does not see (absent: none seen)
     next_pos: int
     pending: int | None = None  # the token it feeds next
     fed: list[int] = field(default_factory=list)
@@ -67,6 +73,7 @@ class Result:
     errors: list[str]
     slot_positions: list[int]  # the cache's position of every slot
     slot_tokens: list[int]
+    slot_owners: list[int]
     cache: object
     promise_ends: list[int]  # the main thread's fed-token count at each promise's last token
     prefill_logits: torch.Tensor | None = None
@@ -141,23 +148,46 @@ def require_attention(model) -> None:
 def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[list[int]], str], eos: int,
         opts: Options | None = None, choose: Chooser = greedy, keep_logits: bool = False) -> Result:
     """Decode one response to ``prompt`` (notes §2); ``choose`` picks each thread's next token from its logits."""
+    opts = opts or Options()
+    if opts.attention == "mask":
+        return _run(model, prompt, tag_ids, decode, eos, opts, choose, keep_logits)
+    from llmx.plugins.pasta import attention
+
+    before = model.config._attn_implementation
+    model.set_attn_implementation(attention.register())
+    try:
+        return _run(model, prompt, tag_ids, decode, eos, opts, choose, keep_logits)
+    finally:
+        model.set_attn_implementation(before)
+
+
+def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, keep_logits: bool) -> Result:
     from transformers import DynamicCache
 
-    opts = opts or Options()
+    from llmx.plugins.pasta.attention import BIG
+
     device = next(model.parameters()).device
     opening, closing, sync_id = tag_ids[lang.ASYNC_OPEN], tag_ids[lang.ASYNC_CLOSE], tag_ids[lang.SYNC]
     tags = set(tag_ids.values())
     cache = DynamicCache(config=model.config)
     n0 = len(prompt)
-    out = model(input_ids=torch.tensor([prompt], device=device), position_ids=torch.arange(n0, device=device)[None],
-                past_key_values=cache, use_cache=True)
-    main = Thread(0, torch.ones(n0, dtype=torch.bool, device=device), n0)
-    prefill = out.logits[0, -1]
+    slot_pos, slot_tok, slot_owner = list(range(n0)), list(prompt), [0] * n0
+
+    def forward(tokens: list[int], positions: list[int], limits: list[dict[int, int]]):
+        owner = torch.tensor(slot_owner, dtype=torch.int32, device=device)
+        table = torch.tensor([[lim.get(o, 0) for o in range(max(slot_owner) + 1)] for lim in limits],
+                             dtype=torch.int32, device=device)
+        extra = {"pasta_owner": owner, "pasta_limit": table} if opts.attention == "segments" else {
+            "attention_mask": layout.attention_mask(attention_dense(owner, table)[None], model)}
+        return model(input_ids=torch.tensor([tokens], device=device), position_ids=torch.tensor([positions],
+                     device=device), past_key_values=cache, use_cache=True, **extra).logits[0]
+
+    prefill = forward(list(prompt), list(range(n0)), [{0: i + 1} for i in range(n0)])[-1]
+    main = Thread(0, {0: BIG}, n0)
     main.pending = _main_next(main, prefill, choose, eos, opts)
     threads: list[Thread] = [main]
-    queue: list[tuple[int, torch.Tensor, int]] = []  # promised chunks waiting for a free thread
+    queue: list[tuple[int, dict[int, int], int]] = []  # promised chunks waiting for a free thread
     parser = lang.StreamParser(tag_ids, decode)
-    slot_pos, slot_tok = list(range(n0)), list(prompt)
     active, seconds, errors, promised, ends = [], [], [], [], []
 
     def running() -> list[Thread]:
@@ -166,16 +196,12 @@ def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[lis
     while True:
         busy = bool(running() or queue)
         if main.pending == sync_id and not busy:  # the join: main now sees every chunk
-            for t in threads[1:]:
-                main.view = _mark(main.view, t.slots)
+            main.limits.update({t.index: BIG for t in threads[1:]})
         fed: list[Thread] = []
-        slot = len(slot_pos)
         if main.pending is not None and not (main.pending == sync_id and busy):
-            tok, at = main.pending, main.next_pos
-            main.view = _mark(main.view, [slot])
-            _place(main, tok, slot, slot_pos, slot_tok)
+            tok, at, slot = main.pending, main.next_pos, len(slot_pos)
+            _place(main, tok, slot_pos, slot_tok, slot_owner)
             fed.append(main)
-            slot += 1
             try:
                 event = parser.feed(tok)
             except lang.PastaSyntaxError as err:
@@ -185,40 +211,35 @@ def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[lis
                 n = _length(opts, event.tokens, len(promised))
                 promised.append(n)
                 ends.append(len(main.fed))
-                queue.append((len(promised), main.view.clone(), at + 1))
+                seen = {o: slot + 1 for o in main.limits}  # what main saw, through the promise's last token
+                queue.append((len(promised), seen, at + 1))
                 main.next_pos = at + 1 + n
         while queue and len(running()) < opts.max_threads:
-            k, view, at = queue.pop(0)
-            threads.append(Thread(k, view, at, pending=opening, check=lang.ThreadCheck(tag_ids)))
+            k, seen, at = queue.pop(0)
+            threads.append(Thread(k, {**seen, k: BIG}, at, pending=opening, check=lang.ThreadCheck(tag_ids)))
         for t in running():
-            t.view = _mark(t.view, [slot])
-            _place(t, t.pending, slot, slot_pos, slot_tok)
+            _place(t, t.pending, slot_pos, slot_tok, slot_owner)
             fed.append(t)
-            slot += 1
         if not fed:
             break
-        seen = torch.stack([_fit(t.view, slot) for t in fed])
         t0 = time.perf_counter()
-        out = model(input_ids=torch.tensor([[t.fed[-1] for t in fed]], device=device),
-                    position_ids=torch.tensor([[slot_pos[t.slots[-1]] for t in fed]], device=device),
-                    attention_mask=layout.attention_mask(seen[None], model), past_key_values=cache, use_cache=True)
+        logits = forward([t.fed[-1] for t in fed], [slot_pos[t.slots[-1]] for t in fed], [t.limits for t in fed])
         seconds.append(time.perf_counter() - t0)
         active.append(len(fed))
         for j, t in enumerate(fed):
-            logits = out.logits[0, j]
             if keep_logits:
-                t.logits.append(logits.float().cpu())
+                t.logits.append(logits[j].float().cpu())
             if t is main:
-                main.pending = _main_next(main, logits, choose, eos, opts)
+                main.pending = _main_next(main, logits[j], choose, eos, opts)
             else:
-                _thread_next(t, logits, choose, opts, errors, eos, closing, tags)
+                _thread_next(t, logits[j], choose, opts, errors, eos, closing, tags)
     if parser.state != "TEXT":
         errors.append("main: unfinished-promise")
     if promised and not parser.synced:
         errors.append("main: no-sync")
     ordered = sorted(threads[1:], key=lambda t: t.index)
     res = Result(main.fed, [t.fed for t in ordered], promised, len(active), active, seconds, errors, slot_pos,
-                 slot_tok, cache, ends)
+                 slot_tok, slot_owner, cache, ends)
     if keep_logits:
         res.prefill_logits, res.main_logits = prefill.float().cpu(), main.logits
         res.chunk_logits = [t.logits for t in ordered]
@@ -236,25 +257,13 @@ def _length(opts: Options, predicted: int, k: int) -> int:
     return opts.lengths[k]
 
 
-def _mark(view: torch.Tensor, slots: list[int]) -> torch.Tensor:
-    if slots:
-        view = _fit(view, max(len(view), max(slots) + 1)).clone()
-        view[torch.tensor(slots, device=view.device)] = True
-    return view
-
-
-def _fit(view: torch.Tensor, size: int) -> torch.Tensor:
-    """``view`` padded with False (slots fed after it was taken) to ``size``."""
-    if len(view) >= size:
-        return view[:size]
-    return torch.cat([view, torch.zeros(size - len(view), dtype=torch.bool, device=view.device)])
-
-
-def _place(t: Thread, tok: int, slot: int, slot_pos: list[int], slot_tok: list[int]) -> None:
+def _place(t: Thread, tok: int, slot_pos: list[int], slot_tok: list[int], slot_owner: list[int]) -> None:
+    """``t`` feeds ``tok`` into the next cache slot, at its next position."""
     t.fed.append(tok)
-    t.slots.append(slot)
+    t.slots.append(len(slot_pos))
     slot_pos.append(t.next_pos)
     slot_tok.append(tok)
+    slot_owner.append(t.index)
     t.next_pos += 1
     t.pending = None
 
