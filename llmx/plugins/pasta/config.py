@@ -65,6 +65,9 @@ class PastaDecodeParams(Params):
     max_new_tokens: int = Field(384, gt=0, description="Main-thread tokens per response.")
     judge: str | None = Field(None, description="A model scoring each plain response given its prompt (per-token "
                               "NLL), e.g. ref:llama-bench; none: quality is the parse rate only.")
+    attention: Literal["mask", "segments"] = Field("mask", description="mask: the model's own attention on a 4-D "
+                                                   "mask; segments: attention from the visibility tables (a CuPy "
+                                                   "kernel on CUDA with CuPy, its SDPA reference elsewhere).")
     repeats: int = Field(1, ge=1, description="Decodes per prompt for wall-clock; above 1 the first is a warm-up "
                          "and the median of the rest is reported.")
 

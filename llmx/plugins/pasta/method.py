@@ -72,7 +72,7 @@ def decode(ctx: RunContext, p: PastaDecodeParams) -> dict[str, Any]:
                          "llmx train --method pasta first")
     rows = D.load_prompts(_rows(ctx, p.data, "validation"))[: p.limit]
     opts = I.Options(positions=p.positions, fixed_tokens=p.fixed_tokens, max_threads=p.max_threads,
-                     max_chunk_tokens=p.max_chunk_tokens, max_new_tokens=p.max_new_tokens)
+                     max_chunk_tokens=p.max_chunk_tokens, max_new_tokens=p.max_new_tokens, attention=p.attention)
     model = ctx.model.eval()
     decoded = []
     for row in ctx.progress(rows, description=f"pasta decode ({p.positions} positions)"):
