@@ -253,3 +253,27 @@ def test_the_interpreter_on_cuda_decodes_as_on_cpu(kit):
             assert torch.allclose(torch.stack(gpu.main_logits), torch.stack(cpu.main_logits), atol=1e-3)
     finally:
         model.cpu()
+
+
+def test_a_model_of_real_width_with_gqa_and_biases_decodes_as_its_sft_forward():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = byte_tokenizer()
+    tags = lang.equip(tok)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=2048, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=4096)
+    model = Qwen2ForCausalLM(cfg).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2 attention carries biases
+    wide = (model, tok, tags, lambda s: tok(s, add_special_tokens=False)["input_ids"])
+    prompt, resp = scripted(wide, chunk_lengths=(9, 7), intro=3, middle=2, outro=3)
+    for how in ("mask", "segments"):
+        lay, r = interpret(wide, prompt, resp, I.Options(attention=how), keep_logits=True)
+        assert r.steps == critical_path(wide, lay) and r.response == resp
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([lay.ids]), position_ids=torch.tensor([lay.positions]),
+                           attention_mask=lay.visible()[None, None]).logits[0]
+        main_at = [i for i in range(lay.prompt_len, len(lay.ids) - 1) if lay.stream[i] == layout.MAIN]
+        assert torch.allclose(torch.stack(r.main_logits), logits[main_at], atol=1e-4)
+        for k, got in enumerate(r.chunk_logits, 1):
+            assert torch.allclose(torch.stack(got), logits[[i for i, s in enumerate(lay.stream) if s == k]], atol=1e-4)
