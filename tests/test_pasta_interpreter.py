@@ -77,7 +77,9 @@ def test_steps_equal_the_critical_path_and_the_cache_matches_a_sequential_run(ki
     prompt, resp = scripted(kit)
     lay, r = interpret(kit, prompt, resp)
     assert r.errors == [] and r.response == resp and r.tokens == len(resp)
-    assert r.steps == critical_path(kit, lay) < len(resp)  # 200 sequential tokens
+    # by hand: 56 main tokens (12 + 3 promises of 7 tokens + 10 + <sync/> + 12); promises close at steps 19, 26, 33;
+    # chunks of 48, 40, 56 end at 66, 65, 88; <sync/> at 89; 12 more: 101 steps against 200 sequential
+    assert r.steps == critical_path(kit, lay) == 101 and len(resp) == 200
     assert max(r.active) == 4  # the main thread and three chunks in one forward
     assert sorted(r.slot_positions) == list(range(len(prompt) + len(resp)))  # each position once: oracle lengths
     full = prompt + resp
@@ -120,8 +122,8 @@ def test_oracle_and_fixed_positions_and_logged_length_gaps(kit):
     _, fixed = interpret(kit, prompt, resp, I.Options(positions="fixed", fixed_tokens=32))
     assert fixed.promised == [32, 32, 32] and fixed.length_gaps == [16, 8, 24]
     assert fixed.steps == oracle.steps  # positions never change the schedule
-    with pytest.raises(lang.PastaSyntaxError, match="no length for promise 3"):
-        interpret(kit, prompt, resp, I.Options(positions="oracle", lengths=[48, 40]))
+    _, short = interpret(kit, prompt, resp, I.Options(positions="oracle", lengths=[48, 40]))
+    assert short.errors == ["main: oracle-miss"] and short.promised == [48, 40, 56]  # an extra promise: predicted N
 
 
 def test_a_thread_cap_queues_promises_and_keeps_the_cache_exact(kit):
@@ -277,3 +279,14 @@ def test_a_model_of_real_width_with_gqa_and_biases_decodes_as_its_sft_forward():
         assert torch.allclose(torch.stack(r.main_logits), logits[main_at], atol=1e-4)
         for k, got in enumerate(r.chunk_logits, 1):
             assert torch.allclose(torch.stack(got), logits[[i for i, s in enumerate(lay.stream) if s == k]], atol=1e-4)
+
+
+def test_the_token_budget_ends_main_and_closes_open_chunks(kit):
+    model, tok, tags, enc = kit
+    prompt, resp = scripted(kit)
+    _, r = interpret(kit, prompt, resp, I.Options(max_new_tokens=60))
+    assert r.ended == "cap" and all(c[-1] == tags[lang.ASYNC_CLOSE] for c in r.chunks) and len(r.chunks) == 3
+    assert "thread 1: chunk-cap" in r.errors and 60 <= r.tokens <= 60 + 2 * 3  # each open thread closes, and starts
+    empty = I.run(model, enc("p"), tags, tok.decode, tok.eos_token_id,
+                  choose=I.Forced([], [], tok.eos_token_id, tags[lang.ASYNC_CLOSE]))
+    assert (empty.steps, empty.main, empty.ended) == (0, [], "eos")

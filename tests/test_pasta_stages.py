@@ -74,10 +74,10 @@ def test_baseline_sft_on_stripped_rows_is_plain_causal_sft(kit):
     assert lay.positions == list(range(n)) and torch.equal(lay.visible(), torch.ones(n, n, dtype=torch.bool).tril())
     mine = S.batch([lay], tok.pad_token_id, model, "cpu")
     enc = plain_encode(tok, Row("x", prompt=row["prompt"], completion=row["plain"]), 4096, 4000)
-    if enc.ids == lay.ids:  # the byte tokenizer splits prompt and completion the same either way
-        theirs = padded([enc], tok.pad_token_id, "cpu")
-        with torch.no_grad():
-            assert model(**mine).loss.item() == pytest.approx(model(**theirs).loss.item(), rel=1e-6)
+    assert enc.ids == lay.ids  # the byte tokenizer splits prompt and completion the same either way
+    theirs = padded([enc], tok.pad_token_id, "cpu")
+    with torch.no_grad():
+        assert model(**mine).loss.item() == pytest.approx(model(**theirs).loss.item(), rel=1e-6)
     annotated = layout.build(prompt, layout.encode(tok, row["response"]), tags, tok.decode, eos=tok.eos_token_id)
     assert annotated.positions == list(range(len(annotated.ids)))  # true lengths: positions never jump or overlap
     assert not torch.equal(annotated.visible(), torch.ones(len(annotated.ids), len(annotated.ids)).bool().tril())
@@ -161,3 +161,35 @@ def test_bonbon_refuses_a_model_without_pasta_tokens(cli, tmp_path):
     data.write_text(json.dumps({"prompt": "class A:\n"}) + "\n")
     r = cli("align", "--method", "pasta-bonbon", "--model", MODEL, "--data", data, "-o", tmp_path / "runs")
     assert r.code == 2 and "no Pasta-Lang tokens" in r.err and one_error(r.err), r.err
+
+
+def test_targets_follow_each_stream(kit):
+    model, tok, tags, rows = kit
+    for row in rows:
+        lay = layout.build(layout.encode(tok, row["prompt"], True), layout.encode(tok, row["response"]), tags,
+                           tok.decode, eos=tok.eos_token_id)
+        ids, targets = lay.ids, lay.targets
+        assert all(t == layout.IGNORE for t in targets[:lay.prompt_len - 1])  # the prompt is not trained
+        assert targets[lay.prompt_len - 1] == ids[lay.prompt_len]  # but its last token predicts the response
+        assert tags[lang.ASYNC_OPEN] not in targets  # a chunk's <async> is forced, never predicted
+        closes = [i for i, t in enumerate(ids) if t == tags[lang.ASYNC_CLOSE]]
+        assert all(targets[i] == layout.IGNORE for i in closes) and targets[-1] == layout.IGNORE
+        for i, t in enumerate(ids):
+            if t == tags[lang.PROMISE_CLOSE]:  # predicts the main token after its chunk's </async>
+                end = next(j for j in closes if j > i)
+                assert targets[i] == ids[end + 1]
+
+
+def test_annotated_rows_survive_a_bpe_round_trip():
+    from llmx.core.data import stdlib
+    from llmx.core.tokenizer import train_bpe
+
+    tok = train_bpe(stdlib.documents("validation")[:40], 500)
+    lang.equip(tok)
+    rows, _ = A.build(lambda s: tok(s, add_special_tokens=False)["input_ids"], A.Options(limit=30))
+    for r in rows:
+        for text in (r["prompt"], r["response"]):
+            assert tok.decode(layout.encode(tok, text)) == text
+        lay = layout.build(layout.encode(tok, r["prompt"], True), layout.encode(tok, r["response"]), lang.ids(tok),
+                           tok.decode)
+        assert lay.actual == lay.promised == r["chunk_tokens"]

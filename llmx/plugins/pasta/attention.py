@@ -16,6 +16,7 @@ from llmx.core import kernels
 NAME = "pasta_segments"
 SOURCE = Path(__file__).resolve().parent / "kernels" / "segment_attention.cu"
 BIG = 1 << 30  # "every slot of this owner"
+PREFILL = 64  # more query rows than this (a prefill) go to SDPA: the kernel's scratch is rows x heads x slots
 
 
 def dense(owner: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
@@ -35,8 +36,9 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: torch.Te
 
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: torch.Tensor, limit: torch.Tensor,
                       scale: float) -> torch.Tensor:
-    """The kernel on CUDA tensors, else the reference; same shapes and result."""
-    if not kernels.use_kernel(q, k, v):
+    """The kernel on CUDA tensors of a decode step, else the reference; same shapes and result. The kernel reads
+    float32 (a half-precision cache is converted for it)."""
+    if not kernels.use_kernel(q, k, v) or q.shape[1] > PREFILL:
         return reference(q, k, v, owner, limit, scale)
     import cupy
 

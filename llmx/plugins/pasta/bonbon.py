@@ -1,12 +1,13 @@
 """BoNBoN rounds for Pasta (notes §2, "Stage 2"): sample ``samples`` annotated responses per prompt through the
-interpreter, score each by ``speedup + λ·quality``, and train on the best with the SFT loss plus IPO between the best
-and the worst (Gui et al. 2024: α·L_SFT + (1-α)·L_IPO), log-probabilities under the Pasta layout (each token's
-target is the next token of its own stream).
+interpreter, score each by ``speedup + λ·quality`` (speedup: plain tokens over steps, so tags do not pay), and train
+on the best with the SFT loss plus IPO between the best and the worst (Gui et al. 2024: α·L_SFT + (1-α)·L_IPO),
+log-probabilities under the Pasta layout (each token's target is the next token of its own stream).
 
 Reconstructed choices, each an option: quality = parse validity (0/1) minus the judge's per-token NLL of the plain
 response (the paper: Gemini's win rate); λ = inf ranks by quality with speedup breaking ties; IPO's τ defaults to
-BoNBoN's 1/(2 (n-1) H_{n-1}) for best-vs-worst of n samples (H the harmonic number, as we read Gui et al.); sums of
-log-probabilities, as BoNBoN; the reference is the policy at the start of each round.
+BoNBoN's 1/(2 (n-1) H_{n-1}) for best-vs-worst of n samples (H the harmonic number, as we read Gui et al.); summed
+log-probabilities for both terms, as BoNBoN; the best is chosen among clean samples (ended at EOS, no interpreter
+error), the worst among all that lay out; the reference is the policy at the start of each round.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Candidate:
     speedup: float
     parses: bool
     plain: str  # the response without its tags
+    clean: bool = True  # ended at EOS with no interpreter error: it may be the best (any laid-out one the worst)
     nll: float | None = None  # the judge's per-token NLL of ``plain``
 
     def quality(self) -> float:
@@ -54,24 +56,30 @@ def candidates(model, tok, tags: dict[str, int], prompt: str, n: int, opts: I.Op
     for k in range(n):
         res = I.run(model, ids, tags, tok.decode, tok.eos_token_id, opts, I.Sample(temperature, seed * 1000 + k))
         text = tok.decode(res.response)
+        eos = tok.eos_token_id if res.ended == "eos" else None  # a response cut at the budget never learns to stop
         try:
-            lay = layout.build(ids, res.response, tags, tok.decode, eos=tok.eos_token_id)
+            lay = layout.build(ids, res.response, tags, tok.decode, eos=eos)
             plain = lang.strip(text)
         except lang.PastaSyntaxError:
             lay, plain = None, tok.decode([t for t in res.response if t not in set(tags.values())])
-        out.append(Candidate(lay, res.tokens / max(res.steps, 1), D.parses(prompt, plain), plain))
+        plain_tokens = sum(t not in set(tags.values()) for t in res.response)
+        out.append(Candidate(lay, max(plain_tokens, 1) / max(res.steps, 1), D.parses(prompt, plain), plain,
+                             res.ended == "eos" and not res.errors))
     return out
 
 
 def pair(cands: list[Candidate], lam: float) -> tuple[layout.Layout, layout.Layout] | None:
-    """(best, worst) among the candidates with a layout, or None when they all score the same."""
+    """(best, worst): the best clean candidate and the worst one with a layout, or None when there is no clean one
+    or the worst scores as well as the best."""
     ok = [c for c in cands if c.lay is not None]
-    if len(ok) < 2:
+    clean = [c for c in ok if c.clean]
+    if not clean:
         return None
-    ranked = sorted(ok, key=lambda c: score(c, lam))
-    if score(ranked[0], lam) == score(ranked[-1], lam):
+    best = max(clean, key=lambda c: score(c, lam))
+    worst = min(ok, key=lambda c: score(c, lam))
+    if score(worst, lam) >= score(best, lam):
         return None
-    return ranked[-1].lay, ranked[0].lay
+    return best.lay, worst.lay
 
 
 def sequence_logps(model, lays: list[layout.Layout], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,13 +98,14 @@ def sequence_logps(model, lays: list[layout.Layout], pad: int) -> tuple[torch.Te
 
 def loss(policy, reference, pairs: list[tuple[layout.Layout, layout.Layout]], pad: int, alpha: float,
          tau: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """α · NLL per token of the best + (1-α) · IPO(best, worst) on summed log-probs, averaged over the pairs."""
+    """α · NLL of the best + (1-α) · IPO(best, worst), both on summed log-probs (sequence level, as BoNBoN's
+    SFT-BoN and IPO-BoN), averaged over the pairs."""
     best, worst = [b for b, _ in pairs], [w for _, w in pairs]
-    pi, count = sequence_logps(policy, best + worst, pad)
+    pi, _ = sequence_logps(policy, best + worst, pad)
     with torch.no_grad():
         ref, _ = sequence_logps(reference, best + worst, pad)
     n = len(pairs)
-    sft = -pi[:n] / count[:n].clamp(min=1)
+    sft = -pi[:n]
     ipo = ipo_loss(pi[:n], pi[n:], ref[:n], ref[n:], tau)
     total = alpha * sft + (1 - alpha) * ipo
     return total.mean(), {"sft": sft.detach().mean(), "ipo": ipo.detach().mean(),

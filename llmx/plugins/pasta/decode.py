@@ -65,8 +65,10 @@ def one(model, tok, tags: dict[str, int], prompt: str, opts: I.Options, repeats:
         plain = lang.strip(text)
     except lang.PastaSyntaxError:  # an unfinished promise or chunk: drop the tags as text goes
         plain = tok.decode([t for t in res.response if t not in set(tags.values())])
+    plain_tokens = sum(t not in set(tags.values()) for t in res.response)
     return {"prompt": prompt, "response": text, "plain": plain, "parses": parses(prompt, plain), "steps": res.steps,
-            "tokens": res.tokens, "promises": len(res.chunks), "length_gaps": res.length_gaps, "errors": res.errors,
+            "tokens": res.tokens, "plain_tokens": plain_tokens, "capped": res.ended == "cap",
+            "promises": len(res.chunks), "length_gaps": res.length_gaps, "errors": res.errors,
             "wall_s": statistics.median(walls), "step_ms": _per_active(res)}
 
 
@@ -77,6 +79,12 @@ def _per_active(res: I.Result) -> dict[int, list[float]]:
     return out
 
 
+def speedup(r: dict[str, Any]) -> float:
+    """The theoretical speedup: the response's tokens without its tags (what sequential decoding would emit) over
+    the interpreter's steps (tag tokens cost steps); 1 for an empty response."""
+    return max(r["plain_tokens"], 1) / max(r["steps"], 1)
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Run figures: geometric means of the theoretical speedup, rates, and median ms per step by active threads."""
     per: dict[int, list[float]] = defaultdict(list)
@@ -85,10 +93,11 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             per[n] += ms
     gaps = [abs(g) for r in rows for g in r["length_gaps"]]
     return {"rows": len(rows),
-            "speedup_theoretical_geomean": math.exp(statistics.fmean(math.log(r["tokens"] / r["steps"]) for r in rows)),
+            "speedup_theoretical_geomean": math.exp(statistics.fmean(math.log(speedup(r)) for r in rows)),
             "steps_mean": statistics.fmean(r["steps"] for r in rows),
             "tokens_mean": statistics.fmean(r["tokens"] for r in rows),
             "parse_rate": statistics.fmean(r["parses"] for r in rows),
+            "capped_rate": statistics.fmean(r["capped"] for r in rows),
             "promises_per_response": statistics.fmean(r["promises"] for r in rows),
             "length_error_mean": statistics.fmean(gaps) if gaps else None,
             "responses_with_errors": sum(bool(r["errors"]) for r in rows),

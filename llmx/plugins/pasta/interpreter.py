@@ -45,7 +45,7 @@ class Options:
     lengths: list[int] | None = None  # each promise's N with ``positions: oracle``, in promise order
     max_threads: int = 8
     max_chunk_tokens: int = 256
-    max_new_tokens: int = 512  # main-thread tokens
+    max_new_tokens: int = 512  # response tokens over every thread: past it the main thread ends, chunks close
     attention: Literal["mask", "segments"] = "mask"
 
 
@@ -76,6 +76,7 @@ class Result:
     slot_owners: list[int]
     cache: object
     promise_ends: list[int]  # the main thread's fed-token count at each promise's last token
+    ended: str = "eos"  # why the main thread ended: eos, or cap (max_new_tokens)
     prefill_logits: torch.Tensor | None = None
     main_logits: list[torch.Tensor] | None = None
     chunk_logits: list[list[torch.Tensor]] | None = None
@@ -137,11 +138,16 @@ class Forced:
 
 
 def require_attention(model) -> None:
-    """Refuse a model without attention (the interpreter's threads share one cache through attention masks)."""
+    """Refuse a model without full attention in every layer (the threads share one cache through attention masks;
+    a state-space or sliding-window layer cannot hold them apart)."""
     cfg = model.config
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if getattr(cfg, "num_attention_heads", None) is None or "mamba" in getattr(cfg, "model_type", ""):
         raise lang.PastaSyntaxError(f"{type(model).__name__} has no attention layers: the Pasta interpreter "
                                     "needs a transformer", "no-attention")
+    if not kinds <= {"full_attention"}:
+        raise lang.PastaSyntaxError(f"{type(model).__name__} has {sorted(kinds - {'full_attention'})} layers: the "
+                                    "Pasta interpreter needs full attention in every layer", "no-attention")
 
 
 @torch.no_grad()
@@ -184,7 +190,8 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
 
     prefill = forward(list(prompt), list(range(n0)), [{0: i + 1} for i in range(n0)])[-1]
     main = Thread(0, {0: BIG}, n0)
-    main.pending = _main_next(main, prefill, choose, eos, opts)
+    main.pending = _main_next(main, prefill, choose, eos)
+    ended = "eos"
     threads: list[Thread] = [main]
     queue: list[tuple[int, dict[int, int], int]] = []  # promised chunks waiting for a free thread
     parser = lang.StreamParser(tag_ids, decode)
@@ -195,10 +202,11 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
 
     while True:
         busy = bool(running() or queue)
-        if main.pending == sync_id and not busy:  # the join: main now sees every chunk
+        syncing = main.pending == sync_id and parser.state == "TEXT"  # not a <sync/> inside a promise's attributes
+        if syncing and not busy:  # the join: main now sees every chunk
             main.limits.update({t.index: BIG for t in threads[1:]})
         fed: list[Thread] = []
-        if main.pending is not None and not (main.pending == sync_id and busy):
+        if main.pending is not None and not (syncing and busy):
             tok, at, slot = main.pending, main.next_pos, len(slot_pos)
             _place(main, tok, slot_pos, slot_tok, slot_owner)
             fed.append(main)
@@ -206,8 +214,11 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
                 event = parser.feed(tok)
             except lang.PastaSyntaxError as err:
                 errors.append(f"main: {err.reason}")
-                parser, event = lang.StreamParser(tag_ids, decode), None
+                synced, parser, event = parser.synced, lang.StreamParser(tag_ids, decode), None
+                parser.synced = synced
             if isinstance(event, lang.PromiseDone):  # fork: the chunk takes at+1 ..., main resumes at at+1+N
+                if opts.positions == "oracle" and opts.lengths is not None and len(promised) >= len(opts.lengths):
+                    errors.append("main: oracle-miss")  # more promises than the oracle knows: predicted N
                 n = _length(opts, event.tokens, len(promised))
                 promised.append(n)
                 ends.append(len(main.fed))
@@ -230,16 +241,23 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
             if keep_logits:
                 t.logits.append(logits[j].float().cpu())
             if t is main:
-                main.pending = _main_next(main, logits[j], choose, eos, opts)
+                main.pending = _main_next(main, logits[j], choose, eos)
             else:
                 _thread_next(t, logits[j], choose, opts, errors, eos, closing, tags)
+        if sum(len(t.fed) for t in threads) >= opts.max_new_tokens:  # the budget: main ends, open chunks close
+            ended = "cap" if main.pending is not None else ended
+            main.pending = None
+            for t in running():
+                if t.pending not in (None, closing):
+                    errors.append(f"thread {t.index}: chunk-cap")
+                    t.pending = closing
     if parser.state != "TEXT":
         errors.append("main: unfinished-promise")
     if promised and not parser.synced:
         errors.append("main: no-sync")
     ordered = sorted(threads[1:], key=lambda t: t.index)
     res = Result(main.fed, [t.fed for t in ordered], promised, len(active), active, seconds, errors, slot_pos,
-                 slot_tok, slot_owner, cache, ends)
+                 slot_tok, slot_owner, cache, ends, ended)
     if keep_logits:
         res.prefill_logits, res.main_logits = prefill.float().cpu(), main.logits
         res.chunk_logits = [t.logits for t in ordered]
@@ -252,9 +270,9 @@ def _length(opts: Options, predicted: int, k: int) -> int:
         return predicted
     if opts.positions == "fixed":
         return opts.fixed_tokens
-    if opts.lengths is None or k >= len(opts.lengths):
-        raise lang.PastaSyntaxError(f"positions: oracle has no length for promise {k + 1}", "no-oracle-length")
-    return opts.lengths[k]
+    if opts.lengths is None:
+        raise lang.PastaSyntaxError("positions: oracle needs the chunks' lengths", "no-oracle-length")
+    return opts.lengths[k] if k < len(opts.lengths) else predicted
 
 
 def _place(t: Thread, tok: int, slot_pos: list[int], slot_tok: list[int], slot_owner: list[int]) -> None:
@@ -268,10 +286,10 @@ def _place(t: Thread, tok: int, slot_pos: list[int], slot_tok: list[int], slot_o
     t.pending = None
 
 
-def _main_next(main: Thread, logits, choose: Chooser, eos: int, opts: Options) -> int | None:
-    """The main thread's next token; None at EOS or past ``max_new_tokens`` (it ends)."""
+def _main_next(main: Thread, logits, choose: Chooser, eos: int) -> int | None:
+    """The main thread's next token; None at EOS (it ends)."""
     nxt = choose(main, logits)
-    return None if nxt == eos or len(main.fed) >= opts.max_new_tokens else nxt
+    return None if nxt == eos else nxt
 
 
 def _thread_next(t: Thread, logits, choose: Chooser, opts: Options, errors: list[str], eos: int, closing: int,
@@ -285,6 +303,7 @@ def _thread_next(t: Thread, logits, choose: Chooser, opts: Options, errors: list
     if nxt in tags and nxt != closing:
         errors.append(f"thread {t.index}: tag-in-thread")
         nxt = closing
-    if nxt == eos or len(t.fed) + 1 >= opts.max_chunk_tokens:
+    if nxt != closing and (nxt == eos or len(t.fed) + 1 >= opts.max_chunk_tokens):
+        errors.append(f"thread {t.index}: {'eos' if nxt == eos else 'chunk-cap'}")
         nxt = closing
     t.pending = nxt

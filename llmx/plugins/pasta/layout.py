@@ -30,9 +30,13 @@ def encode(tok, text: str, prompt: bool = False) -> list[int]:
 
 
 def attention_mask(seen: torch.Tensor, model) -> torch.Tensor:
-    """[B, Q, K] visibility as the model's attention reads a custom 4-D mask: boolean for SDPA and flash, additive
-    (0 or the dtype's minimum) for eager attention."""
-    if getattr(model.config, "_attn_implementation", "sdpa") in ("sdpa", "flash_attention_2"):
+    """[B, Q, K] visibility as the model's attention reads a custom 4-D mask: boolean for SDPA, additive (0 or the
+    dtype's minimum) for eager attention; flash attention takes none (refused)."""
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if impl.startswith("flash"):
+        raise lang.PastaSyntaxError(f"{impl} takes no custom 4-D mask: load the model with sdpa or eager attention, "
+                                    "or decode with attention: segments", "flash-attention")
+    if impl == "sdpa":
         return seen[:, None]
     dtype = next(model.parameters()).dtype
     return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill(~seen, torch.finfo(dtype).min)[:, None]

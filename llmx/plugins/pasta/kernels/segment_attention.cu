@@ -5,6 +5,7 @@
 //   q: [Hq, T, D], k, v: [Hkv, S, D], out: [T, Hq, D], scratch: [T, Hq, S] (float32, contiguous)
 // Three passes in the block: scores and their max, exponentials and their sum, the weighted sum of values.
 #define BLOCK 128
+#define NEG_INF __int_as_float(0xff800000)  // NVRTC defines no INFINITY
 
 __device__ float block_reduce(float x, float* shared, bool is_max) {
     const int lane = threadIdx.x;
@@ -32,9 +33,9 @@ extern "C" __global__ void pasta_segment_attention(const float* __restrict__ q, 
     const float* qv = q + ((long long)h * T + t) * D;
     const int* lim = limit + (long long)t * owners;
     float* sc = scratch + ((long long)t * Hq + h) * S;
-    float local_max = -INFINITY;
+    float local_max = NEG_INF;
     for (int s = threadIdx.x; s < S; s += BLOCK) {
-        float x = -INFINITY;
+        float x = NEG_INF;
         if (s < lim[owner[s]]) {
             const float* kv = k + ((long long)kh * S + s) * D;
             float dot = 0.f;
@@ -47,7 +48,7 @@ extern "C" __global__ void pasta_segment_attention(const float* __restrict__ q, 
     const float m = block_reduce(local_max, shared, true);
     float local_sum = 0.f;
     for (int s = threadIdx.x; s < S; s += BLOCK) {
-        float e = sc[s] == -INFINITY ? 0.f : expf(sc[s] - m);
+        float e = sc[s] == NEG_INF ? 0.f : expf(sc[s] - m);
         sc[s] = e;
         local_sum += e;
     }
