@@ -26,15 +26,20 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
                    "llmx train --method llava --model ref:llava --data conversations.json --set stage=2",
                    "llmx train --method crow --model runs/RUN/artifacts/0_sft/adapter --data defence.jsonl",
                    "llmx train --method feeder --model ref:llama-icl --data pool.jsonl --set outer_rounds=2",
+                   "llmx train --method pasta --model ref:llama-bench --data runs/RUN/artifacts/0_pasta-annotate/"
+                   "train.jsonl --set epochs=4 --set lr=1e-3",
                    "llmx train --method upcycle --model runs/RUN/artifacts/0_lm/series/tokens_1000000 "
                    "--set num_experts=8 --set top_k=2",
                    "llmx train --method cosd-tree --model ref:facts-code --set assistant=ref:facts-docs "
                    "--set task=api-facts --set examples=5")),
     "align": ("Align a model on preference data (--data is the .jsonl of preference rows).",
-                  ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",)),
+                  ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",
+                   "llmx align --method pasta-bonbon --model PASTA_SFT_MODEL --data train.jsonl --set lam=inf")),
     "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",
                                                                 "llmx decode --method cosd --model ref:facts-code "
-                                                                "--set assistant=ref:facts-docs --set task=api-facts")),
+                                                                "--set assistant=ref:facts-docs --set task=api-facts",
+                                                                "llmx decode --method pasta --model PASTA_SFT_MODEL "
+                                                                "--data validation.jsonl --set positions=oracle")),
     "eval": ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",
                                    "llmx eval --method task --set task=humaneval --set limit=10 --model ref:llama",
                                    "llmx eval --method scenes-vqa --model ref:llava --set format=open",
@@ -46,6 +51,7 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
                                                         "llmx analyze --method backdoor --set poison_rate=0.2",
                                                         "llmx analyze --method icl-episodes --set cues=32",
                                                         "llmx analyze --method feeder --model ref:llama-icl --data pool.jsonl",
+                                                        "llmx analyze --method pasta-annotate --model ref:llama-bench",
                                                         "llmx analyze --method upcycling-law --set runs=grid.jsonl")),
 }
 
