@@ -115,3 +115,13 @@ def test_two_gloo_processes_see_disjoint_batches_and_match_one_with_twice_the_ac
         if name != "lm":  # the stages that start from tiny:llama moved away from it
             fresh = dict(build_random("llama")[0].state_dict())
             assert any(not torch.equal(fresh[k], v) for k, v in right.items() if k in fresh), name
+
+
+def test_gathered_shards_come_back_in_the_jobs_order(monkeypatch):
+    from llmx.core.train import distributed
+
+    items = list(range(10))
+    monkeypatch.setattr(distributed, "world", lambda: (1, 3))
+    monkeypatch.setattr(torch.distributed, "all_gather_object",
+                        lambda parts, mine: parts.__setitem__(slice(None), [items[r::3] for r in range(3)]))
+    assert distributed.gather_shards(items[1::3]) == items

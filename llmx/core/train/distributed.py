@@ -48,3 +48,19 @@ def all_sum(values: list) -> None:
 
     for v in values:
         torch.distributed.all_reduce(v)
+
+
+def gather_shards(mine: list) -> list:
+    """Every rank's list (each a shard of one job, taken as ``items[rank::world]``) back in the job's order; ``mine``
+    itself outside ``torch.distributed``."""
+    rank, size = world()
+    if size == 1:
+        return list(mine)
+    import torch
+
+    parts: list = [None] * size
+    torch.distributed.all_gather_object(parts, list(mine))
+    out = []
+    for k in range(max(len(p) for p in parts)):
+        out += [p[k] for p in parts if k < len(p)]
+    return out

@@ -91,6 +91,7 @@ def decode(ctx: RunContext, p: PastaDecodeParams) -> dict[str, Any]:
 def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
     """BoNBoN rounds: sample, score, pick best and worst per prompt, train SFT + IPO against the round's start."""
     from llmx.core import models
+    from llmx.core.train.distributed import gather_shards, world
     from llmx.core.train.stage import finish, fit, prepare, trainable
     from llmx.plugins.pasta import bonbon as B
     from llmx.plugins.pasta import decode as D
@@ -109,10 +110,13 @@ def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
     judge = models.load(p.judge, ctx.config.dtype, ctx.device) if p.judge else None
     policy = prepare(ctx, ctx.model, p)
     rounds, result = [], None
+    rank, size = world()
     for r in range(p.rounds):
         policy.eval()
-        cands = [B.candidates(policy, tok, tags, q, p.samples, opts, p.temperature, ctx.config.seed + 7919 * r + i)
-                 for i, q in enumerate(ctx.progress(prompts, description=f"bonbon round {r}: sampling"))]
+        mine = list(range(len(prompts)))[rank::size]  # each torchrun rank samples its shard; all train on every pair
+        cands = gather_shards([B.candidates(policy, tok, tags, prompts[i], p.samples, opts, p.temperature,
+                                            ctx.config.seed + 7919 * r + i)
+                               for i in ctx.progress(mine, description=f"bonbon round {r}: sampling")])
         if judge is not None:
             flat = [c for cs in cands for c in cs]
             rows = [{"prompt": q, "plain": c.plain} for q, cs in zip(prompts, cands, strict=True) for c in cs]
