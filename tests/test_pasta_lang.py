@@ -173,7 +173,7 @@ def test_load_names_file_and_line(tmp_path, rows):
         with pytest.raises(UsageError, match=f"^{re.escape(str(path))}:2: .*{message}"):
             A.load(path)
     (tmp_path / "junk.jsonl").write_text("{nope\n")
-    with pytest.raises(UsageError, match="junk.jsonl:1: not JSON"):
+    with pytest.raises(UsageError, match="junk.jsonl:1: not valid JSON"):
         A.load(tmp_path / "junk.jsonl")
 
 

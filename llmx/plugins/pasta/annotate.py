@@ -12,7 +12,6 @@ stay in the main stream; ``<sync/>`` closes the response. Files split train/vali
 from __future__ import annotations
 
 import ast
-import json
 import sysconfig
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmx.core.data import in_validation, stdlib
+from llmx.core.data.files import json_lines
 from llmx.errors import UsageError
 from llmx.plugins.pasta import lang
 
@@ -214,21 +214,12 @@ def build(tokenize: Tokenize, opts: Options = Options(), root: Path | None = Non
 def load(path: str | Path) -> list[dict]:
     """Rows of an annotated .jsonl, each response checked by ``lang.parse`` (and against ``plain`` and
     ``chunk_tokens`` when present); a bad row is a ``UsageError`` naming ``file:line``."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: cannot read annotated rows ({e})") from None
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    for where, row in json_lines(path):
         try:
-            rows.append(_check(json.loads(line)))
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path}:{n}: not JSON ({e.msg})") from None
+            rows.append(_check(row))
         except (UsageError, ValueError) as e:
-            raise UsageError(f"{path}:{n}: {getattr(e, 'message', e)}") from None
+            raise UsageError(f"{where}: {getattr(e, 'message', e)}") from None
     if not rows:
         raise UsageError(f"{path}: no annotated rows")
     return rows

@@ -6,14 +6,13 @@ per step against the threads it fed."""
 from __future__ import annotations
 
 import ast
-import json
 import math
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
+from llmx.core.data.files import json_lines
 from llmx.errors import UsageError
 from llmx.plugins.pasta import interpreter as I
 from llmx.plugins.pasta import lang, layout
@@ -22,15 +21,9 @@ from llmx.plugins.pasta import lang, layout
 def load_prompts(path: str) -> list[dict[str, Any]]:
     """Rows with a string ``prompt`` (annotated rows or bare prompts); a bad line is a ``UsageError`` naming it."""
     rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise UsageError(f"{path}:{n}: a row needs a string 'prompt'")
+    for where, row in json_lines(path):
+        if not isinstance(row.get("prompt"), str):
+            raise UsageError(f"{where}: a row needs a string 'prompt'")
         rows.append(row)
     if not rows:
         raise UsageError(f"{path}: no prompts")
