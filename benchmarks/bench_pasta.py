@@ -11,7 +11,8 @@
    stripped) and Pasta-SFT (the interpreter's masks and positions).
 3. Decoding every held-out prompt, greedy, through the interpreter: Baseline-SFT (it emits no tag: sequential),
    Pasta-SFT with predicted, oracle (a first pass's true chunk lengths) and fixed (the training chunks' median
-   length) positions; then BoNBoN (one round, 10 samples per prompt, SFT + IPO) from Pasta-SFT at λ = 1 and λ = inf,
+   length) positions; then BoNBoN (one round, 10 samples per prompt, SFT + IPO) from Pasta-SFT at λ = 1 and λ = inf
+   (sampling at T 1.0 with lr 2e-4, and at T 0.7 with lr 5e-5),
    its quality judged by Baseline-SFT (the evaluation's judge never selects). A response's budget is 384 tokens over
    every thread for every arm.
    Speed: the theoretical speedup (plain tokens / steps: tags cost steps) and the end-to-end ratio of
@@ -45,6 +46,7 @@ MAX_LENGTH = 384
 SFT = {"epochs": 4, "batch_size": 8, "lr": 1e-3, "warmup_ratio": 0.05, "max_length": MAX_LENGTH}
 DECODE = {"max_new_tokens": 384, "max_chunk_tokens": 256, "judge": MODEL}
 TIMED = 30
+BONBON = [("1", 1.0, 2e-4), ("inf", 1.0, 2e-4), ("1", 0.7, 5e-5), ("inf", 0.7, 5e-5)]  # (λ, temperature, lr)
 
 
 def split_rows(data_dir: str, heldout: int, out: Path) -> tuple[Path, Path, int]:
@@ -157,10 +159,16 @@ def main() -> None:
     decodes = {key: jobs.submit(run, f"decode_{name}_{key}", [decode(**extra)], on=sft[name]["model_dir"])
                for name, keyed in settings.items() for key, extra in keyed.items() if "timing" not in key}
     selector = sft["baseline"]["model_dir"]  # BoNBoN's quality judge: not the evaluation's (no Goodhart on it)
-    bonbon = {lam: jobs.submit(run, f"bonbon_{lam}", [{"method": "pasta-bonbon", "stage": "align", "params": {
-        "data": str(train), "prompts": args.bonbon_prompts, "samples": 10, "lam": lam, "judge": selector,
-        "steps": 30, "batch_size": 4, "lr": 2e-4, "warmup": 3}}, decode()], on=sft["pasta"]["model_dir"])
-        for lam in ("1", "inf")}
+    bonbon = {}
+    for lam, temperature, lr in BONBON:
+        params = {"data": str(train), "prompts": args.bonbon_prompts, "samples": 10, "lam": lam, "judge": selector,
+                  "steps": 30, "batch_size": 4, "lr": lr, "warmup": 3}
+        tag = f"bonbon_{lam}" if (temperature, lr) == BONBON[0][1:] else f"bonbon_{lam}_t{temperature}_lr{lr}"
+        if temperature != 1.0:
+            params["temperature"] = temperature
+        bonbon[(lam, temperature, lr)] = jobs.submit(run, tag, [{"method": "pasta-bonbon", "stage": "align",
+                                                                 "params": params}, decode()],
+                                                     on=sft["pasta"]["model_dir"])
     got = {key: fut.result()[0] for key, fut in decodes.items()}
     outputs = {key: decoded(m) for key, m in got.items()}
     for lam in bonbon:
@@ -169,16 +177,17 @@ def main() -> None:
         for key, extra in keyed.items():
             if "timing" in key:
                 got[key] = run(f"decode_{name}_{key}", [decode(**extra)], on=sft[name]["model_dir"])[0]
-    outputs.update({f"bonbon_{lam}": decoded(done[1]) for lam, done in bonbon.items()})
+    outputs.update({key: decoded(done[1]) for key, done in bonbon.items()})
     base = outputs["base"]
     rows = [compare("Baseline-SFT (sequential)", got["base"], base, base, got["base_timing"]),
             compare("Pasta-SFT, predicted positions", got["predicted"], base, outputs["predicted"], got["timing"]),
             compare("Pasta-SFT, oracle positions", got["oracle"], base, outputs["oracle"], None),
             compare(f"Pasta-SFT, fixed positions ({median})", got["fixed"], base, outputs["fixed"], None)]
     rounds = {}
-    for lam, (aligned, m) in bonbon.items():
-        rounds[lam] = aligned["rounds"]
-        rows.append(compare(f"Pasta + BoNBoN, lambda={lam}", m, base, outputs[f"bonbon_{lam}"], None))
+    for key, (aligned, m) in bonbon.items():
+        name = "Pasta + BoNBoN, lambda={}, T={}, lr={}".format(*key)
+        rounds[name] = aligned["rounds"]
+        rows.append(compare(name, m, base, outputs[key], None))
     goal = rows[1]
 
     def verdict(prefix: str) -> dict:
