@@ -290,3 +290,17 @@ def test_the_token_budget_ends_main_and_closes_open_chunks(kit):
     empty = I.run(model, enc("p"), tags, tok.decode, tok.eos_token_id,
                   choose=I.Forced([], [], tok.eos_token_id, tags[lang.ASYNC_CLOSE]))
     assert (empty.steps, empty.main, empty.ended) == (0, [], "eos")
+
+
+def test_hybrid_recurrent_and_flash_attention_models_are_refused(kit):
+    from types import SimpleNamespace as NS
+
+    for cfg in (NS(num_attention_heads=4, model_type="jamba", layers_block_type=["mamba", "attention"]),
+                NS(num_attention_heads=4, model_type="qwen2", layer_types=["full_attention", "sliding_attention"]),
+                NS(num_attention_heads=None, model_type="mamba2")):
+        with pytest.raises(lang.PastaSyntaxError, match="needs full attention"):
+            I.require_attention(NS(config=cfg))
+    I.require_attention(kit[0])
+    flash = NS(config=NS(_attn_implementation="flash_attention_2"))
+    with pytest.raises(lang.PastaSyntaxError, match="custom 4-D mask"):
+        I.run(flash, [1, 2], kit[2], kit[1].decode, kit[1].eos_token_id)  # refused before any forward

@@ -62,7 +62,8 @@ class PastaDecodeParams(Params):
     fixed_tokens: int = Field(32, ge=0, description="N for every promise with positions: fixed.")
     max_threads: int = Field(8, ge=1, description="Async threads at once; later promises wait in a queue.")
     max_chunk_tokens: int = Field(256, ge=2, description="A chunk is closed at this length.")
-    max_new_tokens: int = Field(384, gt=0, description="Main-thread tokens per response.")
+    max_new_tokens: int = Field(384, gt=0, description="Response tokens over every thread: past it the main thread "
+                                "ends and open chunks close.")
     judge: str | None = Field(None, description="A model scoring each plain response given its prompt (per-token "
                               "NLL), e.g. ref:llama-bench; none: quality is the parse rate only.")
     attention: Literal["mask", "segments"] = Field("mask", description="mask: the model's own attention on a 4-D "
@@ -86,6 +87,6 @@ class BonbonParams(TrainParams):
     rounds: int = Field(1, ge=1, description="Sample-then-train rounds; each samples from the current policy.")
     judge: str | None = Field(None, description="A model scoring the plain responses (per-token NLL) for quality; "
                               "none: quality is parse validity alone.")
-    max_new_tokens: int = Field(384, gt=0)
+    max_new_tokens: int = Field(384, gt=0, description="Response tokens over every thread, per sample.")
     max_chunk_tokens: int = Field(256, ge=2)
     max_threads: int = Field(8, ge=1)

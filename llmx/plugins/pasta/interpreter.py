@@ -15,7 +15,8 @@ and its own slots. ``attention: mask`` turns the tables into a 4-D mask for the 
 - An async thread ends when it has fed ``</async>``; a promise or ``<sync/>`` inside it, EOS, or its
   ``max_chunk_tokens`` close it (the first two are recorded as errors).
 - When the main thread chooses ``<sync/>`` it waits until every thread has ended; it then feeds ``<sync/>`` seeing
-  every chunk. EOS with threads still running joins them the same way (recorded: no ``<sync/>``).
+  every chunk. EOS with threads still running ends the main thread; the threads finish and their chunks are
+  assembled after their promises (recorded: no ``<sync/>``).
 - At most ``max_threads`` run at once; a later promise waits in a queue with the view it had when promised.
 
 The critical path: forks share their promise's step, so a chunk of n tokens promised at step f ends at f+n-1 and the
@@ -141,13 +142,15 @@ def require_attention(model) -> None:
     """Refuse a model without full attention in every layer (the threads share one cache through attention masks;
     a state-space or sliding-window layer cannot hold them apart)."""
     cfg = model.config
-    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    if getattr(cfg, "num_attention_heads", None) is None or "mamba" in getattr(cfg, "model_type", ""):
-        raise lang.PastaSyntaxError(f"{type(model).__name__} has no attention layers: the Pasta interpreter "
-                                    "needs a transformer", "no-attention")
-    if not kinds <= {"full_attention"}:
-        raise lang.PastaSyntaxError(f"{type(model).__name__} has {sorted(kinds - {'full_attention'})} layers: the "
-                                    "Pasta interpreter needs full attention in every layer", "no-attention")
+    kinds = set()
+    for name in ("layer_types", "layers_block_type"):  # per-layer kinds (transformers' and Jamba/Zamba's names)
+        kinds |= set(getattr(cfg, name, None) or [])
+    kinds -= {"full_attention", "attention"}
+    recurrent = any(w in getattr(cfg, "model_type", "") for w in ("mamba", "rwkv", "jamba", "zamba", "bamba"))
+    if getattr(cfg, "num_attention_heads", None) is None or recurrent or kinds:
+        what = f"{sorted(kinds)} layers" if kinds else "layers that are not attention"
+        raise lang.PastaSyntaxError(f"{type(model).__name__} has {what}: the Pasta interpreter needs full "
+                                    "attention in every layer", "no-attention")
 
 
 @torch.no_grad()
@@ -156,6 +159,7 @@ def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[lis
     """Decode one response to ``prompt`` (notes §2); ``choose`` picks each thread's next token from its logits."""
     opts = opts or Options()
     if opts.attention == "mask":
+        layout.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool), model)  # refuses flash attention up front
         return _run(model, prompt, tag_ids, decode, eos, opts, choose, keep_logits)
     from llmx.plugins.pasta import attention
 

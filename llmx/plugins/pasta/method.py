@@ -124,7 +124,8 @@ def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
                 c.nll = nll
         pairs = [x for x in (B.pair(cs, p.lam) for cs in cands) if x is not None]
         if not pairs:
-            raise UsageError(f"round {r}: no prompt had two differently scored well-formed samples to pair")
+            raise UsageError(f"round {r}: no prompt had a clean sample (ended at EOS, well-formed) scoring above "
+                             "another well-formed one; sample more prompts or at a lower temperature")
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
         policy.train()
 
@@ -139,8 +140,8 @@ def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
                        "speedup_mean": statistics.fmean(c.speedup for c in flat),
                        "parse_rate": statistics.fmean(c.parses for c in flat),
                        "best_speedup_mean": statistics.fmean(
-                           max((c for c in cs if c.lay is not None), key=lambda c: B.score(c, p.lam)).speedup
-                           for cs in cands if any(c.lay is not None for c in cs)),
+                           max((c for c in cs if c.lay is not None and c.clean), key=lambda c: B.score(c, p.lam)).speedup
+                           for cs in cands if any(c.lay is not None and c.clean for c in cs)) if pairs else None,
                        "final_loss": result.last_loss})
     out = {"lam": p.lam, "alpha": p.alpha, "tau": tau, "prompts": len(prompts), "rounds": rounds}
     out.update(finish(ctx, policy, p, "pasta-bonbon", result))
