@@ -108,7 +108,7 @@ def test_bad_annotated_rows_are_exit_2_without_a_run_folder(cli, tmp_path, line,
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
 
 
-@pytest.mark.parametrize("model,words", [(MODEL, "no Pasta-Lang tokens"), ("tiny:mamba2", "no attention layers")])
+@pytest.mark.parametrize("model,words", [(MODEL, "no Pasta-Lang tokens"), ("tiny:mamba2", "needs full attention")])
 def test_decode_refuses_a_model_it_cannot_run(cli, tmp_path, model, words):
     data = tmp_path / "prompts.jsonl"
     data.write_text(json.dumps({"prompt": "class A:\n"}) + "\n")
