@@ -1,6 +1,6 @@
 """Pasta-Lang against sequential decoding of Baseline-SFT, on held-out standard-library classes.
 
-    python benchmarks/bench_pasta.py [--workers 2] [--heldout 100] [--bonbon-prompts 24]
+    python benchmarks/bench_pasta.py [--workers 2] [--heldout 100] [--bonbon-prompts 24] [--epochs 4] [--sft-only]
 
 1. ``analyze --method pasta-annotate`` on ``ref:llama-bench``'s tokenizer: classes and runs of module-level
    functions whose independent members are async chunks. Held out: the classes (distinct prompts) of the stdlib
@@ -24,7 +24,7 @@
    on are steps, never wall time (notes §5).
 
 Finished runs are kept in ``--work`` under their spec's digest, so an interrupted run resumes. Writes
-benchmarks/results/pasta.json and .md."""
+benchmarks/results/pasta.json and .md (other ``--epochs`` or ``--sft-only``: pasta_e<epochs>[_sft].json and .md)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--heldout", type=int, default=100)
     ap.add_argument("--bonbon-prompts", type=int, default=24)
+    ap.add_argument("--epochs", type=int, default=SFT["epochs"], help="SFT epochs for both fine-tunes")
+    ap.add_argument("--sft-only", action="store_true", help="skip BoNBoN and the timing runs")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-pasta"),
                     help="finished runs are kept here; a rerun reuses them (delete it to start afresh)")
     ap.add_argument("--child")
@@ -158,16 +160,19 @@ def main() -> None:
     timing = {"limit": TIMED, "repeats": 4, "judge": None}
     jobs = ThreadPoolExecutor(args.workers)
     trained = {name: jobs.submit(run, f"sft_{name}", [{"method": "pasta", "stage": "train", "params": {
-        "data": str(train), "annotated": name == "pasta", **SFT}}]) for name in ("baseline", "pasta")}
+        "data": str(train), "annotated": name == "pasta", **SFT, "epochs": args.epochs}}])
+        for name in ("baseline", "pasta")}
     sft = {name: fut.result()[0] for name, fut in trained.items()}
     settings = {"baseline": {"base": {}, "base_timing": timing},
                 "pasta": {"predicted": {}, "oracle": {"positions": "oracle"},
                           "fixed": {"positions": "fixed", "fixed_tokens": median}, "timing": timing}}
+    if args.sft_only:
+        settings = {name: {k: v for k, v in keyed.items() if "timing" not in k} for name, keyed in settings.items()}
     decodes = {key: jobs.submit(run, f"decode_{name}_{key}", [decode(**extra)], on=sft[name]["model_dir"])
                for name, keyed in settings.items() for key, extra in keyed.items() if "timing" not in key}
     selector = sft["baseline"]["model_dir"]  # BoNBoN's quality judge: not the evaluation's (no Goodhart on it)
     bonbon = {}
-    for lam, temperature, lr in BONBON:
+    for lam, temperature, lr in [] if args.sft_only else BONBON:
         params = {"data": str(train), "prompts": args.bonbon_prompts, "samples": 10, "lam": lam, "judge": selector,
                   "steps": 30, "batch_size": 4, "lr": lr, "warmup": 3}
         tag = f"bonbon_{lam}" if (temperature, lr) == BONBON[0][1:] else f"bonbon_{lam}_t{temperature}_lr{lr}"
@@ -189,8 +194,8 @@ def main() -> None:
     keep = [k for k, r in enumerate(outputs["base"]) if r["prompt"] not in seen]  # a class prompt shared by modules
     outputs = {key: [rows[k] for k in keep] for key, rows in outputs.items()}
     base = outputs["base"]
-    rows = [compare("Baseline-SFT (sequential)", base, base, got["base_timing"]),
-            compare("Pasta-SFT, predicted positions", base, outputs["predicted"], got["timing"]),
+    rows = [compare("Baseline-SFT (sequential)", base, base, got.get("base_timing")),
+            compare("Pasta-SFT, predicted positions", base, outputs["predicted"], got.get("timing")),
             compare("Pasta-SFT, oracle positions", base, outputs["oracle"], None),
             compare(f"Pasta-SFT, fixed positions ({median})", base, outputs["fixed"], None)]
     rounds = {}
@@ -208,22 +213,24 @@ def main() -> None:
     goal.update({f"base_{k}": rows[0][k] for k in ("parse_rate", "judge_nll")})
     verdicts = {"all_prompts": verdict("", "base_"),
                 "both_ended": verdict("ended_", "ended_base_") if "ended_parse_rate" in goal else None}
-    payload = {"benchmark": "pasta", "model": MODEL, "sft": SFT, "decode": DECODE, "train_rows": sum(
+    name = "pasta" if (args.epochs, args.sft_only) == (SFT["epochs"], False) else \
+        f"pasta_e{args.epochs}{'_sft' if args.sft_only else ''}"
+    payload = {"benchmark": name, "model": MODEL, "sft": {**SFT, "epochs": args.epochs}, "decode": DECODE, "train_rows": sum(
         1 for _ in open(train)), "heldout_rows": len(base), "fixed_tokens": median, "sft_metrics": sft,
         "bonbon_rounds": rounds, "rows": rows, "goal_predicted_positions": verdicts, "machine": machine()}
-    write("pasta", payload)
+    write(name, payload)
     cols = ["arm", "speedup_theoretical", "step_speedup_vs_baseline", "parse_rate", "judge_nll",
             "win_rate_vs_baseline", "capped_rate", "promises_per_response", "length_error_mean", "oracle_misses",
             "tokens_mean"]
     ended = ["arm", "ended_rows", *[f"ended_{c}" for c in cols[1:6]], "ended_base_parse_rate", "ended_base_judge_nll"]
-    md = ["# Pasta-Lang on held-out standard-library classes (ref:llama-bench fine-tunes)", "",
+    md = [f"# Pasta-Lang on held-out standard-library classes (ref:llama-bench fine-tunes, {args.epochs} epochs)", "",
           f"{len(base)} held-out prompts (any also a training prompt left out), greedy; Baseline-SFT decoded "
           "sequentially. All prompts:", "",
           markdown(cols, rows), "", "Prompts where neither response ran into max_new_tokens:", "", markdown(ended, rows),
           "", "Goal (Pasta-SFT, predicted positions): " + json.dumps(verdicts), "",
           "Wall-clock at one thread, first 30 prompts (median of 3 after a warm-up):",
           markdown(["arm", "wall_s_median", "ms_per_step_by_threads"], [r for r in rows if "wall_s_median" in r])]
-    (Path(__file__).resolve().parent / "results" / "pasta.md").write_text("\n".join(md) + "\n")
+    (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
