@@ -27,6 +27,18 @@ def _rows(ctx: RunContext, given: str | None, split: str) -> str:
     return str(Path(ctx.state[STATE]) / f"{split}.jsonl")
 
 
+def _equipped(ctx: RunContext) -> dict[str, int]:
+    """The run model's tag ids; a model without full attention or without the Pasta tokens is a usage error."""
+    from llmx.plugins.pasta import interpreter as I
+
+    I.require_attention(ctx.model)
+    tags = lang.ids(ctx.tokenizer)
+    if tags is None:
+        raise UsageError(f"{ctx.config.model}: the tokenizer has no Pasta-Lang tokens; train it with "
+                         "llmx train --method pasta first")
+    return tags
+
+
 def annotate(ctx: RunContext, p: AnnotateParams) -> dict[str, Any]:
     tok = copy.deepcopy(ctx.tokenizer)
     lang.equip(tok)
@@ -65,11 +77,7 @@ def decode(ctx: RunContext, p: PastaDecodeParams) -> dict[str, Any]:
     from llmx.plugins.pasta import decode as D
     from llmx.plugins.pasta import interpreter as I
 
-    I.require_attention(ctx.model)
-    tags = lang.ids(ctx.tokenizer)
-    if tags is None:
-        raise UsageError(f"{ctx.config.model}: the tokenizer has no Pasta-Lang tokens; train it with "
-                         "llmx train --method pasta first")
+    tags = _equipped(ctx)
     rows = D.load_prompts(_rows(ctx, p.data, "validation"))[: p.limit]
     opts = I.Options(positions=p.positions, fixed_tokens=p.fixed_tokens, max_threads=p.max_threads,
                      max_chunk_tokens=p.max_chunk_tokens, max_new_tokens=p.max_new_tokens, attention=p.attention)
@@ -97,11 +105,7 @@ def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
     from llmx.plugins.pasta import decode as D
     from llmx.plugins.pasta import interpreter as I
 
-    I.require_attention(ctx.model)
-    tags = lang.ids(ctx.tokenizer)
-    if tags is None:
-        raise UsageError(f"{ctx.config.model}: the tokenizer has no Pasta-Lang tokens; train it with "
-                         "llmx train --method pasta first")
+    tags = _equipped(ctx)
     prompts = [r["prompt"] for r in D.load_prompts(_rows(ctx, p.data, "train"))[: p.prompts]]
     tok = ctx.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
