@@ -101,7 +101,8 @@ def _figures(rows: list[dict], base: list[dict]) -> dict:
     from llmx.plugins.pasta.decode import speedup
 
     return {"speedup_theoretical": geomean([speedup(r) for r in rows]),
-            "step_speedup_vs_baseline": geomean([b["steps"] / r["steps"] for r, b in zip(rows, base, strict=True)]),
+            "step_speedup_vs_baseline": geomean([max(b["steps"], 1) / max(r["steps"], 1)
+                                                  for r, b in zip(rows, base, strict=True)]),
             "parse_rate": statistics.fmean(r["parses"] for r in rows),
             "judge_nll": statistics.fmean(nll) if nll else None,
             "win_rate_vs_baseline": statistics.fmean(wins) if wins else None,
