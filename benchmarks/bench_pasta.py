@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -90,17 +89,13 @@ def decoded(metrics: dict) -> list[dict]:
     return [json.loads(x) for x in Path(metrics["decoded"]).read_text().splitlines() if x]
 
 
-def geomean(xs: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
-
-
 def _figures(rows: list[dict], base: list[dict]) -> dict:
     wins = [(r["judge_nll"] < b["judge_nll"]) + 0.5 * (r["judge_nll"] == b["judge_nll"])
             for r, b in zip(rows, base, strict=True) if r["judge_nll"] is not None and b["judge_nll"] is not None]
     nll = [r["judge_nll"] for r in rows if r["judge_nll"] is not None]
-    from llmx.plugins.pasta.decode import speedup
+    from llmx.plugins.pasta.decode import geomean, speedup
 
-    return {"speedup_theoretical": geomean([speedup(r) for r in rows]),
+    return {"speedup_theoretical": geomean([speedup(r["plain_tokens"], r["steps"]) for r in rows]),
             "step_speedup_vs_baseline": geomean([max(b["steps"], 1) / max(r["steps"], 1)
                                                   for r, b in zip(rows, base, strict=True)]),
             "parse_rate": statistics.fmean(r["parses"] for r in rows),

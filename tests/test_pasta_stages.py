@@ -124,13 +124,15 @@ def test_bonbon_scores_pairs_and_its_loss_widens_the_margin(kit):
     assert B.bonbon_tau(2) == 0.5 and B.bonbon_tau(10) == pytest.approx(1 / (18 * sum(1 / k for k in range(1, 10))))
     lays = [layout.build(layout.encode(tok, r["prompt"], True), layout.encode(tok, r["response"]), tags, tok.decode,
                          eos=tok.eos_token_id) for r in rows[:3]]
-    fast_bad = B.Candidate(lays[0], 2.0, False, "x", 3.0)
-    slow_good = B.Candidate(lays[1], 1.2, True, "y", 1.0)
-    broken = B.Candidate(None, 5.0, True, "z", 0.5)
-    assert B.pair([fast_bad, slow_good, broken], 1.0) == (lays[1], lays[0])  # 1.2 + 0 > 2.0 - 3; broken never pairs
-    assert B.pair([fast_bad, slow_good], 0.0) == (lays[0], lays[1])  # speed alone
-    assert B.pair([fast_bad, slow_good], float("inf")) == (lays[1], lays[0])
-    assert B.pair([fast_bad, B.Candidate(lays[2], 2.0, False, "w", 3.0)], 1.0) is None  # a tie teaches nothing
+    fast_bad = B.Candidate(lays[0], 2.0, False, "x", nll=3.0)
+    slow_good = B.Candidate(lays[1], 1.2, True, "y", nll=1.0)
+    broken = B.Candidate(None, 5.0, True, "z", nll=0.5)
+    assert B.pair([fast_bad, slow_good, broken], 1.0) == (slow_good, fast_bad)  # 1.2 + 0 > 2.0 - 3; broken never pairs
+    assert B.pair([fast_bad, slow_good], 0.0) == (fast_bad, slow_good)  # speed alone
+    assert B.pair([fast_bad, slow_good], float("inf")) == (slow_good, fast_bad)
+    unclean = B.Candidate(lays[0], 3.0, True, "v", clean=False, nll=1.0)  # fastest, but cut or with errors
+    assert B.pair([unclean, slow_good], 0.0) is None and B.pair([unclean, slow_good, fast_bad], 0.0) == (fast_bad, slow_good)
+    assert B.pair([fast_bad, B.Candidate(lays[2], 2.0, False, "w", nll=3.0)], 1.0) is None  # a tie teaches nothing
 
     with torch.no_grad():
         logps, counts = B.sequence_logps(model, lays[:2], tok.pad_token_id)

@@ -22,6 +22,8 @@ from llmx.plugins.pasta import decode as D
 from llmx.plugins.pasta import interpreter as I
 from llmx.plugins.pasta import lang, layout
 
+UNSCORED_NLL = 10.0  # an empty response's NLL (and every one's without a judge: then it shifts all scores alike)
+
 
 @dataclass
 class Candidate:
@@ -33,7 +35,7 @@ class Candidate:
     nll: float | None = None  # the judge's per-token NLL of ``plain``
 
     def quality(self) -> float:
-        return float(self.parses) - (self.nll if self.nll is not None else 10.0)
+        return float(self.parses) - (self.nll if self.nll is not None else UNSCORED_NLL)
 
 
 def bonbon_tau(n: int) -> float:
@@ -55,20 +57,18 @@ def candidates(model, tok, tags: dict[str, int], prompt: str, n: int, opts: I.Op
     out = []
     for k in range(n):
         res = I.run(model, ids, tags, tok.decode, tok.eos_token_id, opts, I.Sample(temperature, seed * 1000 + k))
-        text = tok.decode(res.response)
         eos = tok.eos_token_id if res.ended == "eos" else None  # a response cut at the budget never learns to stop
         try:
             lay = layout.build(ids, res.response, tags, tok.decode, eos=eos)
-            plain = lang.strip(text)
         except lang.PastaSyntaxError:
-            lay, plain = None, tok.decode([t for t in res.response if t not in set(tags.values())])
-        plain_tokens = sum(t not in set(tags.values()) for t in res.response)
-        out.append(Candidate(lay, max(plain_tokens, 1) / max(res.steps, 1), D.parses(prompt, plain), plain,
+            lay = None
+        plain, plain_tokens = D.plain_of(tok, tags, res.response)
+        out.append(Candidate(lay, D.speedup(plain_tokens, res.steps), D.parses(prompt, plain), plain,
                              res.ended == "eos" and not res.errors))
     return out
 
 
-def pair(cands: list[Candidate], lam: float) -> tuple[layout.Layout, layout.Layout] | None:
+def pair(cands: list[Candidate], lam: float) -> tuple[Candidate, Candidate] | None:
     """(best, worst): the best clean candidate and the worst one with a layout, or None when there is no clean one
     or the worst scores as well as the best."""
     ok = [c for c in cands if c.lay is not None]
@@ -79,7 +79,7 @@ def pair(cands: list[Candidate], lam: float) -> tuple[layout.Layout, layout.Layo
     worst = min(ok, key=lambda c: score(c, lam))
     if score(worst, lam) >= score(best, lam):
         return None
-    return best.lay, worst.lay
+    return best, worst
 
 
 def sequence_logps(model, lays: list[layout.Layout], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,12 +42,6 @@ class PastaSFTParams(SFTParams):
     max_length: int = Field(384, gt=2, description="Tokens per row (prompt + annotated response); a longer row is "
                             "left out whole.")
 
-    @model_validator(mode="after")
-    def _no_packing(self) -> PastaSFTParams:
-        if self.packing:
-            raise ValueError("packing: Pasta rows carry their own attention masks; set packing: false")
-        return self
-
 
 class PastaDecodeParams(Params):
     """``decode --method pasta``: the interpreter over the prompts of annotated rows (notes §2, "Interpreter")."""

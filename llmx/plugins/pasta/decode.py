@@ -1,7 +1,7 @@
 """Decoding prompts through the interpreter and measuring it (notes §2, "Speed metrics"): per response the steps
 (forwards after the prefill), the tokens (tags counted), the promises and their length gaps, whether the assembled
-source parses, the wall-clock; over the run the geometric-mean theoretical speedup (tokens / steps) and the time
-per step against the threads it fed."""
+source parses, the wall-clock; over the run the geometric-mean theoretical speedup (plain tokens / steps: tags cost
+steps) and the time per step against the threads it fed."""
 
 from __future__ import annotations
 
@@ -54,15 +54,21 @@ def one(model, tok, tags: dict[str, int], prompt: str, opts: I.Options, repeats:
     res = runs[0][0]
     walls = [w for _, w in (runs[1:] if repeats > 1 else runs)]
     text = tok.decode(res.response)
-    try:
-        plain = lang.strip(text)
-    except lang.PastaSyntaxError:  # an unfinished promise or chunk: drop the tags as text goes
-        plain = tok.decode([t for t in res.response if t not in set(tags.values())])
-    plain_tokens = sum(t not in set(tags.values()) for t in res.response)
+    plain, plain_tokens = plain_of(tok, tags, res.response)
     return {"prompt": prompt, "response": text, "plain": plain, "parses": parses(prompt, plain), "steps": res.steps,
             "tokens": res.tokens, "plain_tokens": plain_tokens, "capped": res.ended == "cap",
             "promises": len(res.chunks), "length_gaps": res.length_gaps, "errors": res.errors,
             "wall_s": statistics.median(walls), "step_ms": _per_active(res)}
+
+
+def plain_of(tok, tags: dict[str, int], response: list[int]) -> tuple[str, int]:
+    """A response's text without its tags (by the parser; an unfinished promise or chunk: tag tokens dropped) and
+    how many of its tokens are not tags."""
+    kept = [t for t in response if t not in set(tags.values())]
+    try:
+        return lang.strip(tok.decode(response)), len(kept)
+    except lang.PastaSyntaxError:
+        return tok.decode(kept), len(kept)
 
 
 def _per_active(res: I.Result) -> dict[int, list[float]]:
@@ -72,10 +78,14 @@ def _per_active(res: I.Result) -> dict[int, list[float]]:
     return out
 
 
-def speedup(r: dict[str, Any]) -> float:
+def speedup(plain_tokens: int, steps: int) -> float:
     """The theoretical speedup: the response's tokens without its tags (what sequential decoding would emit) over
     the interpreter's steps (tag tokens cost steps); 1 for an empty response."""
-    return max(r["plain_tokens"], 1) / max(r["steps"], 1)
+    return max(plain_tokens, 1) / max(steps, 1)
+
+
+def geomean(xs) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -86,7 +96,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             per[n] += ms
     gaps = [abs(g) for r in rows for g in r["length_gaps"]]
     return {"rows": len(rows),
-            "speedup_theoretical_geomean": math.exp(statistics.fmean(math.log(speedup(r)) for r in rows)),
+            "speedup_theoretical_geomean": geomean(speedup(r["plain_tokens"], r["steps"]) for r in rows),
             "steps_mean": statistics.fmean(r["steps"] for r in rows),
             "tokens_mean": statistics.fmean(r["tokens"] for r in rows),
             "parse_rate": statistics.fmean(r["parses"] for r in rows),

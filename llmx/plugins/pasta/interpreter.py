@@ -20,8 +20,7 @@ and its own slots. ``attention: mask`` turns the tables into a 4-D mask for the 
 - At most ``max_threads`` run at once; a later promise waits in a queue with the view it had when promised.
 
 The critical path: forks share their promise's step, so a chunk of n tokens promised at step f ends at f+n-1 and the
-sync step is one after the last chunk ends (the notes' prototype starts a thread one step later: 84 steps where this
-takes 83 on its stream).
+sync step is one after the last chunk ends (the notes' prototype starts a thread one step after its promise).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ from typing import Literal
 
 import torch
 
-from llmx.plugins.pasta import lang, layout
-from llmx.plugins.pasta.attention import dense as attention_dense
+from llmx.plugins.pasta import attention, lang, layout
 
 Positions = Literal["predicted", "oracle", "fixed"]
 
@@ -159,10 +157,8 @@ def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[lis
     """Decode one response to ``prompt`` (notes §2); ``choose`` picks each thread's next token from its logits."""
     opts = opts or Options()
     if opts.attention == "mask":
-        layout.attention_mask(torch.ones(1, 1, 1, dtype=torch.bool), model)  # refuses flash attention up front
+        layout.mask_kind(model)  # refuses flash attention before any forward
         return _run(model, prompt, tag_ids, decode, eos, opts, choose, keep_logits)
-    from llmx.plugins.pasta import attention
-
     before = model.config._attn_implementation
     model.set_attn_implementation(attention.register())
     try:
@@ -173,8 +169,6 @@ def run(model, prompt: list[int], tag_ids: dict[str, int], decode: Callable[[lis
 
 def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, keep_logits: bool) -> Result:
     from transformers import DynamicCache
-
-    from llmx.plugins.pasta.attention import BIG
 
     device = next(model.parameters()).device
     opening, closing, sync_id = tag_ids[lang.ASYNC_OPEN], tag_ids[lang.ASYNC_CLOSE], tag_ids[lang.SYNC]
@@ -188,12 +182,12 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
         table = torch.tensor([[lim.get(o, 0) for o in range(max(slot_owner) + 1)] for lim in limits],
                              dtype=torch.int32, device=device)
         extra = {"pasta_owner": owner, "pasta_limit": table} if opts.attention == "segments" else {
-            "attention_mask": layout.attention_mask(attention_dense(owner, table)[None], model)}
+            "attention_mask": layout.attention_mask(attention.dense(owner, table)[None], model)}
         return model(input_ids=torch.tensor([tokens], device=device), position_ids=torch.tensor([positions],
                      device=device), past_key_values=cache, use_cache=True, **extra).logits[0]
 
     prefill = forward(list(prompt), list(range(n0)), [{0: i + 1} for i in range(n0)])[-1]
-    main = Thread(0, {0: BIG}, n0)
+    main = Thread(0, {0: attention.BIG}, n0)
     main.pending = _main_next(main, prefill, choose, eos)
     ended = "eos"
     threads: list[Thread] = [main]
@@ -208,7 +202,7 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
         busy = bool(running() or queue)
         syncing = main.pending == sync_id and parser.state == "TEXT"  # not a <sync/> inside a promise's attributes
         if syncing and not busy:  # the join: main now sees every chunk
-            main.limits.update({t.index: BIG for t in threads[1:]})
+            main.limits.update({t.index: attention.BIG for t in threads[1:]})
         fed: list[Thread] = []
         if main.pending is not None and not (syncing and busy):
             tok, at, slot = main.pending, main.next_pos, len(slot_pos)
@@ -231,7 +225,7 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
                 main.next_pos = at + 1 + n
         while queue and len(running()) < opts.max_threads:
             k, seen, at = queue.pop(0)
-            threads.append(Thread(k, {**seen, k: BIG}, at, pending=opening, check=lang.ThreadCheck(tag_ids)))
+            threads.append(Thread(k, {**seen, k: attention.BIG}, at, pending=opening, check=lang.ThreadCheck(tag_ids)))
         for t in running():
             _place(t, t.pending, slot_pos, slot_tok, slot_owner)
             fed.append(t)

@@ -29,14 +29,19 @@ def encode(tok, text: str, prompt: bool = False) -> list[int]:
     return (leading_specials(tok) if prompt else []) + tok(text, add_special_tokens=False)["input_ids"]
 
 
-def attention_mask(seen: torch.Tensor, model) -> torch.Tensor:
-    """[B, Q, K] visibility as the model's attention reads a custom 4-D mask: boolean for SDPA, additive (0 or the
-    dtype's minimum) for eager attention; flash attention takes none (refused)."""
+def mask_kind(model) -> str:
+    """How the model's attention reads a custom 4-D mask: ``bool`` (SDPA) or ``additive`` (eager); flash attention
+    takes none (refused)."""
     impl = getattr(model.config, "_attn_implementation", "sdpa")
     if impl.startswith("flash"):
         raise lang.PastaSyntaxError(f"{impl} takes no custom 4-D mask: load the model with sdpa or eager attention, "
                                     "or decode with attention: segments", "flash-attention")
-    if impl == "sdpa":
+    return "bool" if impl == "sdpa" else "additive"
+
+
+def attention_mask(seen: torch.Tensor, model) -> torch.Tensor:
+    """[B, Q, K] visibility as a 4-D mask in the model's ``mask_kind``: as is, or 0 / the dtype's minimum."""
+    if mask_kind(model) == "bool":
         return seen[:, None]
     dtype = next(model.parameters()).dtype
     return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill(~seen, torch.finfo(dtype).min)[:, None]

@@ -121,12 +121,13 @@ def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
         cands = gather_shards([B.candidates(policy, tok, tags, prompts[i], p.samples, opts, p.temperature,
                                             ctx.config.seed + 7919 * r + i)
                                for i in ctx.progress(mine, description=f"bonbon round {r}: sampling")])
+        flat = [c for cs in cands for c in cs]
         if judge is not None:
-            flat = [c for cs in cands for c in cs]
             rows = [{"prompt": q, "plain": c.plain} for q, cs in zip(prompts, cands, strict=True) for c in cs]
             for c, nll in zip(flat, D.judge_nll(judge[0].eval(), judge[1], rows), strict=True):
                 c.nll = nll
-        pairs = [x for x in (B.pair(cs, p.lam) for cs in cands) if x is not None]
+        chosen = [x for x in (B.pair(cs, p.lam) for cs in cands) if x is not None]
+        pairs = [(best.lay, worst.lay) for best, worst in chosen]
         if not pairs:
             raise UsageError(f"round {r}: no prompt had a clean sample (ended at EOS, well-formed) scoring above "
                              "another well-formed one; sample more prompts or at a lower temperature")
@@ -138,14 +139,11 @@ def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
             return B.loss(policy, reference, chosen, pad, p.alpha, tau)
 
         result = fit(ctx, policy, loss, p, params=trainable(policy))
-        flat = [c for cs in cands for c in cs]
         rounds.append({"round": r, "pairs": len(pairs), "samples": len(flat),
                        "well_formed": statistics.fmean(c.lay is not None for c in flat),
                        "speedup_mean": statistics.fmean(c.speedup for c in flat),
                        "parse_rate": statistics.fmean(c.parses for c in flat),
-                       "best_speedup_mean": statistics.fmean(
-                           max((c for c in cs if c.lay is not None and c.clean), key=lambda c: B.score(c, p.lam)).speedup
-                           for cs in cands if any(c.lay is not None and c.clean for c in cs)) if pairs else None,
+                       "best_speedup_mean": statistics.fmean(best.speedup for best, _ in chosen),
                        "final_loss": result.last_loss})
     out = {"lam": p.lam, "alpha": p.alpha, "tau": tau, "prompts": len(prompts), "rounds": rounds}
     out.update(finish(ctx, policy, p, "pasta-bonbon", result))
