@@ -55,11 +55,12 @@ def split_rows(data_dir: str, heldout: int, out: Path) -> tuple[Path, Path, int]
     counts them (leading specials, the annotated response, EOS), so both arms train on the same rows."""
     from transformers import AutoTokenizer
 
+    from llmx.core.data.files import json_lines
     from llmx.plugins.pasta import lang, layout
 
     tok = AutoTokenizer.from_pretrained(model_folder(MODEL))
     lang.equip(tok)
-    read = lambda name: [json.loads(x) for x in Path(data_dir, name).read_text().splitlines() if x]  # noqa: E731
+    read = lambda name: [row for _, row in json_lines(Path(data_dir, name))]  # noqa: E731
     size = lambda r: len(layout.encode(tok, r["prompt"], True) + layout.encode(tok, r["response"])) + 1  # noqa: E731
     module = lambda r: r["name"].split(":")[0]  # noqa: E731
     rows = [r for r in read("train.jsonl") + read("validation.jsonl") if size(r) <= MAX_LENGTH]
@@ -147,7 +148,8 @@ def main() -> None:
         folder = work / tag
         return cached(__file__, folder, {"model": on, "out": str(folder / "runs"), "seed": 0, "stages": stages})
 
-    data_dir = run("annotate", [{"method": "pasta-annotate", "stage": "analyze"}])[0]["data_dir"]
+    annotated = run("annotate", [{"method": "pasta-annotate", "stage": "analyze"}])[0]
+    data_dir = annotated["data_dir"]
     train, held, median = split_rows(data_dir, args.heldout, work / "rows")
 
     def decode(**extra) -> dict:
@@ -211,9 +213,11 @@ def main() -> None:
                 "both_ended": verdict("ended_", "ended_base_") if "ended_parse_rate" in goal else None}
     name = "pasta" if (args.epochs, args.sft_only) == (SFT["epochs"], False) else \
         f"pasta_e{args.epochs}{'_sft' if args.sft_only else ''}"
-    payload = {"benchmark": name, "model": MODEL, "sft": {**SFT, "epochs": args.epochs}, "decode": DECODE, "train_rows": sum(
-        1 for _ in open(train)), "heldout_rows": len(base), "fixed_tokens": median, "sft_metrics": sft,
-        "bonbon_rounds": rounds, "rows": rows, "goal_predicted_positions": verdicts, "machine": machine()}
+    payload = {"benchmark": name, "model": MODEL,
+               "annotated_rows": {k: annotated[k] for k in ("rows_train", "rows_validation")},
+               "sft": {**SFT, "epochs": args.epochs}, "decode": DECODE, "train_rows": sum(1 for _ in open(train)),
+               "heldout_rows": len(base), "fixed_tokens": median, "sft_metrics": sft, "bonbon_rounds": rounds,
+               "rows": rows, "goal_predicted_positions": verdicts, "machine": machine()}
     write(name, payload)
     cols = ["arm", "speedup_theoretical", "step_speedup_vs_baseline", "parse_rate", "judge_nll",
             "win_rate_vs_baseline", "capped_rate", "promises_per_response", "length_error_mean", "oracle_misses",

@@ -204,20 +204,6 @@ def test_stream_parser_rejects(text, reason, tok):
     assert e.value.reason == reason
 
 
-def test_thread_check(tok):
-    ids = lang.ids(tok)
-    check = lang.ThreadCheck(ids)
-    ends = [check.feed(t) for t in encode(tok, "<async>  def f(self):\n    return 1\n</async>")]
-    assert ends[-1] and not any(ends[:-1])
-    for text, reason in [('<async>a<promise topic="', "nested-promise"), ("<async>a<sync/>", "sync-in-thread"),
-                         ("<async>a<async>", "nested-async"), ("<async></async>a", "after-close")]:
-        check = lang.ThreadCheck(ids)
-        with pytest.raises(lang.PastaSyntaxError) as e:
-            for t in encode(tok, text):
-                check.feed(t)
-        assert e.value.reason == reason
-
-
 def test_equip_is_idempotent_and_grows_embeddings():
     import torch
 

@@ -89,9 +89,9 @@ def test_the_smoke_chain_annotates_trains_and_decodes(cli, tmp_path):
     stages = json.loads(r.out)["stages"]
     annotated, trained, decoded = (s["metrics"] for s in stages)
     assert annotated["rows_validation"] >= 2 and trained["heldout_loss"] < trained["heldout_loss_before"]
-    assert decoded["rows"] == 2 and decoded["judge_nll_mean"] > 0 and decoded["steps_mean"] <= decoded["tokens_mean"]
+    assert decoded["rows"] == 2 and decoded["judge_nll_mean"] > 0
     rows = [json.loads(x) for x in open(decoded["decoded"])]
-    assert all(r["steps"] <= r["tokens"] and lang.strip(r["response"]) == r["plain"] for r in rows)
+    assert all(r["promises"] > 0 or r["steps"] == r["tokens"] for r in rows)  # no promise: sequential decoding
 
 
 @pytest.mark.parametrize("line,words", [
@@ -147,14 +147,14 @@ def test_bonbon_scores_pairs_and_its_loss_widens_the_margin(kit):
     import copy
 
     policy = copy.deepcopy(model).train()
-    reference = copy.deepcopy(model).eval()
     pairs = [(lays[1], lays[0])]
-    value, stats = B.loss(policy, reference, pairs, tok.pad_token_id, alpha=0.0, tau=0.5)
+    reference = B.reference_logps(model, pairs, tok.pad_token_id, batch_size=4)  # the policy before the step
+    value, stats = B.loss(policy, pairs, reference, tok.pad_token_id, alpha=0.0, tau=0.5)
     assert float(stats["margin"]) == pytest.approx(0.0, abs=1e-5) and float(value.detach()) == pytest.approx(1.0, rel=1e-5)
     opt = torch.optim.SGD(policy.parameters(), lr=1e-3)
     value.backward()
     opt.step()
-    after = B.loss(policy, reference, pairs, tok.pad_token_id, alpha=0.0, tau=0.5)[1]["margin"]
+    after = B.loss(policy, pairs, reference, tok.pad_token_id, alpha=0.0, tau=0.5)[1]["margin"]
     assert float(after) > 0  # IPO pulls the best up and the worst down against the reference
 
 

@@ -28,9 +28,8 @@ def dense(owner: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, owner: torch.Tensor, limit: torch.Tensor,
               scale: float) -> torch.Tensor:
     """q [Hq, T, D], k and v [Hkv, S, D] -> [T, Hq, D], by SDPA on the dense mask."""
-    rep = q.shape[0] // k.shape[0]
-    k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense(owner, limit)[None], scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense(owner, limit)[None], scale=scale,
+                                         enable_gqa=q.shape[0] != k.shape[0])
     return out.transpose(0, 1)
 
 

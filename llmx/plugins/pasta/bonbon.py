@@ -7,7 +7,8 @@ Reconstructed choices, each an option: quality = parse validity (0/1) minus the 
 response (the paper: Gemini's win rate); λ = inf ranks by quality with speedup breaking ties; IPO's τ defaults to
 BoNBoN's 1/(2 (n-1) H_{n-1}) for best-vs-worst of n samples (H the harmonic number, as we read Gui et al.); summed
 log-probabilities for both terms, as BoNBoN; the best is chosen among clean samples (ended at EOS, no interpreter
-error), the worst among all that lay out; the reference is the policy at the start of each round.
+error), the worst among all that lay out; the reference is the policy at the start of each round (its log-probabilities
+computed once per pair).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmx.core.preference import ipo_loss
+from llmx.core.preference import ipo_loss, masked_sum, token_logps
 from llmx.plugins.pasta import decode as D
 from llmx.plugins.pasta import interpreter as I
 from llmx.plugins.pasta import lang, layout
@@ -86,27 +87,37 @@ def sequence_logps(model, lays: list[layout.Layout], pad: int) -> tuple[torch.Te
     """Summed log-probabilities of each layout's response targets, and their counts."""
     from llmx.plugins.pasta.sft import batch
 
-    device = next(model.parameters()).device
-    t = batch(lays, pad, model, device)
+    t = batch(lays, pad, model, next(model.parameters()).device)
     labels = t.pop("labels")
-    logits = model(**t).logits[:, :-1].float()
-    target = labels[:, 1:]
-    keep = target != layout.IGNORE
-    picked = torch.log_softmax(logits, -1).gather(-1, target.clamp(min=0)[..., None]).squeeze(-1)
-    return (picked * keep).sum(-1), keep.sum(-1)
+    keep = labels[:, 1:] != layout.IGNORE
+    return masked_sum(token_logps(model(**t).logits, labels.clamp(min=0)), keep), keep.sum(-1)
 
 
-def loss(policy, reference, pairs: list[tuple[layout.Layout, layout.Layout]], pad: int, alpha: float,
-         tau: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+@torch.no_grad()
+def reference_logps(model, pairs: list[tuple[layout.Layout, layout.Layout]], pad: int,
+                    batch_size: int) -> list[tuple[float, float]]:
+    """The round-start policy's summed log-probabilities of each (best, worst), computed once per round."""
+    was = model.training
+    model.eval()
+    out = []
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s:s + batch_size]
+        logps, _ = sequence_logps(model, [b for b, _ in chunk] + [w for _, w in chunk], pad)
+        out += list(zip(logps[:len(chunk)].tolist(), logps[len(chunk):].tolist(), strict=True))
+    model.train(was)
+    return out
+
+
+def loss(policy, pairs: list[tuple[layout.Layout, layout.Layout]], ref: list[tuple[float, float]], pad: int,
+         alpha: float, tau: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """α · NLL of the best + (1-α) · IPO(best, worst), both on summed log-probs (sequence level, as BoNBoN's
-    SFT-BoN and IPO-BoN), averaged over the pairs."""
+    SFT-BoN and IPO-BoN), averaged over the pairs; ``ref`` holds each pair's reference log-probs."""
     best, worst = [b for b, _ in pairs], [w for _, w in pairs]
     pi, _ = sequence_logps(policy, best + worst, pad)
-    with torch.no_grad():
-        ref, _ = sequence_logps(reference, best + worst, pad)
     n = len(pairs)
+    ref_w, ref_l = (torch.tensor(side, device=pi.device) for side in zip(*ref, strict=True))
     sft = -pi[:n]
-    ipo = ipo_loss(pi[:n], pi[n:], ref[:n], ref[n:], tau)
+    ipo = ipo_loss(pi[:n], pi[n:], ref_w, ref_l, tau)
     total = alpha * sft + (1 - alpha) * ipo
     return total.mean(), {"sft": sft.detach().mean(), "ipo": ipo.detach().mean(),
-                          "margin": ((pi[:n] - ref[:n]) - (pi[n:] - ref[n:])).detach().mean()}
+                          "margin": ((pi[:n] - ref_w) - (pi[n:] - ref_l)).detach().mean()}

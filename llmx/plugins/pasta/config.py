@@ -42,6 +42,14 @@ class PastaSFTParams(SFTParams):
     max_length: int = Field(384, gt=2, description="Tokens per row (prompt + annotated response); a longer row is "
                             "left out whole.")
 
+    @model_validator(mode="after")
+    def _layout_rules(self) -> PastaSFTParams:
+        if not self.completion_only:
+            raise ValueError("completion_only: false is not supported: the Pasta layout trains the response only")
+        if "max_prompt_length" in self.model_fields_set:
+            raise ValueError("max_prompt_length is not used: a row past max_length is left out whole, never cut")
+        return self
+
 
 class PastaDecodeParams(Params):
     """``decode --method pasta``: the interpreter over the prompts of annotated rows (notes §2, "Interpreter")."""

@@ -50,9 +50,8 @@ def one(model, tok, tags: dict[str, int], prompt: str, opts: I.Options, repeats:
     if opts.positions == "oracle":
         first, _ = go(I.Options(**{**vars(opts), "positions": "predicted"}))
         opts = I.Options(**{**vars(opts), "lengths": [len(c) for c in first.chunks]})
-    runs = [go(opts) for _ in range(repeats)]
-    res = runs[0][0]
-    walls = [w for _, w in (runs[1:] if repeats > 1 else runs)]
+    res, wall = go(opts)
+    walls = [go(opts)[1] for _ in range(repeats - 1)] or [wall]  # above 1 repeat, the first is the warm-up
     text = tok.decode(res.response)
     plain, plain_tokens = plain_of(tok, tags, res.response)
     return {"prompt": prompt, "response": text, "plain": plain, "parses": parses(prompt, plain), "steps": res.steps,

@@ -57,7 +57,6 @@ class Thread:
     fed: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
-    check: lang.ThreadCheck | None = None
     done: bool = False
 
 
@@ -225,7 +224,7 @@ def _run(model, prompt, tag_ids, decode, eos, opts: Options, choose: Chooser, ke
                 main.next_pos = at + 1 + n
         while queue and len(running()) < opts.max_threads:
             k, seen, at = queue.pop(0)
-            threads.append(Thread(k, {**seen, k: attention.BIG}, at, pending=opening, check=lang.ThreadCheck(tag_ids)))
+            threads.append(Thread(k, {**seen, k: attention.BIG}, at, pending=opening))
         for t in running():
             _place(t, t.pending, slot_pos, slot_tok, slot_owner)
             fed.append(t)
@@ -293,8 +292,9 @@ def _main_next(main: Thread, logits, choose: Chooser, eos: int) -> int | None:
 def _thread_next(t: Thread, logits, choose: Chooser, opts: Options, errors: list[str], eos: int, closing: int,
                  tags: set[int]) -> None:
     """After ``t`` fed a token: end it at ``</async>``, else choose its next token (closing it at EOS, at a tag it
-    may not emit, or at ``max_chunk_tokens``)."""
-    if t.check.feed(t.fed[-1]):
+    may not emit, or at ``max_chunk_tokens``): a thread only ever feeds text, its forced ``<async>`` and
+    ``</async>``."""
+    if t.fed[-1] == closing:
         t.done = True
         return
     nxt = choose(t, logits)

@@ -7,8 +7,8 @@ specials and text between specials tokenizes the same inline or alone. Grammar (
     response := piece* [ <sync/> text* ]      piece := text | promise <async> text </async>
 
 An ``<async>`` follows its promise at once; no nesting; promises only before the one ``<sync/>``. The interpreter's
-main thread emits promises without their chunks (``render(..., chunks=False)``) and is read by ``StreamParser``;
-each async thread by ``ThreadCheck``. No torch import here.
+main thread emits promises without their chunks (``render(..., chunks=False)``) and is read by ``StreamParser``.
+No torch import here.
 """
 
 from __future__ import annotations
@@ -281,27 +281,3 @@ class StreamParser:
         if tag in (ASYNC_OPEN, ASYNC_CLOSE):
             raise PastaSyntaxError(f"{tag!r} in the main thread (chunks belong to async threads)", "async-in-main")
         raise PastaSyntaxError(f"{tag!r} outside a promise", "stray-tag")
-
-
-class ThreadCheck:
-    """An async thread's tokens: ``feed`` returns True at ``</async>`` (the thread ends); ``<async>`` is allowed as
-    the first token only; a promise or ``<sync/>`` inside a thread raises (no nested promises)."""
-
-    def __init__(self, tag_ids: dict[str, int]):
-        self.tag = {v: k for k, v in tag_ids.items()}
-        self.fed, self.done = 0, False
-
-    def feed(self, tok: int) -> bool:
-        if self.done:
-            raise PastaSyntaxError("a token after the thread's </async>", "after-close")
-        tag, self.fed = self.tag.get(tok), self.fed + 1
-        if tag is None or (tag == ASYNC_OPEN and self.fed == 1):
-            return False
-        if tag == ASYNC_CLOSE:
-            self.done = True
-            return True
-        if tag in (PROMISE_OPEN, PROMISE_MID, PROMISE_CLOSE):
-            raise PastaSyntaxError("a promise inside an async thread (no nested promises)", "nested-promise")
-        if tag == SYNC:
-            raise PastaSyntaxError("<sync/> inside an async thread", "sync-in-thread")
-        raise PastaSyntaxError("a nested <async> inside an async thread", "nested-async")

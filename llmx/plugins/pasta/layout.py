@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from llmx.core.tokenizer import leading_specials
+from llmx.core.train.sft.batch import IGNORE
 from llmx.plugins.pasta import lang
 
-IGNORE = -100
 MAIN = 0
 
 

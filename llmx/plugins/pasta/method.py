@@ -131,12 +131,12 @@ def bonbon(ctx: RunContext, p: BonbonParams) -> dict[str, Any]:
         if not pairs:
             raise UsageError(f"round {r}: no prompt had a clean sample (ended at EOS, well-formed) scoring above "
                              "another well-formed one; sample more prompts or at a lower temperature")
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+        reference = B.reference_logps(policy, pairs, pad, p.batch_size)  # the round-start policy, once per pair
         policy.train()
 
         def loss(i: int, pairs=pairs, reference=reference):
-            chosen = [pairs[(i * p.batch_size + j) % len(pairs)] for j in range(p.batch_size)]
-            return B.loss(policy, reference, chosen, pad, p.alpha, tau)
+            idx = [(i * p.batch_size + j) % len(pairs) for j in range(p.batch_size)]
+            return B.loss(policy, [pairs[k] for k in idx], [reference[k] for k in idx], pad, p.alpha, tau)
 
         result = fit(ctx, policy, loss, p, params=trainable(policy))
         rounds.append({"round": r, "pairs": len(pairs), "samples": len(flat),

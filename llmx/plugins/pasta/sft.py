@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from llmx.core.train.sft.run import Codec
-from llmx.plugins.pasta import annotate, layout
+from llmx.plugins.pasta import annotate, lang, layout
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Item:
 
 def codec(model, tag_ids: dict[str, int], annotated: bool) -> Codec:
     def encode(tok, row: dict, p) -> Item | None:
-        response = row["response"] if annotated else row["plain"]
+        response = row["response"] if annotated else row.get("plain") or lang.strip(row["response"])
         lay = layout.build(layout.encode(tok, row["prompt"], prompt=True), layout.encode(tok, response), tag_ids,
                            tok.decode, eos=tok.eos_token_id)
         return Item(lay) if len(lay.ids) <= p.max_length else None
