@@ -69,3 +69,8 @@ class RunFailed(LlmxError):
     """A stage raised while running (exit 1)."""
 
     exit_code = 1
+
+
+class DeviceMismatch(RunFailed):
+    """A tensor on a device its path cannot run on (a CUDA tensor reaching a CPU-only kernel, a layer's input on
+    another device than its weights), named by the layer: raised instead of a silent copy (exit 1)."""

@@ -173,3 +173,39 @@ def test_int8_per_channel_weights_run_through_the_int8_kernel(group, monkeypatch
         out = q(x)
     assert (out - ref).abs().max() <= 1e-2 * ref.abs().max() and not torch.equal(out, ref)
     assert not cpu_kernels.int8_ready(8, True, 128, 16) and not cpu_kernels.int8_ready(8, True, None, 8)
+
+
+def test_an_input_on_another_device_is_an_error_naming_the_layer():
+    """A tensor off the CPU never reaches the CPU kernels (nor is it copied there): the layer refuses it by name."""
+    from llmx.core.models.linear import replace_module
+    from llmx.errors import DeviceMismatch
+
+    q, x = _layer(48, 256, 64)
+    assert "QuantLinear(256, 48" in q.describe()  # unnamed: its type and shape
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(256, 48)))
+    replace_module(model, "0.0", q)
+    assert q.llmx_name == "0.0"
+    with pytest.raises(DeviceMismatch, match=r"^layer 0\.0: input on meta, weights on cpu$"):
+        q(x.to("meta"))
+    q.to("meta")  # weights off the CPU, the input on it: the kernel path would have converted them
+    with pytest.raises(DeviceMismatch, match=r"^layer 0\.0: input on cpu, weights on meta$"):
+        q(x)
+    assert not q._kernel_layout
+
+
+def test_the_cpu_kernels_refuse_tensors_on_other_devices():
+    from llmx.errors import DeviceMismatch
+
+    q, x = _layer(48, 256, 64)
+    with torch.no_grad():
+        q(x)
+    assert q._kernel_layout
+    with pytest.raises(DeviceMismatch, match=r"^cpu_kernels\.matmul: .* got x on meta$"):
+        cpu_kernels.matmul(x.to("meta"), q.qweight, q._kernel_sz, 64, 48)
+    with pytest.raises(DeviceMismatch, match=r"^layer up: .* got qweight on meta$"):
+        cpu_kernels.to_kernel(q.canonical_qweight().to("meta"), 48, 256, "layer up")
+    lin = torch.nn.Linear(96, 40)
+    fmt = IntFormat(8, None, full_range=True)
+    q8 = QuantLinear.from_codes(lin, *quantize(lin.weight.data, fmt), fmt)
+    with pytest.raises(DeviceMismatch, match=r"got qweight on meta, scales on meta$"):
+        cpu_kernels.int8_matmul(torch.randn(3, 96), q8.qweight.to("meta"), q8.scales.to("meta"))

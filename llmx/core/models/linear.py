@@ -10,6 +10,8 @@ def replace_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> N
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
+    if hasattr(type(new), "llmx_name"):  # a layer that names itself in its errors learns where it sits
+        new.llmx_name = name
 
 
 def is_conv1d(m: torch.nn.Module) -> bool:

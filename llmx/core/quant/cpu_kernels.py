@@ -14,6 +14,9 @@ depends on the CPU (torch tiles rows in blocks of 64 on AVX-512, 32 on AVX2): th
 from a probe, and :func:`to_kernel` checks the inversion on every layer it converts, so a CPU or torch with a layout
 this module cannot invert runs the exact path (with one warning) instead of computing garbage. :func:`exact` switches
 the kernels off for a block of code (calibration, export checks), whatever the environment says.
+
+The kernels exist for CPU tensors only: a tensor on any other device reaching them raises :class:`DeviceMismatch`
+naming the layer (never a silent copy to the CPU and back).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 import torch
 
 from llmx.core.quant.packing import pack, unpack
+from llmx.errors import DeviceMismatch
 
 GROUPS = (256, 128, 64, 32)
 ENV = "LLMX_CPU_KERNELS"
@@ -52,6 +56,14 @@ def exact() -> Iterator[None]:
         yield
     finally:
         _exact_depth -= 1
+
+
+def require_cpu(layer: str, **tensors: torch.Tensor | None) -> None:
+    """Refuse, naming ``layer``, any of ``tensors`` that is not on the CPU: these kernels have no other device."""
+    off = [f"{k} on {t.device}" for k, t in tensors.items() if t is not None and t.device.type != "cpu"]
+    if off:
+        raise DeviceMismatch(f"{layer}: torch's CPU-only packed kernel got {', '.join(off)}",
+                             hint="keep a model and its inputs on one device (model.to(device), inputs .to(device))")
 
 
 def kernel_group(bits: int, group_size: int | None, in_features: int) -> int | None:
@@ -91,9 +103,10 @@ def _block_rows(n_pad: int) -> int | None:
     return next((b for b in (64, 32, 16) if torch.equal(_from_kernel(packed, n_pad, 64, b), probe.to(torch.int16))), None)
 
 
-def to_kernel(qweight: torch.Tensor, n: int, k: int) -> torch.Tensor | None:
+def to_kernel(qweight: torch.Tensor, n: int, k: int, layer: str = "cpu_kernels.to_kernel") -> torch.Tensor | None:
     """The kernel's packed weight for canonical ``qweight`` (stored values, two per byte), or None (with one warning)
     when this CPU's layout is not one :func:`canonical` inverts."""
+    require_cpu(layer, qweight=qweight)
     n_pad = padded_rows(n)
     block = _block_rows(n_pad)
     stored = torch.nn.functional.pad(unpack(qweight, 4, k), (0, 0, 0, n_pad - n))
@@ -132,13 +145,17 @@ def int8_ready(bits: int, symmetric: bool, group_size: int | None, act_bits: int
     return bits == 8 and symmetric and group_size in (None, 0) and act_bits == 16
 
 
-def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                layer: str = "cpu_kernels.int8_matmul") -> torch.Tensor:
     """``x [M, K]`` times int8 ``qweight [N, K]`` scaled per row: float32 ``[M, N]``."""
+    require_cpu(layer, x=x, qweight=qweight, scales=scales)
     s = scales.reshape(-1).to(torch.bfloat16).expand(qweight.shape[0]).contiguous()
     return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight, s).float()
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, group: int, n: int) -> torch.Tensor:
+def matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, group: int, n: int,
+           layer: str = "cpu_kernels.matmul") -> torch.Tensor:
     """``x [M, K]`` (any float dtype, or int8 codes) times the packed weight: bf16 ``[M, n]``."""
+    require_cpu(layer, x=x, packed=packed, scales=sz)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16).contiguous(), packed, group, sz)
     return out if out.shape[1] == n else out[:, :n]

@@ -9,7 +9,8 @@ kernel on CUDA); other activation widths are simulated (quantize-dequantize) aro
 On the CPU, int4 layers (W4A16 and W4A8) run through torch's packed-int4 kernel and per-channel W8A16 through its
 int8 one (:mod:`llmx.core.quant.cpu_kernels`, bf16 activations): on the first CPU call an int4 ``qweight`` is converted
 in place to that kernel's layout, and ``codes()``, ``state_dict()`` and any other device read the canonical layout
-back from it.
+back from it. An input on another device than the layer's weights (a CUDA tensor reaching the CPU kernels, or the
+reverse) raises :class:`~llmx.errors.DeviceMismatch` naming the layer; nothing is copied between devices here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from llmx.core.kernels import ops
 from llmx.core.quant import cpu_kernels
 from llmx.core.quant.formats import IntFormat, dequantize
 from llmx.core.quant.packing import pack, unpack
+from llmx.errors import DeviceMismatch
 
 
 def quantize_activation(x: torch.Tensor, bits: int, static_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,9 +45,10 @@ def _version(t: torch.Tensor) -> int | None:
 
 class QuantLinear(torch.nn.Module):
     LAYER = "quant_linear"  # the stored layer type (a subclass registers its own)
+    llmx_name: str | None = None  # its dotted name in the model (set by replace_module): errors name the layer
 
     def __init__(self, in_features: int, out_features: int, bias: bool, fmt: IntFormat, act_bits: int = 16,
-                 static_act: bool = False, dtype: torch.dtype = torch.float32):
+                 static_act: bool = False, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         super().__init__()
         w8 = fmt.bits == 8 and fmt.group_size in (None, 0)
         if act_bits == 8 and not (fmt.symmetric and (w8 or (fmt.bits == 4 and fmt.group_size != 0))):
@@ -54,13 +57,15 @@ class QuantLinear(torch.nn.Module):
         groups = 1 if fmt.group_size == 0 else 1 if fmt.group_size is None else -(-in_features // fmt.group_size)
         rows = 1 if fmt.group_size == 0 else out_features
         if fmt.bits == 8 and fmt.symmetric:
-            self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+            self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         else:
-            self.register_buffer("qweight", torch.zeros(out_features, -(-in_features // 8) * fmt.bits, dtype=torch.uint8))
-        self.register_buffer("scales", torch.ones(rows, groups, dtype=torch.float16))
-        self.register_buffer("zeros", torch.zeros(rows, groups, dtype=torch.uint8) if not fmt.symmetric else None)
-        self.register_buffer("act_scale", torch.ones((), dtype=torch.float32) if static_act else None)
-        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+            self.register_buffer("qweight", torch.zeros(out_features, -(-in_features // 8) * fmt.bits, dtype=torch.uint8,
+                                                        device=device))
+        self.register_buffer("scales", torch.ones(rows, groups, dtype=torch.float16, device=device))
+        self.register_buffer("zeros", torch.zeros(rows, groups, dtype=torch.uint8, device=device)
+                             if not fmt.symmetric else None)
+        self.register_buffer("act_scale", torch.ones((), dtype=torch.float32, device=device) if static_act else None)
+        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
         self._kernel_group = cpu_kernels.kernel_group(fmt.bits, fmt.group_size, in_features)
         self._kernel_layout = False  # qweight holds the CPU kernel's layout (and _kernel_sz its scales)
         self._kernel_version = self._kernel_key = None
@@ -79,8 +84,9 @@ class QuantLinear(torch.nn.Module):
     def from_codes(cls, linear: torch.nn.Linear, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                    fmt: IntFormat, act_bits: int = 16, act_scale: float | None = None) -> QuantLinear:
         """Build from integer codes (shape of the weight) and grouped ``[rows, groups, 1]`` scales / zeros."""
-        q = cls(linear.in_features, linear.out_features, linear.bias is not None, fmt, act_bits,
-                static_act=act_scale is not None, dtype=linear.weight.dtype)
+        with torch.device(linear.weight.device):  # built where the linear lives (a subclass's own buffers too)
+            q = cls(linear.in_features, linear.out_features, linear.bias is not None, fmt, act_bits,
+                    static_act=act_scale is not None, dtype=linear.weight.dtype)
         if fmt.bits == 8 and fmt.symmetric:
             q.qweight.copy_(codes.to(torch.int8))
         else:
@@ -93,6 +99,10 @@ class QuantLinear(torch.nn.Module):
         if linear.bias is not None:
             q.bias.data.copy_(linear.bias.data)
         return q.to(linear.weight.device)
+
+    def describe(self) -> str:
+        """The layer as errors name it: its dotted name in the model, else its type and shape."""
+        return f"layer {self.llmx_name}" if self.llmx_name else f"{type(self).__name__}({self.extra_repr()})"
 
     def canonical_qweight(self) -> torch.Tensor:
         self._check_layout()
@@ -123,7 +133,7 @@ class QuantLinear(torch.nn.Module):
         on_cpu = (x.device.type == "cpu" and self._kernel_group is not None and cpu_kernels.enabled()
                   and not (x.requires_grad and torch.is_grad_enabled()))
         if on_cpu and not self._kernel_layout:
-            packed = cpu_kernels.to_kernel(self.qweight, self.out_features, self.in_features)
+            packed = cpu_kernels.to_kernel(self.qweight, self.out_features, self.in_features, self.describe())
             if packed is None:  # a CPU whose kernel layout this module cannot invert: the exact path, always
                 self._kernel_group = None
                 return False
@@ -172,6 +182,9 @@ class QuantLinear(torch.nn.Module):
         return w.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device != self._buffers["qweight"].device:  # before any path: the CPU kernels' layout switch included
+            raise DeviceMismatch(f"{self.describe()}: input on {x.device}, weights on {self._buffers['qweight'].device}",
+                                 hint="keep a model and its inputs on one device (model.to(device), inputs .to(device))")
         if self._use_cpu_kernel(x):
             return self._cpu_kernel_forward(x)
         if self._int8_kernel and x.device.type == "cpu" and cpu_kernels.enabled():
