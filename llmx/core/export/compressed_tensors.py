@@ -44,7 +44,7 @@ def layer_tensors(layer: Any, scheme: Scheme, dtype: torch.dtype) -> dict[str, t
             out["input_scale"] = layer.act_scale.reshape(1).to(dtype)
     else:
         out["weight_packed"] = pack_to_int32((codes - shift).to(torch.int8), scheme.bits)
-        out["weight_shape"] = torch.tensor([layer.out_features, layer.in_features])
+        out["weight_shape"] = torch.tensor([layer.out_features, layer.in_features], device=codes.device)
         if not scheme.symmetric:
             zero = (layer.zeros.to(torch.int16) - shift).to(torch.int8)  # in range: checked by the plan
             out["weight_zero_point"] = (pack_to_int32(zero, scheme.bits, packed_dim=0) if scheme.packed_zero_point

@@ -75,13 +75,13 @@ def _base_on(m: int, dtype: torch.dtype, device: str) -> torch.Tensor:
     return _base(m).to(device=device, dtype=dtype)
 
 
-def hadamard_matrix(n: int) -> torch.Tensor:
-    """The (unnormalised, +-1) Hadamard matrix used for size ``n``: ``H H^T = n I``."""
+def hadamard_matrix(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The (unnormalised, +-1) float64 Hadamard matrix used for size ``n`` on ``device``: ``H H^T = n I``."""
     m, p = _split(n)
-    sylvester = torch.ones(1, 1, dtype=torch.float64)
+    sylvester = torch.ones(1, 1, dtype=torch.float64, device=device)
     while sylvester.shape[0] < p:
         sylvester = torch.cat([torch.cat([sylvester, sylvester], 1), torch.cat([sylvester, -sylvester], 1)], 0)
-    return torch.kron(_base(m), sylvester)
+    return torch.kron(_base_on(m, torch.float64, str(torch.device(device))), sylvester)
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:

@@ -186,7 +186,7 @@ def linear_probe(vision_model, spec, seed: int) -> dict[str, float]:
     data = {}
     for split, n in (("train", spec.probe_scenes), ("test", spec.probe_scenes // 2)):
         sc = scenes(n, split, seed + 7, objects=1)
-        feats = probe_features(vision_model, pixel_values(proc, [s.image() for s in sc])).numpy()
+        feats = probe_features(vision_model, pixel_values(proc, [s.image() for s in sc])).cpu().numpy()
         data[split] = (feats, {t: [getattr(s.objects[0], t) for s in sc] for t in PROBE_TARGETS})
     out = {}
     for t in PROBE_TARGETS:

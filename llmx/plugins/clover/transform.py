@@ -176,10 +176,10 @@ def prune(attn, qk_keep: list[torch.Tensor] | None, vo_keep: list[torch.Tensor] 
     def rows(group_keep, dim, per_group):  # kept rows of a [groups * per_group * dim, ...] weight
         return torch.cat([h * dim + group_keep[h // per_group] for h in range(len(group_keep) * per_group)])
 
-    qk_rows_k = rows(qk_keep, dim_qk, 1) if qk_keep else torch.arange(kv * dim_qk)
-    qk_rows_q = rows(qk_keep, dim_qk, per) if qk_keep else torch.arange(heads * dim_qk)
-    vo_rows_v = rows(vo_keep, dim_vo, 1) if vo_keep else torch.arange(kv * dim_vo)
-    vo_cols_o = rows(vo_keep, dim_vo, per) if vo_keep else torch.arange(heads * dim_vo)
+    qk_rows_k = rows(qk_keep, dim_qk, 1) if qk_keep else torch.arange(kv * dim_qk, device=k.device)
+    qk_rows_q = rows(qk_keep, dim_qk, per) if qk_keep else torch.arange(heads * dim_qk, device=q.device)
+    vo_rows_v = rows(vo_keep, dim_vo, 1) if vo_keep else torch.arange(kv * dim_vo, device=v.device)
+    vo_cols_o = rows(vo_keep, dim_vo, per) if vo_keep else torch.arange(heads * dim_vo, device=o.device)
     attn.resize(len(qk_keep[0]) if qk_keep else dim_qk, len(vo_keep[0]) if vo_keep else dim_vo)
     nq, nk, nv, no = projections(attn)
     for lin, w, b, idx in ((nq, q, qb, qk_rows_q), (nk, k, kb, qk_rows_k), (nv, v, vb, vo_rows_v)):

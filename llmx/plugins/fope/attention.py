@@ -152,7 +152,7 @@ def install(module: torch.nn.Module, s: Settings, generator: torch.Generator | N
             setattr(module, name, torch.nn.Parameter(coef, requires_grad=s.learnable))
     else:
         biased(module.config)
-        module.register_buffer("alibi_slopes", position.alibi_slopes(module.config.num_attention_heads).to(device),
+        module.register_buffer("alibi_slopes", position.alibi_slopes(module.config.num_attention_heads, device),
                                persistent=False)
     return module
 

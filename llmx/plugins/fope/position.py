@@ -95,7 +95,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (xf * cos + turned * sin).to(x.dtype)
 
 
-def alibi_slopes(heads: int) -> torch.Tensor:
+def alibi_slopes(heads: int, device=None) -> torch.Tensor:
     """ALiBi's head slopes (Press et al. 2022): the geometric series ``2^(-8 i / n)``, i = 1..n, for a power of two;
     otherwise the series of the nearest lower power, then every other slope of the series of twice that."""
     def series(n: int) -> list[float]:
@@ -103,6 +103,6 @@ def alibi_slopes(heads: int) -> torch.Tensor:
         return [start ** (i + 1) for i in range(n)]
 
     if heads & (heads - 1) == 0:
-        return torch.tensor(series(heads))
+        return torch.tensor(series(heads), device=device)
     low = 2 ** int(math.floor(math.log2(heads)))
-    return torch.tensor(series(low) + series(2 * low)[0::2][:heads - low])
+    return torch.tensor(series(low) + series(2 * low)[0::2][:heads - low], device=device)

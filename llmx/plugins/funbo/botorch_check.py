@@ -61,7 +61,7 @@ def acquisition(name_or_source: str, model, incumbent: float, beta: float):
         @t_batch_mode_transform(expected_q=1)
         def forward(self, X: torch.Tensor) -> torch.Tensor:
             mean, sigma = self._mean_and_sigma(X)
-            mean, var = mean.reshape(-1).detach().numpy(), (sigma ** 2).reshape(-1).detach().numpy()
+            mean, var = mean.reshape(-1).detach().cpu().numpy(), (sigma ** 2).reshape(-1).detach().cpu().numpy()
             with np.errstate(all="ignore"):
                 index = bo.check_index(program(mean, np.maximum(var, bo.VAR_FLOOR), incumbent, beta), len(mean))
             out = torch.zeros(len(mean), dtype=X.dtype, device=X.device)

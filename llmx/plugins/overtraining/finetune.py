@@ -26,7 +26,7 @@ def finetune(model: torch.nn.Module, windows: TokenWindows, f: Any, lr: float, p
 
     def loss(i: int) -> torch.Tensor:
         x = windows.batch(i, f.batch_size)
-        seen.update(x.to(torch.int64).numpy().tobytes())
+        seen.update(x.to(torch.int64).cpu().numpy().tobytes())
         x = x.to(device)
         return model(input_ids=x, labels=x).loss
 

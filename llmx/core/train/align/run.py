@@ -157,21 +157,19 @@ def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int]
         b.labels = torch.tensor([float(r.label) for r in rows], device=device)
     if batcher.kind == "step":
         b.member, b.step_mask = B.step_matrix(items, t.input_ids.shape[1], device)
-        labels = torch.zeros(b.step_mask.shape)
-        for i, r in enumerate(rows):
-            labels[i, :len(r.step_labels)] = torch.tensor([float(v) for v in r.step_labels[:b.step_mask.shape[1]]])
-        b.labels = labels.to(device)
+        steps = b.step_mask.shape[1]
+        b.labels = torch.tensor([[float(v) for v in r.step_labels[:steps]] + [0.0] * (steps - len(r.step_labels[:steps]))
+                                 for r in rows], device=device)
     if objective.g == "answer":
         n = len(idx)
         at = hidden[torch.arange(n, device=device), t.prompt_end[:n]]
         with torch.autocast(device.type, enabled=False):  # the g head stays in fp32 under bf16-mixed
             b.g = g_head(at.float()).squeeze(-1)
     elif objective.g == "step":
-        starts = torch.zeros(len(idx), b.member.shape[1], dtype=torch.long)
-        for i, e in enumerate(items):
-            for k, (a, _) in enumerate(e.step_bounds):
-                starts[i, k] = a - 1
-        at = hidden[torch.arange(len(idx), device=device)[:, None], starts.to(device)]
+        steps = b.member.shape[1]
+        starts = torch.tensor([[a - 1 for a, _ in e.step_bounds] + [0] * (steps - len(e.step_bounds)) for e in items],
+                              dtype=torch.long, device=device)
+        at = hidden[torch.arange(len(idx), device=device)[:, None], starts]
         with torch.autocast(device.type, enabled=False):
             b.g = g_head(at.float()).squeeze(-1)
     return b

@@ -14,7 +14,7 @@ from llmx.errors import UsageError
 
 def fingerprint(stream: torch.Tensor) -> str:
     """16 hex digits of the token stream: checkpoint series and cooldowns refuse other data."""
-    return hashlib.sha256(stream.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(stream.to(torch.int64).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 class TokenWindows:

@@ -84,12 +84,13 @@ def check_packing(model, vocab: int) -> None:
     """Packing is only sound when the model honours restarting position ids; refuse it where it does not."""
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randint(3, vocab, (1, 5), generator=gen), torch.randint(3, vocab, (1, 7), generator=gen)
+    a, b = (torch.randint(3, vocab, (1, n), generator=gen).to(device) for n in (5, 7))
     was = model.training
     model.eval()
-    joint = model(input_ids=torch.cat([a, b], 1).to(device),
-                  position_ids=torch.cat([torch.arange(5), torch.arange(7)])[None].to(device), use_cache=False).logits
-    alone = model(input_ids=b.to(device)).logits
+    joint = model(input_ids=torch.cat([a, b], 1),
+                  position_ids=torch.cat([torch.arange(5, device=device), torch.arange(7, device=device)])[None],
+                  use_cache=False).logits
+    alone = model(input_ids=b).logits
     model.train(was)
     if not torch.allclose(joint[:, 5:].float(), alone.float(), atol=1e-3, rtol=1e-3):
         raise UsageError(f"{type(model).__name__} does not keep packed documents apart (its attention ignores "
