@@ -23,7 +23,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PKG = ROOT / "llmx"
 
 # Directories whose device fixes are in flight in another change: skipped until then. Empty this when they land.
 PENDING = {"llmx/plugins/quamba2", "llmx/plugins/lexico"}
@@ -42,7 +41,7 @@ CPU_ONLY_OPS = frozenset({
 
 # Receiver methods that keep a tensor's device: ``x.cpu().detach().numpy()`` is as safe as ``x.detach().cpu().numpy()``.
 _DEVICE_KEEPING = frozenset({"detach", "float", "double", "half", "contiguous", "clone", "reshape", "view", "flatten",
-                             "squeeze", "unsqueeze", "t", "T", "resolve_conj", "resolve_neg", "numpy_safe"})
+                             "squeeze", "unsqueeze", "t", "T", "resolve_conj", "resolve_neg"})
 
 SEEDED = "draws on a seeded CPU generator (the same values on every device), moved to the device by the caller"
 COLLATE = "collates token lists into CPU tensors row by row, then moves each to the batch's device once"
