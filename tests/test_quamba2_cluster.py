@@ -75,6 +75,19 @@ def test_clustering_is_a_valid_rearrangement():
     assert all(b[0] == 0 and b[-1] == HD for b in c.dim_bounds)
 
 
+def test_grouped_scales_are_each_blocks_max_over_127():
+    """One scale per (head group, dim group, state index) block of the rearranged tensor: its max / 127."""
+    torch.manual_seed(0)
+    c = sort_and_cluster(torch.rand(HEADS * HD), HEADS, HD, G)
+    absmax = torch.rand(HEADS, HD, N)
+    scales = grouped_scales(absmax.reshape(-1), c, HD, N).reshape(HEADS, HD, N)
+    for hg, bounds in enumerate(c.dim_bounds):
+        heads = c.head_group == hg
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            block = scales[heads, lo:hi]
+            assert torch.equal(block, (absmax[heads, lo:hi].amax(dim=(0, 1)) / 127).expand_as(block))
+
+
 def test_observer_statistics():
     obs = Observer(percentile=0.5, momentum=1.0)
     x = torch.zeros(2, 3, 8)

@@ -17,4 +17,4 @@ class QuantHead(QuantLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool, fmt: IntFormat, act_bits: int = 16,
                  static_act: bool = False, dtype: torch.dtype = torch.float32):
         super().__init__(in_features, out_features, bias, fmt, act_bits, static_act, dtype)
-        self.register_buffer("weight", torch.empty(0, dtype=dtype), persistent=False)
+        self.register_buffer("weight", torch.empty(0, dtype=dtype, device=self.qweight.device), persistent=False)

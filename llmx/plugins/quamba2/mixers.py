@@ -4,7 +4,8 @@ transformers' mixers call module-level scan functions and use ``conv1d`` (and Ma
 ``.weight``, so the SSM inputs have no hook points and swapped modules are silently ignored. These mixers reproduce
 them on the same weights (parity tests check both), route every tensor Quamba2 quantizes through ``self.points``
 (empty: full precision), keep transformers' cache contract (conv and recurrent states per layer, so ``generate``
-decodes step by step), and describe themselves for storage (``llmx_spec`` / ``rebuild``).
+decodes step by step; the blocks pass it as ``cache``, older transformers as ``cache_params``), and describe
+themselves for storage (``llmx_spec`` / ``rebuild``).
 
 The scans are the exact sequential recurrences in float32: what the quantized kernels compute, not a fast path.
 """
@@ -143,17 +144,18 @@ class Mamba2Mixer(QuantMixer):
         self.inner = hf.intermediate_size
         self.dt_limit = tuple(hf.time_step_limit)
 
-    def forward(self, hidden: torch.Tensor, cache_params: Any = None, attention_mask: torch.Tensor | None = None,
-                **_: Any) -> torch.Tensor:
-        h0 = self.initial_state(cache_params)
+    def forward(self, hidden: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None,
+                cache_params: Any = None, **_: Any) -> torch.Tensor:
+        cache = cache_params if cache is None else cache
+        h0 = self.initial_state(cache)
         proj = self.in_proj(self.q("in_proj_in", _mask(hidden, attention_mask)))
         gs = self.groups * self.state
         z, xbc, dt = proj.split([self.inner, self.inner + 2 * gs, self.heads], dim=-1)
-        xbc = _mask(self.conv_xbc(self.q("conv_in", xbc), cache_params), attention_mask)
+        xbc = _mask(self.conv_xbc(self.q("conv_in", xbc), cache), attention_mask)
         x, B, C = xbc.split([self.inner, gs, gs], dim=-1)
         x, B, C, dt, z = self.q("x", x), self.q("B", B), self.q("C", C), self.q("dt", dt), self.q("z", z)
         y, h, peak = self.scan(x, dt, B, C, h0, self.observing_state())
-        self.store_state(h, cache_params, peak)
+        self.store_state(h, cache, peak)
         return self.output(self.gated_norm(y, z), hidden.dtype)
 
     def xbc_scales(self) -> torch.Tensor | None:
@@ -211,15 +213,16 @@ class MambaMixer(QuantMixer):
         self.x_proj, self.dt_proj = hf.x_proj, hf.dt_proj
         self.inner, self.state, self.rank = hf.intermediate_size, hf.ssm_state_size, hf.time_step_rank
 
-    def forward(self, hidden: torch.Tensor, cache_params: Any = None, attention_mask: torch.Tensor | None = None,
-                **_: Any) -> torch.Tensor:
-        h0 = self.initial_state(cache_params)
+    def forward(self, hidden: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None,
+                cache_params: Any = None, **_: Any) -> torch.Tensor:
+        cache = cache_params if cache is None else cache
+        h0 = self.initial_state(cache)
         x, z = self.in_proj(self.q("in_proj_in", _mask(hidden, attention_mask))).chunk(2, dim=-1)
-        x = self.q("x", _mask(self.conv(x, cache_params), attention_mask))
+        x = self.q("x", _mask(self.conv(x, cache), attention_mask))
         dt, B, C = self.q("xproj_out", self.x_proj(x)).split([self.rank, self.state, self.state], dim=-1)
         dt = self.q("dt", self.dt_proj(dt))
         y, h, peak = self.scan(x, dt, B, C, h0, self.observing_state())
-        self.store_state(h, cache_params, peak)
+        self.store_state(h, cache, peak)
         return self.output(y * F.silu(self.q("z", z).float()), hidden.dtype)
 
     def scan(self, x, dt, B, C, h0=None, track_peak=False):

@@ -33,9 +33,11 @@ class Int8Point(torch.nn.Module):
 
     @classmethod
     def empty(cls, table: list[int], index: list[int]) -> Int8Point:
-        """A point of the stored shapes (the storage loader fills in its tensors)."""
-        point = cls(torch.ones(1))
-        point.table, point.index = torch.ones(table), torch.zeros(index, dtype=torch.int16)
+        """A point of the stored shapes, on the CPU like the rest of the stored architecture (the storage loader
+        fills in its tensors, then moves the model)."""
+        point = cls(torch.ones(1, device="cpu"))
+        point.table = torch.ones(table, device="cpu")
+        point.index = torch.zeros(index, dtype=torch.int16, device="cpu")
         return point
 
     @property
@@ -52,14 +54,15 @@ class Int8Point(torch.nn.Module):
 class Observer(torch.nn.Module):
     """Records, over calibration batches: per-channel max |v|; per-channel max over samples of the mean |v| over
     tokens (Quamba2's sorting statistic); and, when ``percentile`` is set, the EMA of the per-batch percentile of |v|
-    (Quamba1's x scale, momentum ``momentum``). Passes its input through unchanged."""
+    (Quamba1's x scale, momentum ``momentum``; a float64 scalar on the input's device). Passes its input through
+    unchanged."""
 
     def __init__(self, percentile: float | None = None, momentum: float = 0.01):
         super().__init__()
         self.percentile, self.momentum = percentile, momentum
         self.absmax: torch.Tensor | None = None
         self.meanabs: torch.Tensor | None = None
-        self.pct: float | None = None
+        self.pct: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = x.detach().float().abs()
@@ -70,7 +73,7 @@ class Observer(torch.nn.Module):
         self.meanabs = mean if self.meanabs is None else torch.maximum(self.meanabs, mean)
         if self.percentile is not None:
             k = max(1, min(flat.numel(), int(round(self.percentile * flat.numel()))))
-            p = float(flat.reshape(-1).kthvalue(k).values)
+            p = flat.reshape(-1).kthvalue(k).values.double()
             self.pct = p if self.pct is None else (1 - self.momentum) * self.pct + self.momentum * p
         return x
 
@@ -78,7 +81,7 @@ class Observer(torch.nn.Module):
         return self.absmax.max() / 127
 
     def percentile_scale(self) -> torch.Tensor:
-        return torch.tensor(self.pct / 127)
+        return (self.pct / 127).float()
 
     def group_scale(self, groups: int) -> torch.Tensor:
         """One scale per contiguous block of ``channels / groups`` channels, expanded per channel."""

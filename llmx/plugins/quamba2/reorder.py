@@ -19,25 +19,27 @@ def channel_index(head_index: torch.Tensor, within: torch.Tensor, head_dim: int)
 
 
 def check(head_index: torch.Tensor, heads: int, groups: int) -> None:
-    per = heads // groups
-    for g in range(groups):
-        block = head_index[g * per:(g + 1) * per]
-        if not torch.equal(torch.sort(block).values, torch.arange(g * per, (g + 1) * per)):
-            raise ValueError(f"head permutation moves heads across SSD group {g}")
+    blocks = head_index.reshape(groups, heads // groups).sort(dim=1).values
+    moved = (blocks != torch.arange(heads, device=head_index.device).reshape(groups, -1)).any(dim=1)
+    if moved.any():
+        raise ValueError(f"head permutation moves heads across SSD group {int(moved.nonzero()[0])}")
 
 
 @torch.no_grad()
 def apply(mixer, head_index: torch.Tensor, within: torch.Tensor) -> torch.Tensor:
     """Rearrange an llmx ``Mamba2Mixer`` in place (``within``: ``[heads, head_dim]`` per-head channel orders);
-    returns the channel index."""
+    returns the channel index, on the mixer's device."""
     heads, hd, inner, gs = mixer.heads, mixer.head_dim, mixer.inner, mixer.groups * mixer.state
+    device = mixer.A_log.device
+    head_index, within = head_index.to(device), within.to(device)
     check(head_index, heads, mixer.groups)
     ch = channel_index(head_index, within, hd)
     conv_dim = inner + 2 * gs
-    rows = torch.cat([ch, inner + ch, torch.arange(2 * inner, inner + conv_dim), inner + conv_dim + head_index])
+    bc = torch.arange(2 * inner, inner + conv_dim, device=device)
+    rows = torch.cat([ch, inner + ch, bc, inner + conv_dim + head_index])
     _take(mixer.in_proj.weight, rows)
     _take(mixer.in_proj.bias, rows)
-    conv_rows = torch.cat([ch, torch.arange(inner, conv_dim)])
+    conv_rows = torch.cat([ch, torch.arange(inner, conv_dim, device=device)])
     _take(mixer.conv_weight, conv_rows)
     _take(mixer.conv_bias, conv_rows)
     for p in (mixer.A_log, mixer.D, mixer.dt_bias):
