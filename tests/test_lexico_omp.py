@@ -80,9 +80,155 @@ def test_learned_dictionary_beats_random_on_real_kv_vectors():
 def test_omp_kernel_matches_reference():
     gen = torch.Generator().manual_seed(0)
     d = torch.nn.functional.normalize(torch.randn(64, 512, generator=gen), dim=0)
-    x = torch.randn(300, 64, generator=gen)
+    x = torch.randn(600, 64, generator=gen)  # at least as many signals as atoms: the kernel's call
     idx_ref, coef_ref = omp(d, x, 8)
     idx, coef = omp(d.cuda(), x.cuda(), 8)
     rec_ref, rec = reconstruct(d, idx_ref, coef_ref), reconstruct(d, idx.cpu(), coef.cpu())
     assert torch.allclose(rec, rec_ref, atol=1e-3)
     assert (idx.cpu().sort(1).values == idx_ref.sort(1).values).all(1).float().mean() > 0.98
+
+
+def kernel_in_torch(b, G, idx, coef, m, n, s):
+    """``kernels/omp.cu``'s ``omp_gram`` in PyTorch, vectorised over its blocks (one per signal): from ``b = D^T x``
+    and ``G = D^T D``, per iteration the argmax of ``|b - G[S]^T g|`` over atoms not chosen, a Cholesky row for the new
+    atom (a pivot below 1e-6 ends the signal), the refit ``L L^T g = b_S``; writes ``idx`` and ``coef`` in place."""
+    support = torch.zeros(m, s, dtype=torch.long)
+    gamma, L = torch.zeros(m, s), torch.zeros(m, s, s)
+    used, live = torch.full((m,), s), torch.ones(m, dtype=torch.bool)
+    for k in range(s):
+        c = b - torch.einsum("mk,mkn->mn", gamma[:, :k], G[support[:, :k]])
+        j = c.abs().scatter(1, support[:, :k], -1.0).argmax(1)
+        support[:, k] = torch.where(live, j, support[:, k])
+        w = torch.linalg.solve_triangular(L[:, :k, :k], G[support[:, :k], j[:, None]][..., None], upper=False)[..., 0]
+        pivot = G[j, j] - (w * w).sum(1)
+        used = torch.where(live & (pivot < 1e-6), k, used)
+        live &= pivot >= 1e-6
+        L[:, k, :k], L[:, k, k] = w, pivot.clamp(min=1e-6).sqrt()
+        Lk = L[:, :k + 1, :k + 1]
+        z = torch.linalg.solve_triangular(Lk, b.gather(1, support[:, :k + 1])[..., None], upper=False)
+        g = torch.linalg.solve_triangular(Lk.transpose(1, 2), z, upper=True)[..., 0]
+        gamma[:, :k + 1] = torch.where(live[:, None], g, gamma[:, :k + 1])
+    kept = torch.arange(s) < used[:, None]
+    idx.copy_(torch.where(kept, support, support[:, :1]))
+    coef.copy_(torch.where(kept, gamma, torch.zeros_like(gamma)))
+
+
+@pytest.fixture
+def kernel_on_cpu(monkeypatch):
+    """The CUDA path of ``omp`` run on the CPU: CuPy stands in as identity wrappers and the launch runs
+    ``kernel_in_torch``. Yields the launches: (grid, block, shared memory, id of the Gram's storage, signals)."""
+    import sys
+    import types
+
+    from llmx.core import kernels
+
+    launches = []
+
+    def launch(path, name, grid, block, args, like, shared_mem=0):
+        b, G, idx, coef, m, n, s = args
+        assert name == "omp_gram" and b.shape == (m, n) and G.shape == (n, n) and idx.shape == coef.shape == (m, s)
+        launches.append((grid, block, shared_mem, G.untyped_storage().data_ptr(), m))
+        kernel_in_torch(b, G, idx, coef, m, n, s)
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=lambda t: t, int32=int))
+    monkeypatch.setattr(kernels, "use_kernel", lambda *tensors: True)
+    monkeypatch.setattr(kernels, "launch", launch)
+    return launches
+
+
+def test_kernel_path_matches_the_reference_in_one_or_many_launches(kernel_on_cpu):
+    """The CUDA path's host side (one Gram per call, correlations per launch, outputs written in place) with the
+    kernel's algorithm run on the CPU: the reference's codes, however many launches; a call with fewer signals than
+    atoms runs the reference (no Gram)."""
+    from llmx.plugins.lexico import omp as omp_mod
+
+    D, x = problem(d=32, n=256, m=300, seed=7)
+    D, x = D.float(), x.float()
+    ref_idx, ref_coef = omp_mod._omp_qr(D.T.contiguous(), x, 6, None)
+    one = omp(D, x, 6)
+    assert kernel_on_cpu == [((300,), (256,), 0, kernel_on_cpu[0][3], 300)]  # no dynamic shared memory asked for
+    kernel_on_cpu.clear()
+    many = omp(D, x, 6, chunk=37)
+    assert [m for *_, m in kernel_on_cpu] == [37] * 8 + [4]
+    assert len({g for *_, g, _ in kernel_on_cpu}) == 1  # one Gram for the whole call
+    for idx, coef in (one, many):
+        assert torch.equal(idx.sort(1).values, ref_idx.sort(1).values)
+        assert torch.allclose(reconstruct(D, idx, coef), reconstruct(D, ref_idx, ref_coef), atol=1e-4)
+    assert torch.equal(one[0], many[0])
+    kernel_on_cpu.clear()
+    few = omp(D, x[:255], 6)
+    assert kernel_on_cpu == [] and torch.equal(few[0], ref_idx[:255])
+    over = torch.nn.functional.normalize(torch.randn(16, 64, generator=torch.Generator().manual_seed(0)), dim=0)
+    idx, coef = omp(over, x[:100, :16], 24)  # s > head_dim: the kernel's early stop, like the reference's
+    assert len(kernel_on_cpu) == 1 and torch.isfinite(coef).all() and (coef[:, 16:] == 0).all()
+    assert torch.allclose(reconstruct(over, idx, coef), x[:100, :16], atol=1e-3)
+
+
+@pytest.mark.parametrize("atoms", [64, 4096, 16384, 32767])
+def test_cuda_passes_stay_within_their_memory_budget_at_any_dictionary_size(atoms):
+    from llmx.plugins.lexico.omp import PASS_BYTES, cuda_chunk
+
+    step = cuda_chunk(atoms)
+    assert step * atoms * 4 <= PASS_BYTES < (step + 1) * atoms * 4
+    assert step >= 512  # int16 ids cap atoms at 32767: a pass still takes hundreds of signals
+
+
+def test_the_kernel_needs_no_dynamic_shared_memory():
+    """The compiled kernel's shared memory is static and small (ptxas' report), and its source asks for none per
+    atom: any dictionary size (16384, 32767 atoms) launches under the 48 KiB default, no opt-in needed."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    from llmx.plugins.lexico.omp import KERNEL, MAX_S, THREADS
+
+    source = KERNEL.read_text()
+    assert "extern __shared__" not in source
+    assert f"#define MAX_S {MAX_S}\n" in source and f"#define THREADS {THREADS}\n" in source  # the host's copies
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc")
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([nvcc, "-arch=sm_80", "-std=c++17", "--cubin", "-Xptxas", "-v", "-o", f"{tmp}/k.cubin",
+                               str(KERNEL)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    smem = [int(v) for v in re.findall(r"(\d+) bytes smem", proc.stderr)]
+    assert smem and max(smem) < 8 * 1024
+
+
+def test_a_cache_on_the_kernel_path_keeps_nothing_uncounted_and_decode_steps_build_no_gram(kernel_on_cpu):
+    """A cache on the CUDA path (run on the CPU): the codecs keep only what ``dictionary_bytes`` counts (they used to
+    keep ``D^T D`` per dictionary, N^2 fp32 each, counted nowhere). The prefill, compressing as many vectors as atoms,
+    runs the kernel with a Gram of its own; the decode steps, two vectors each, run the reference: no Gram in their
+    measured peak; the prefill's peak holds its Gram."""
+    from llmx.core import models
+    from llmx.plugins.lexico.cache import CompressedCache
+    from llmx.plugins.lexico.codecs import ENCODE_CHUNK, LexicoCodec
+    from llmx.plugins.lexico.measure import decode_peak, prefill_peak
+
+    model, _ = models.load("ref:llama-test")
+    cfg, atoms = model.config, 1024
+    gen = torch.Generator().manual_seed(0)
+    d = torch.nn.functional.normalize(torch.randn(cfg.head_dim, atoms, generator=gen), dim=0)
+    ids = torch.randint(3, cfg.vocab_size, (1, 520), generator=gen)
+    def make():
+        return CompressedCache(lambda i: LexicoCodec(d, d, 4), cfg.num_hidden_layers, buffer_length=4, chunk=1)
+
+    with torch.no_grad():
+        assert prefill_peak(model, ids, 516, make()) >= (atoms + ENCODE_CHUNK) * atoms * 4  # Gram, correlations
+        kernel_on_cpu.clear()
+        stored, peak = decode_peak(model, ids, 516, cache := make())  # 512 x 2 heads compressed, 3 steps of 1 x 2
+    assert len(kernel_on_cpu) == 2 * cfg.num_hidden_layers * (512 * cfg.num_key_value_heads // ENCODE_CHUNK)
+    assert peak < atoms * atoms * 4
+    assert cache.dictionary_bytes() == d.numel() * 4 + 256 * 4  # one dictionary tensor, and the fp8 decoding table
+    for layer in cache.layers:
+        assert {id(t) for t in tensors_in(vars(layer.codec))} <= {id(t) for t in layer.codec.held()}
+
+
+def tensors_in(obj) -> list[torch.Tensor]:
+    """Every tensor inside nested dicts, tuples and lists."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, tuple | list) else ()
+    return [t for item in items for t in tensors_in(item)]

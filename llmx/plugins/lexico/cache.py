@@ -42,6 +42,7 @@ class CompressedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
+        self.dtype = key_states.dtype  # the model's dtype, returned to attention (transformers >= 5.25 keeps none)
         store = self.buffer_dtype if self.buffer_dtype and key_states.element_size() > 2 else key_states.dtype
         self.keys, self.values = self.keys.to(store), self.values.to(store)
 
@@ -128,6 +129,7 @@ class WindowLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+            self.dtype = key_states.dtype  # the model's dtype (transformers >= 5.25 keeps none)
             store = self.store_dtype or key_states.dtype
             self.keys, self.values = self.keys.to(store), self.values.to(store)
         self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
@@ -167,11 +169,13 @@ class _Measured(Cache):
         return sum(layer.stored_bytes() for layer in self.layers)
 
     def dictionary_bytes(self) -> int:
-        """Bytes of the dictionaries the layers' codecs hold (each distinct tensor once)."""
+        """Bytes the layers' codecs keep between calls, shared by the sequences (each distinct tensor once): the
+        dictionaries and any table; the codecs' workspaces live for one call (in the measured peak, not here)."""
         seen = {}
         for layer in self.layers:
-            for d in getattr(getattr(layer, "codec", None), "dicts", ()):
-                seen[id(d)] = d.numel() * d.element_size()
+            codec = getattr(layer, "codec", None)
+            for t in codec.held() if codec is not None else ():
+                seen[id(t)] = t.numel() * t.element_size()
         return sum(seen.values())
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from llmx.plugins.lexico.omp import gram_of, omp, to_float, to_fp8
+from llmx.plugins.lexico.omp import held_tables, omp, to_float, to_fp8
 
 GATHER_ELEMENTS = 1 << 16  # bound on the (heads x query rows x code slots) ``LexicoCodec.attend`` gathers at once
-ENCODE_CHUNK = 64  # vectors per OMP call when the cache compresses: its [chunk, atoms] correlations stay small
+ENCODE_CHUNK = 64  # vectors per OMP pass when the cache compresses on the CPU (CUDA sizes its passes by memory)
 
 
 class LexicoCodec:
@@ -31,8 +31,6 @@ class LexicoCodec:
         self.dicts = (keys_dict, values_dict)
         self.sparsity = (key_sparsity, value_sparsity or key_sparsity)
         self.fp8, self.tol = fp8, tol
-        self._grams: dict[int, torch.Tensor] = {}  # CUDA only: the kernel's D^T D per dictionary (device workspace,
-        # not part of the dictionaries' bytes, so that figure is the same on every device)
 
     def _dict(self, which: int, like: torch.Tensor) -> torch.Tensor:
         d = self.dicts[which]
@@ -41,22 +39,11 @@ class LexicoCodec:
             self.dicts = (d, self.dicts[1]) if which == 0 else (self.dicts[0], d)
         return d
 
-    def _gram(self, which: int, x: torch.Tensor) -> torch.Tensor | None:
-        """The dictionary's Gram matrix for the CUDA kernel, computed once per codec (None on the CPU, which needs
-        none)."""
-        from llmx.core import kernels
-
-        if not kernels.use_kernel(x):
-            return None
-        if which not in self._grams:
-            self._grams[which] = gram_of(self._dict(which, x))
-        return self._grams[which]
-
     def _encode(self, x: torch.Tensor, which: int) -> tuple[torch.Tensor, torch.Tensor]:
         lead = x.shape[:-1]
         s = min(self.sparsity[which], x.shape[-1])  # past head_dim OMP has nothing left to take: store no empty slots
-        idx, coef = omp(self._dict(which, x), x.reshape(-1, x.shape[-1]).float(), s, self.tol, chunk=ENCODE_CHUNK,
-                        gram=self._gram(which, x))
+        idx, coef = omp(self._dict(which, x), x.reshape(-1, x.shape[-1]).float(), s, self.tol,
+                        chunk=None if x.is_cuda else ENCODE_CHUNK)
         coef = to_fp8(coef) if self.fp8 else coef.half()
         return idx.to(torch.int16).reshape(*lead, -1), coef.reshape(*lead, -1)
 
@@ -70,8 +57,10 @@ class LexicoCodec:
     def decode(self, codes, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self._decode(codes[0], codes[1], 0, dtype), self._decode(codes[2], codes[3], 1, dtype)
 
-    def dictionary_bytes(self) -> int:
-        return sum(d.numel() * d.element_size() for d in self.dicts)
+    def held(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the codec keeps between calls: its dictionaries and the fp8 decoding table (OMP's workspaces
+        live for one call)."""
+        return (*self.dicts, *(held_tables(self.dicts[0].device) if self.fp8 else ()))
 
     def attend(self, query, buffer_keys, buffer_values, codes, mask, scaling: float) -> torch.Tensor:
         """Attention over compressed tokens followed by the exact buffer, without rebuilding the compressed ones:
@@ -173,5 +162,5 @@ class KIVICodec:
         v = _unpack(vp, self.bits).reshape(B, H, n, vgroups, -1).float() * vs[..., None].float() + vz[..., None].float()
         return k.reshape(B, H, groups * self.group, d).to(dtype), v.reshape(B, H, n, -1).to(dtype)
 
-    def dictionary_bytes(self) -> int:
-        return 0
+    def held(self) -> tuple[torch.Tensor, ...]:
+        return ()

@@ -34,10 +34,11 @@ def normalize_atoms(d: torch.Tensor) -> torch.Tensor:
 
 
 def random_dictionary(dim: int, atoms: int, seed: int = 0) -> torch.Tensor:
-    """Kaiming-uniform atoms scaled to unit norm (the official initialisation)."""
+    """Kaiming-uniform atoms scaled to unit norm (the official initialisation), drawn on the CPU: one seed gives one
+    dictionary on every device."""
     gen = torch.Generator().manual_seed(seed)
     bound = (6.0 / atoms) ** 0.5
-    return normalize_atoms((torch.rand(dim, atoms, generator=gen) * 2 - 1) * bound)
+    return normalize_atoms((torch.rand(dim, atoms, generator=gen, device="cpu") * 2 - 1) * bound)
 
 
 def learn(vectors: torch.Tensor, atoms: int, sparsity: int, steps: int, lr: float = 1e-3, batch: int = 256,
@@ -49,7 +50,8 @@ def learn(vectors: torch.Tensor, atoms: int, sparsity: int, steps: int, lr: floa
     gen = torch.Generator().manual_seed(seed)
     losses = []
     for _ in progress(range(steps), description="dictionary"):
-        x = vectors[torch.randint(0, len(vectors), (batch,), generator=gen).to(vectors.device)]
+        pick = torch.randint(0, len(vectors), (batch,), generator=gen, device="cpu")  # the same batches on every device
+        x = vectors[pick.to(vectors.device)]
         idx, coef = omp(D.detach(), x, sparsity)
         loss = torch.nn.functional.mse_loss(reconstruct(D, idx, coef), x)
         opt.zero_grad()

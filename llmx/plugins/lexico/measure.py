@@ -7,10 +7,12 @@ Per window (the full cache and the cache under test interleaved, so both see the
 - recall: the context's tail replaced by a copy of its first ``recall_cue`` tokens, so the right continuation is the
   text that followed them at the start (now in the compressed part): greedy accuracy of ``recall_tokens`` tokens;
 - greedy agreement of ``generate_tokens`` tokens with the full cache's generation.
-Memory: the bytes the cache stores after the last step, the codec's dictionaries (per sequence, and amortised over
-``amortize_batch`` sequences), and the measured peak during decoding (stored bytes after the prefill plus the most
-allocated above them over the decode steps, transient rebuilds and gathers included), each over the bytes of a full
-fp16 cache of the same length.
+Memory: the bytes the cache stores after the last step, what its codecs keep between calls (dictionaries, per
+sequence and amortised over ``amortize_batch`` sequences), and the measured peak during decoding (stored bytes after
+the prefill plus the most allocated above them over the decode steps, transient rebuilds, gathers and encoding
+workspaces included), each over the bytes of a full fp16 cache of the same length; and the most allocated during the
+prefill, with this cache and with the full one (activations included: their difference is what compressing the
+prompt costs or saves, Lexico's per-call Gram on CUDA included).
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ def decode_peak(model, ids, context_len: int, cache) -> tuple[int, int]:
             for t in range(context_len, ids.shape[1] - 1):
                 model(input_ids=ids[:, t:t + 1], past_key_values=cache, use_cache=True)
     return stored, pm.peak_bytes
+
+
+def prefill_peak(model, ids, context_len: int, cache) -> int:
+    """The most allocated above the level before it while ``context_len`` tokens of ``ids`` are prefilled into
+    ``cache``."""
+    with PeakMemory(ids.device) as pm, pm.section():
+        model(input_ids=ids[:, :context_len], past_key_values=cache, use_cache=True)
+    return pm.peak_bytes
 
 
 def cache_bytes(cache) -> int:
@@ -105,6 +115,7 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
                 sums[key] += int((_greedy(model, prompt, p.recall_tokens, c, tok.pad_token_id) == expected).sum())
     first = windows[:1]
     peak, peak_full = (sum(decode_peak(model, first, p.context_len, c)) for c in (make_cache(), DynamicCache()))
+    prefill, prefill_full = (prefill_peak(model, first, p.context_len, c) for c in (make_cache(), DynamicCache()))
     count, tokens = len(windows), len(windows) * p.continuation_len
     full_fp16 = fp16_per_token * (n - 1)
     per_seq = stored / count
@@ -115,7 +126,8 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
             "kv_peak_fraction_amortised": (peak + dictionary / p.amortize_batch) / full_fp16,
             "kv_peak_fraction_full_cache": peak_full / full_fp16,
             "stored_bytes": per_seq, "dictionary_bytes": dictionary, "peak_bytes": peak,
-            "peak_bytes_full_cache": peak_full, "full_fp16_bytes": full_fp16,
+            "peak_bytes_full_cache": peak_full, "prefill_peak_bytes": prefill, "prefill_peak_bytes_full_cache":
+            prefill_full, "full_fp16_bytes": full_fp16,
             "kl_to_full": sums["kl"] / tokens, "perplexity": math.exp(sums["nll"] / tokens),
             "perplexity_full_cache": math.exp(sums["nll_full"] / tokens), "top1_agreement": sums["agree"] / tokens,
             "next_token_accuracy": sums["hit"] / tokens, "next_token_accuracy_full_cache": sums["hit_full"] / tokens,

@@ -9,7 +9,16 @@ pursuit. The residual is orthogonal to the chosen atoms, so no mask over the ato
 
 Early stop per signal, as the official ``omp_v0``'s ``tol``: once ``||r||^2 <= tol^2 ||x||^2``, or when the picked
 atom lies in the span already chosen (``s >= head_dim`` on an exactly represented signal), the signal takes no
-further atoms (their coefficients are 0). CUDA tensors go to the CuPy kernel (Gram-based, one block per signal).
+further atoms (their coefficients are 0).
+
+CUDA tensors go to the CuPy kernel (``kernels/omp.cu``: Gram-based with Cholesky updates as the official ``omp_v0``,
+one block per signal) when a call has at least as many signals as atoms: its Gram ``D^T D`` (N^2 fp32, 64 MiB at 4096
+atoms) is then no larger than the call's correlations ``D^T x``; it is computed once per call, shared by the call's
+launches and freed on return. Smaller calls (a cache compressing a few tokens at a decode step) run the reference on
+the device, which needs no Gram. One Gram kept per dictionary would instead hold 2L of them (the dictionaries are per
+layer: 4 GiB at 32 layers and 4096 atoms) outside every memory figure; here nothing outlives a call. On CUDA a pass
+(a kernel launch or a reference chunk) holds at most ``PASS_BYTES`` of correlations: a 2k-token prefill of 8 KV
+heads at 4096 atoms is 4 launches.
 """
 
 from __future__ import annotations
@@ -19,34 +28,53 @@ from pathlib import Path
 import torch
 
 KERNEL = Path(__file__).parent / "kernels" / "omp.cu"
+MAX_S, THREADS = 32, 256  # the kernel's MAX_S and THREADS: sparsity it handles, threads per signal
+PASS_BYTES = 64 << 20  # CUDA: [signals, atoms] fp32 correlations per pass: 4096 signals at 4096 atoms
 DEGENERATE = 1e-6  # squared norm of an atom's part outside the chosen span below which it adds nothing
 
 
 @torch.no_grad()
-def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | None = None, chunk: int = 512,
-        gram: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | None = None,
+        chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``dictionary`` [d, N] (unit-norm columns), ``x`` [M, d] -> (atom indices [M, s] int64, coefficients [M, s]).
-    ``tol``: stop a signal once its relative residual is at most ``tol``. ``gram``: ``D^T D`` if the caller keeps one
-    (the CUDA kernel needs it; the CPU path does not)."""
+    ``tol``: stop a signal once its relative residual is at most ``tol``. ``chunk``: signals per pass (default
+    ``cuda_chunk(N)`` on CUDA, 512 on the CPU)."""
     from llmx.core import kernels
 
     if sparsity < 1:
         raise ValueError(f"sparsity must be at least 1, got {sparsity}")
-    if kernels.use_kernel(dictionary, x) and sparsity <= 32 and tol is None:
-        gram = gram if gram is not None else gram_of(dictionary)
+    m, n = x.shape[0], dictionary.shape[1]
+    chunk = chunk or (cuda_chunk(n) if x.is_cuda else 512)
+    idx = torch.zeros(m, sparsity, dtype=torch.long, device=x.device)
+    coef = torch.zeros(m, sparsity, device=x.device)
+    if kernels.use_kernel(dictionary, x) and sparsity <= MAX_S and tol is None and m >= n:
+        D = dictionary.float().contiguous()
+        G = D.T @ D  # this call's Gram, shared by its launches, freed on return
+        for i in range(0, m, chunk):
+            _omp_gram(D, G, x[i:i + chunk], idx[i:i + chunk], coef[i:i + chunk])
+        return idx, coef
+    atoms = dictionary.T.float().contiguous()  # [N, d]: the one copy OMP makes (rows gather fast; D = atoms.T)
+    for i in range(0, m, chunk):
+        idx[i:i + chunk], coef[i:i + chunk] = _omp_qr(atoms, x[i:i + chunk].float(), sparsity, tol)
+    return idx, coef
 
-        def solve(part):
-            return omp_cuda(dictionary, part, sparsity, gram)
-    else:
-        atoms = dictionary.T.float().contiguous()  # [N, d]: the one copy OMP makes (rows gather fast; D = atoms.T)
 
-        def solve(part):
-            return _omp_qr(atoms, part.float(), sparsity, tol)
-    parts = [solve(x[i:i + chunk]) for i in range(0, x.shape[0], chunk)]
-    if not parts:
-        return (torch.zeros(0, sparsity, dtype=torch.long, device=x.device),
-                torch.zeros(0, sparsity, device=x.device))
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+def cuda_chunk(atoms: int) -> int:
+    """Signals per pass on CUDA: as many as ``PASS_BYTES`` of [signals, atoms] fp32 correlations hold."""
+    return max(1, PASS_BYTES // (4 * atoms))
+
+
+def _omp_gram(D: torch.Tensor, G: torch.Tensor, x: torch.Tensor, idx: torch.Tensor, coef: torch.Tensor) -> None:
+    """One launch of the CUDA kernel on ``x`` [m, d]; writes ``idx`` and ``coef`` [m, s] (views of the outputs)."""
+    import cupy
+
+    from llmx.core import kernels
+
+    b = x.float() @ D  # [m, N]: the launch's correlations
+    m, n = b.shape
+    kernels.launch(KERNEL, "omp_gram", (m,), (THREADS,), (cupy.asarray(b), cupy.asarray(G), cupy.asarray(idx),
+                                                          cupy.asarray(coef), cupy.int32(m), cupy.int32(n),
+                                                          cupy.int32(idx.shape[1])), x)
 
 
 def _omp_qr(atoms: torch.Tensor, x: torch.Tensor, s: int, tol: float | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,29 +135,6 @@ def _back_substitute(R: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return gamma
 
 
-def gram_of(dictionary: torch.Tensor) -> torch.Tensor:
-    """``D^T D`` in float32 (the CUDA kernel's input; callers that encode repeatedly keep it)."""
-    D = dictionary.float()
-    return D.T @ D
-
-
-def omp_cuda(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int,
-             gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    import cupy
-
-    from llmx.core import kernels
-
-    D = dictionary.float().contiguous()
-    b = (x.float() @ D).contiguous()
-    G = gram.float().contiguous()
-    m, n = b.shape
-    idx = torch.zeros(m, sparsity, dtype=torch.long, device=x.device)
-    coef = torch.zeros(m, sparsity, dtype=torch.float32, device=x.device)
-    kernels.launch(KERNEL, "omp_gram", (m,), (256,), (cupy.asarray(b), cupy.asarray(G), cupy.asarray(idx), cupy.asarray(coef),
-                                                      cupy.int32(m), cupy.int32(n), cupy.int32(sparsity)), x, shared_mem=4 * n)
-    return idx, coef
-
-
 def matching_pursuit(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain matching pursuit (no refit): the naive baseline OMP must beat."""
     D = dictionary.float()
@@ -159,12 +164,18 @@ _FP8_TABLES: dict[torch.device, torch.Tensor] = {}
 
 
 def to_float(coef: torch.Tensor) -> torch.Tensor:
-    """Stored coefficients as float32. float8 goes through a 256-entry table: the same values as ``.float()``, several
-    times faster on the CPU, where the cast is scalar."""
-    if coef.dtype != torch.float8_e4m3fn:
+    """Stored coefficients as float32. float8 on the CPU goes through a 256-entry table (kept, 1 KiB: see
+    ``held_tables``): the same values as ``.float()``, several times faster there, where the cast is scalar."""
+    if coef.dtype != torch.float8_e4m3fn or coef.device.type != "cpu":
         return coef.float()
     table = _FP8_TABLES.get(coef.device)
     if table is None:
         table = torch.arange(256, dtype=torch.uint8, device=coef.device).view(torch.float8_e4m3fn).float()
         _FP8_TABLES[coef.device] = table
     return table.index_select(0, coef.reshape(-1).view(torch.uint8).int()).view(coef.shape)
+
+
+def held_tables(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The tensors ``to_float`` keeps on ``device`` between calls (shared by every codec there), for the memory
+    figures."""
+    return tuple(t for d, t in _FP8_TABLES.items() if d == device)

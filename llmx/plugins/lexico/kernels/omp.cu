@@ -1,7 +1,10 @@
-// Batched Gram-based OMP, one thread block per signal (Lexico). Inputs: b = D^T x [M, N] and G = D^T D [N, N]
-// (both from cuBLAS GEMMs on the host side). Each iteration: block-wide argmax of |c| over atoms not yet chosen,
-// incremental Cholesky row for the new atom (thread 0; k <= MAX_S), least-squares refit on the support by two
-// triangular solves (thread 0), then every thread refreshes its atoms' correlations c_j = b_j - sum_i G[j, S_i] g_i.
+// Batched Gram-based OMP, one thread block per signal (Lexico, arXiv 2412.08890, Sec. 3). Inputs: b = D^T x [M, N]
+// and G = D^T D [N, N] (both from cuBLAS GEMMs on the host side). Each iteration: block-wide argmax of the
+// correlations |c_j| = |b_j - sum_i G[S_i, j] g_i| over atoms not yet chosen (computed as they are scanned, read from
+// G's rows since G is symmetric: coalesced), incremental Cholesky row for the new atom (thread 0; k <= MAX_S), then the
+// least-squares refit g on the support by two triangular solves (thread 0).
+// No dynamic shared memory: the correlations are never stored, so any number of atoms fits (static shared memory
+// only, about 6.5 KiB, whatever N).
 // An atom already in the chosen span (s >= head_dim on an exactly represented signal) ends the signal: the remaining
 // slots repeat the first atom with coefficient 0, as the PyTorch reference's early stop.
 // Output: idx [M, s] (int64) and coef [M, s] (float32), the same contract as the PyTorch reference.
@@ -13,7 +16,6 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
                                     int M, int N, int s) {
     int m = blockIdx.x;
     if (m >= M) return;
-    extern __shared__ float c[];            // N correlations
     __shared__ float best_val[THREADS];
     __shared__ int best_idx[THREADS];
     __shared__ int support[MAX_S];
@@ -22,16 +24,19 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
     __shared__ float rhs[MAX_S];
     __shared__ int used;                    // atoms taken before the stop
     const float* bm = b + (long long)m * N;
-    for (int j = threadIdx.x; j < N; j += blockDim.x) c[j] = bm[j];
     if (threadIdx.x == 0) used = s;
     __syncthreads();
     for (int k = 0; k < s && used == s; ++k) {
         float v = -1.f;
         int arg = 0;
         for (int j = threadIdx.x; j < N; j += blockDim.x) {
+            float c = bm[j];
             bool taken = false;
-            for (int i = 0; i < k; ++i) taken |= (support[i] == j);
-            float a = taken ? -1.f : fabsf(c[j]);
+            for (int i = 0; i < k; ++i) {
+                c -= G[(long long)support[i] * N + j] * gamma[i];
+                taken |= (support[i] == j);
+            }
+            float a = taken ? -1.f : fabsf(c);
             if (a > v) { v = a; arg = j; }
         }
         best_val[threadIdx.x] = v;
@@ -74,12 +79,6 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
                 for (int q = r + 1; q <= k; ++q) acc -= L[q * MAX_S + r] * gamma[q];
                 gamma[r] = acc / L[r * MAX_S + r];
             }
-        }
-        __syncthreads();
-        for (int j = threadIdx.x; j < N; j += blockDim.x) {
-            float acc = bm[j];
-            for (int i = 0; i <= k; ++i) acc -= G[(long long)j * N + support[i]] * gamma[i];
-            c[j] = acc;
         }
         __syncthreads();
     }
