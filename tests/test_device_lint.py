@@ -13,8 +13,7 @@ the enclosing classes/functions or ``<module>``, ``pattern`` one of the three be
   allow-list entry says which.
 
 Exceptions live in ``ALLOW`` below, keyed by ``(path, scope, pattern)`` with a one-line reason; an entry that no longer
-matches anything fails the test, so the list cannot rot. ``PENDING`` names directories being fixed elsewhere; they are
-skipped until that work lands (then the constant is emptied).
+matches anything fails the test, so the list cannot rot.
 """
 
 from __future__ import annotations
@@ -23,9 +22,6 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# Directories whose device fixes are in flight in another change: skipped until then. Empty this when they land.
-PENDING = {"llmx/plugins/lexico"}
 
 FACTORIES = frozenset({
     "zeros", "ones", "empty", "full", "arange", "range", "tensor", "randn", "rand", "randint", "randperm", "eye",
@@ -174,15 +170,10 @@ def lint_source(source: str, path: str) -> list[tuple[str, str, str, int, str]]:
     return v.found
 
 
-def lint_tree(root: Path = ROOT, pending: set[str] = PENDING) -> list[tuple[str, str, str, int, str]]:
-    """Every finding in ``root/llmx`` outside the ``pending`` directories."""
-    out = []
-    for file in sorted((root / "llmx").rglob("*.py")):
-        rel = file.relative_to(root).as_posix()
-        if any(rel == p or rel.startswith(p + "/") for p in pending):
-            continue
-        out += lint_source(file.read_text(encoding="utf-8"), rel)
-    return out
+def lint_tree(root: Path = ROOT) -> list[tuple[str, str, str, int, str]]:
+    """Every finding in ``root/llmx``."""
+    return [f for file in sorted((root / "llmx").rglob("*.py"))
+            for f in lint_source(file.read_text(encoding="utf-8"), file.relative_to(root).as_posix())]
 
 
 def check(found, allow=ALLOW) -> tuple[list[str], list[tuple[str, str, str]]]:
@@ -206,7 +197,6 @@ def test_allow_list_entries_name_real_files_with_one_line_reasons():
         assert (ROOT / path).is_file(), path
         assert pattern in ("factory", "numpy", "cpu-op"), pattern
         assert reason.strip() and "\n" not in reason, (path, scope, pattern)
-        assert not any(path.startswith(p + "/") for p in PENDING), path
 
 
 PLANTED = "import torch\n\n\ndef f(x):\n    return torch.zeros(3) + x\n"
@@ -220,15 +210,14 @@ def test_catches_a_planted_factory_in_a_plugin(tmp_path):
     plugin = tmp_path / "llmx" / "plugins" / "planted"
     plugin.mkdir(parents=True)
     (plugin / "method.py").write_text(PLANTED)
-    found = lint_tree(tmp_path, pending=set())
+    found = lint_tree(tmp_path)
     key = ("llmx/plugins/planted/method.py", "f", "factory")
     assert _keys(found) == [key]
     assert check(found, allow={}) == (["llmx/plugins/planted/method.py:5 in f: torch.zeros() without device="], [])
     assert check(found, allow={key: "why"}) == ([], [])  # an entry covers it...
     (plugin / "method.py").write_text(PLANTED.replace("zeros(3)", "zeros(3, device=x.device)"))
-    assert lint_tree(tmp_path, pending=set()) == []  # ...the fix passes...
+    assert lint_tree(tmp_path) == []  # ...the fix passes...
     assert check([], allow={key: "why"}) == ([], [key])  # ...and then the entry is stale
-    assert lint_tree(tmp_path, pending={"llmx/plugins/planted"}) == []
 
 
 def test_catches_factory_variants():
