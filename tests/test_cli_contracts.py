@@ -3,6 +3,7 @@ has its exit code, and each is found before any work is done."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -51,6 +52,25 @@ def test_cuda_without_cuda_is_exit_3_before_any_work(cli, tmp_path):
     r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--device", "cuda", "-o", tmp_path / "runs")
     assert r.code == 3 and "CUDA" in r.err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="needs a machine without CuPy")
+def test_cuda_without_cupy_is_exit_3_for_a_method_with_kernels_and_cpu_needs_none(cli, tmp_path, monkeypatch):
+    from llmx.cli.build import resolve_cli
+    from llmx.core.pipeline import check_requirements
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA machine, as far as the checks can tell
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    r = cli("quantize", "--method", "rtn", "--model", "tiny:llama", "--device", "cuda", "-o", tmp_path / "runs")
+    assert r.code == 3 and "'cupy'" in r.err and "pip install 'llmx[gpu]'" in r.err, r.err
+    assert not (tmp_path / "runs").exists()
+
+    def run(method: str, device: str):
+        raw = {"model": "tiny:llama", "device": device, "pipeline": [{"stage": "quantize", "method": method}]}
+        return resolve_cli(raw, None, None, source=None)
+
+    check_requirements(run("rtn", "cpu"))  # on the CPU the kernels' PyTorch references run: no CuPy needed
+    check_requirements(run("bnb", "cuda"))  # a method without CuPy kernels: CUDA without CuPy is fine
 
 
 def test_a_truncated_weight_file_is_exit_2_naming_it(cli, tmp_path):

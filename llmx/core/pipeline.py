@@ -37,10 +37,13 @@ def check_requirements(run: ResolvedRun) -> None:
     requirements, and those its params add (``params.requirements()``, such as ``peft`` for a LoRA adapter); and the
     device the run asks for."""
     check_device(run.config.device)
+    cuda = run.config.device.startswith("cuda")
     for stage in run.stages:
         extra = getattr(stage.params, "requirements", lambda: ())()
         for req in (*stage.spec.requires, *extra):
-            if req == "gpu" or (req == "cupy" and run.config.device.startswith("cuda")):
+            if req == "cupy" and not cuda:
+                continue  # a method's CuPy kernels serve CUDA tensors only; the CPU runs their PyTorch references
+            if req == "gpu" or req == "cupy":
                 import torch
 
                 if not torch.cuda.is_available():

@@ -48,8 +48,8 @@ class MethodSpec:
 
     ``impl`` is ``"module:callable"``, imported only when the method runs; the callable takes
     ``(ctx: RunContext, params)`` and returns a mapping of metrics (or None).
-    ``requires`` names hard requirements checked before the run: ``gpu``, ``cupy`` or an importable
-    module name such as ``bitsandbytes``.
+    ``requires`` names hard requirements checked before the run: ``gpu``, ``cupy`` (the method's CUDA path runs
+    CuPy kernels: needed with ``--device cuda`` only) or an importable module name such as ``bitsandbytes``.
     """
 
     name: str

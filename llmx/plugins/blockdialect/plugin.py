@@ -14,4 +14,5 @@ def llmx_methods():
         summary="BlockDialect: a per-block FP4 dialect from a 16-entry formatbook, MX exponent, integer-MAC values; "
                 "weights exhaustive, activations two-stage, optionally the attention matmuls (full path).",
         paper="Jang & Tambe, ICML 2025 (arXiv 2501.01144)",
+        requires=("cupy",),
     )

@@ -8,10 +8,12 @@ PAPER = "Hua et al., ICML 2025 (arXiv 2412.17739)"
 @hookimpl
 def llmx_methods():
     yield MethodSpec("fope", (Stage.TRAIN,), "llmx.plugins.fope.method:train", FopeParams, paper=PAPER,
+                     requires=("cupy",),
                      summary="FoPE: train a Llama-family model with Fourier position embedding (floor-clipped "
                      "frequencies, per-head Fourier series); position: rope | alibi as the baselines.")
     yield MethodSpec("length", (Stage.EVAL, Stage.ANALYZE), "llmx.plugins.fope.length:run", LengthParams,
-                     paper=PAPER, summary="Length generalisation: perplexity at 1x-8x the training length, loss by "
+                     paper=PAPER, requires=("cupy",),
+                     summary="Length generalisation: perplexity at 1x-8x the training length, loss by "
                      "position bucket, a copy probe; yarn_factor for RoPE + YaRN.")
 
 

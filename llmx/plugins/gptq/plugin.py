@@ -12,4 +12,5 @@ def llmx_methods():
         config=GPTQParams,
         summary="GPTQ: second-order weight quantization from calibration Hessians (block-wise lazy updates).",
         paper="Frantar et al., ICLR 2023 (baseline)",
+        requires=("cupy",),
     )

@@ -14,4 +14,5 @@ def llmx_methods():
         summary="GuidedQuant: end-loss saliency-weighted Hessians per output-channel group, for LNQ (per-row "
                 "codebooks), GPTQ or the SqueezeLLM seed.",
         paper="Kim et al., ICML 2025 (arXiv 2505.07004)",
+        requires=("cupy",),
     )

@@ -7,10 +7,10 @@ from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams, LexicoTra
 def llmx_methods():
     yield MethodSpec("lexico", (Stage.TRAIN,), "llmx.plugins.lexico.method:train", LexicoTrainParams,
                      summary="Lexico: learn per-layer universal K/V dictionaries from the model's KV vectors.",
-                     paper="Kim et al., ICML 2025 (arXiv 2412.08890)")
+                     paper="Kim et al., ICML 2025 (arXiv 2412.08890)", requires=("cupy",))
     yield MethodSpec("lexico", (Stage.DECODE,), "llmx.plugins.lexico.method:decode", LexicoDecodeParams,
                      summary="Lexico: KV cache as sparse codes (OMP) over the dictionaries; quality and memory vs "
-                     "the full cache.", paper="Kim et al., ICML 2025 (arXiv 2412.08890)")
+                     "the full cache.", paper="Kim et al., ICML 2025 (arXiv 2412.08890)", requires=("cupy",))
     yield MethodSpec("kivi", (Stage.DECODE,), "llmx.plugins.lexico.method:kivi", KIVIParams,
                      summary="KIVI 2/4-bit KV cache quantization (baseline), measured like Lexico.",
                      paper="Liu et al., 2024 (baseline)")

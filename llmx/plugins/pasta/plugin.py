@@ -16,7 +16,8 @@ def llmx_methods():
                      "positions (annotated: false: Baseline-SFT on the same rows, tags stripped).", paper=PAPER)
     yield MethodSpec("pasta", (Stage.DECODE,), "llmx.plugins.pasta.method:decode", PastaDecodeParams,
                      summary="The Pasta-Lang interpreter: independent chunks decoded as parallel threads over one "
-                     "interleaved KV cache; steps, theoretical speedup, parse rate, judge NLL.", paper=PAPER)
+                     "interleaved KV cache; steps, theoretical speedup, parse rate, judge NLL.", paper=PAPER,
+                     requires=("cupy",))
     yield MethodSpec("pasta-bonbon", (Stage.ALIGN,), "llmx.plugins.pasta.method:bonbon", BonbonParams,
                      summary="BoNBoN rounds for Pasta: sample through the interpreter, score speedup + λ·quality, "
                      "train SFT on the best plus IPO best-vs-worst.", paper=PAPER)

@@ -13,4 +13,5 @@ def llmx_methods():
         config=RTNParams,
         summary="Round-to-nearest weight-only integer quantization (per-channel or per-group): the baseline.",
         paper="baseline",
+        requires=("cupy",),
     )
