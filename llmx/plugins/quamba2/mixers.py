@@ -85,7 +85,12 @@ class QuantMixer(torch.nn.Module):
         return self.out_proj(self.q("ssm_out", y).to(dtype))
 
     def initial_state(self, cache: Any) -> torch.Tensor | None:
-        return cache.get_recurrent_state(self.layer_idx) if cache is not None else None
+        """The cached SSM state, None before the prefill (read before ``conv``, whose cache update marks the layer).
+        ``has_previous_state`` and the layer's ``recurrent_states`` exist in every supported transformers (5.17 has no
+        ``get_recurrent_state``, which in 5.23 reads the same two)."""
+        if cache is None or not cache.has_previous_state(self.layer_idx, 0):
+            return None
+        return cache.layers[self.layer_idx].recurrent_states[0]
 
     def observing_state(self) -> bool:
         return "state" in self.points and isinstance(self.points["state"], Observer)
@@ -139,7 +144,11 @@ class Mamba2Mixer(QuantMixer):
         self._common(hf)
         self.dt_bias = torch.nn.Parameter(hf.dt_bias.detach().clone())
         self.norm_weight = torch.nn.Parameter(hf.norm.weight.detach().clone())
-        self.norm_eps, self.norm_group = hf.norm.variance_epsilon, hf.norm.group_size
+        # Mamba2's gated RMSNorm normalizes each of the n_groups groups separately (mamba_ssm, transformers 5.23's
+        # ``group_size``); transformers 5.17's norm has no group size and spans the whole width, which is the same
+        # only for n_groups == 1. The group follows the model either way.
+        self.norm_eps = hf.norm.variance_epsilon
+        self.norm_group = getattr(hf.norm, "group_size", hf.intermediate_size // hf.n_groups)
         self.heads, self.head_dim, self.groups, self.state = hf.num_heads, hf.head_dim, hf.n_groups, hf.ssm_state_size
         self.inner = hf.intermediate_size
         self.dt_limit = tuple(hf.time_step_limit)
