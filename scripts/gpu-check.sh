@@ -9,12 +9,14 @@
 #   2. install .whl/*.whl into /tmp/llmx-site (no index, no deps) and run llmx from this checkout (PYTHONPATH);
 #   3. every smoke recipe on CUDA and, alongside, on the CPU (LLMX_CPU_KERNELS=0: the exact float32 path), plus the
 #      gpu-marked tests other than the recipe comparison;
+#      and, beside them, the fast CPU suite under the machine's own torch and transformers (the lowest bounds
+#      pyproject.toml states are what CUDA images ship: this is where torch's is tested);
 #   4. tests/test_gpu_methods.py on those runs: each recipe's CUDA metrics and saved codes against its CPU run;
 #   5. benchmarks/bench_kernels_gpu.py: every CuPy kernel against its PyTorch reference, timed with CUDA events;
 #   6. Lexico and KIVI at an 896-token context against the full cache: stored bytes and peak device memory;
 #   7. summary.md and summary.json: per recipe CUDA/CPU smoke and comparison, other gpu tests, kernels, memory.
 # Exit 0 when every step passed, 1 otherwise, 3 when refused. For a rerun of what failed: GPU_CHECK_RECIPES="rtn gptq"
-# limits steps 3-4 to those recipes, GPU_CHECK_STEPS="smoke compare" (of: smoke tests compare kernels memory) to those
+# limits steps 3-4 to those recipes, GPU_CHECK_STEPS="smoke compare" (of: smoke tests suite compare kernels memory) to those
 # steps. GPU_CHECK_DRY=1 walks every step on a machine without a GPU (to test this script).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -93,7 +95,7 @@ smoke_one() {  # smoke_one DEVICE RECIPE DEADLINE: one recipe, cut at the phase'
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 smoke_and_tests() {  # the recipes on both devices and the other gpu tests, side by side (16 cores, one GPU)
-  local deadline=$(($(date +%s) + $1)) recipes cuda=0 cpu=0
+  local deadline=$(($(date +%s) + $1)) recipes cuda=0 cpu=0 tests
   # the slowest first (CPU seconds measured on the CI machine), so the phase does not end on a long tail
   recipes=${GPU_CHECK_RECIPES:-$( (for n in $SLOW; do [ -f "configs/smoke/$n.yaml" ] && echo "$n"; done
                                    for f in configs/smoke/*.yaml; do basename "$f" .yaml; done) | awk '!seen[$0]++')}
@@ -112,7 +114,15 @@ smoke_and_tests() {  # the recipes on both devices and the other gpu tests, side
       --continue-on-collection-errors --junitxml="$WORK/pytest-gpu.xml" \
       --deselect tests/test_gpu_methods.py::test_recipe_on_cuda_matches_the_cpu tests > "$WORK/pytest-gpu.txt" 2>&1
     echo "pytest -m gpu: exit $?"
+  fi &
+  tests=$!
+  if want suite; then  # 4 workers (pytest-xdist, on CUDA images) beside 10 smoke processes: 15 of 16 cores
+    local workers=(-n 4); "$PY" -c 'import xdist' 2>/dev/null || workers=()
+    OMP_NUM_THREADS=1 timeout -k 10 $(($1 - 5)) "$PY" -m pytest -m "not slow and not gpu" "${workers[@]}" -p no:cacheprovider -q \
+      --junitxml="$WORK/pytest-suite.xml" tests > "$WORK/pytest-suite.txt" 2>&1
+    echo "fast suite: exit $?"
   fi
+  wait "$tests"
   [ "$cuda" -eq 0 ] || wait "$cuda" "$cpu"
   echo "smoke: $(grep -c . "$WORK/smoke/results.tsv") runs recorded"
 }
@@ -137,7 +147,7 @@ memory() {  # the smoke recipe's Lexico and KIVI stages at a longer context, bf1
     --output-dir "$RUNS/memory" > "$WORK/memory.json"
 }
 
-STEPS=${GPU_CHECK_STEPS:-smoke tests compare kernels memory}
+STEPS=${GPU_CHECK_STEPS:-smoke tests suite compare kernels memory}
 export STEPS
 export -f install_wheels environment want smoke_one smoke_and_tests compare kernels memory
 SLOW="quamba2_mamba1 quamba2 pasta funbo upcycle prosec llava zoo_text reper guidedquant sft parrot"
@@ -150,7 +160,7 @@ if ! grep -q "^environment	0	" "$WORK/steps.tsv"; then
     "$WORK/environment.log"; } > "$RESULT/summary.md"
   exit 1
 fi
-{ want smoke || want tests; } && step smoke 210 smoke_and_tests 200
+{ want smoke || want tests || want suite; } && step smoke 210 smoke_and_tests 200
 want compare && step compare 40 compare
 want kernels && step kernels 70 kernels
 want memory && step memory 45 memory
@@ -218,6 +228,8 @@ for name in recipes:
                        "gpu_test": c.get("outcome", "not run"), "gpu_test_message": c.get("message", ""),
                        "largest_difference": top, "largest_differences": big, "problems": problems.get(name, [])})
 others = junit(out / "pytest-gpu.xml")
+suite = junit(out / "pytest-suite.xml")
+suite_counts = {k: sum(c["outcome"] == k for c in suite) for k in ("passed", "failed", "error", "skipped")}
 by_file = {}
 for c in others:
     f = by_file.setdefault(c["file"], {"passed": 0, "failed": 0, "error": 0, "skipped": 0})
@@ -256,10 +268,14 @@ device = (f"{torch.cuda.get_device_name()} (torch {torch.__version__}, CUDA {tor
 judged = ("passed", "skipped") if (out / "pytest-compare.xml").is_file() else ("passed", "skipped", "not run")
 failed = ([f"{r['recipe']} (gpu test {r['gpu_test']})" for r in per_recipe if r["gpu_test"] not in judged]
           + [f"{r['recipe']} (cuda smoke)" for r in per_recipe if r["cuda_smoke"] and not r["cuda_smoke"]["ok"]]
-          + [f"{c['file']}::{c['name']}" for c in others if c["outcome"] in ("failed", "error")]
+          + [f"{c['file']}::{c['name']}" for c in others + suite if c["outcome"] in ("failed", "error")]
           + [f"{r['kernel']} {r['shape']}" for r in bench.get("rows", []) if not r.get("match")]
-          + [f"step {s['step']} (exit {s['rc']})" for s in steps if s["rc"]])
-summary = {"device": device, "steps": steps, "recipes": per_recipe, "other_gpu_tests": by_file,
+          + [f"step {s['step']} (exit {s['rc']})" for s in steps if s["rc"]]
+          + (["fast suite (no result: see pytest-suite.txt)"] if "suite" in os.environ["STEPS"].split() and not suite else []))
+import transformers  # noqa: E402
+
+summary = {"device": device, "transformers": transformers.__version__, "suite": suite_counts,
+           "suite_failures": [c for c in suite if c["outcome"] in ("failed", "error")], "steps": steps, "recipes": per_recipe, "other_gpu_tests": by_file,
            "other_gpu_failures": [c for c in others if c["outcome"] in ("failed", "error")],
            "kernels": bench.get("rows", []), "memory": memory, "failed": failed}
 (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -283,6 +299,8 @@ lines = [f"# llmx device check: {device}", "",
          "steps: " + ", ".join(f"{s['step']} {'ok' if s['rc'] == 0 else 'exit ' + str(s['rc'])} {s['seconds']}s"
                                for s in steps), "",
          f"failed: {', '.join(failed) if failed else 'nothing'}", "",
+         f"fast CPU suite under torch {torch.__version__}, transformers {transformers.__version__}: "
+         + (", ".join(f"{n} {k}" for k, n in suite_counts.items()) if suite else "not run"), "",
          "## Recipes: CUDA run, CPU run, CUDA against CPU (tests/test_gpu_methods.py)", "",
          "| recipe | cuda smoke | cpu smoke | gpu test | largest relative difference |", "|---|---|---|---|---|"]
 for r in per_recipe:
