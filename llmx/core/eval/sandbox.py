@@ -7,7 +7,9 @@ the whole process group, also when the caller is interrupted; its own network na
 unprivileged ones; an audit hook that stops the program (``forbidden``) when it forks, spawns, signals, connects,
 binds, sends or resolves a name through a socket, loads a C library through ctypes, changes its limits, or writes,
 removes or renames anything (a SQLite file included) outside its folder. A program passes only when it runs to its
-end: a ``sys.exit`` or ``os._exit`` half-way fails.
+end: a ``sys.exit`` or ``os._exit`` half-way fails. A caller's harness may name trusted modules to ``preload``: the
+child imports them under the limits but before the hook, as a library's import-time work is not the program's (numpy
+1.25 to 2.1.1 run ``lscpu`` when ``numpy.testing`` is imported, which scipy 1.10's ``stats`` and ``optimize`` do).
 
 What it does not protect against: it is not a container. The program can read every file the user can; code in C
 extensions it imports (numpy, say) is not audited; the audit hook lives in the same interpreter, so a program
@@ -64,13 +66,15 @@ class Outcome:
 
 
 def run(source: str, limits: Limits = Limits(), root: str | Path | None = None, module_name: str = "__main__",
-        collect: str | None = None) -> Outcome:
+        collect: str | None = None, preload: Sequence[str] = ()) -> Outcome:
     """Run ``source`` as a program (its ``__name__`` is ``module_name``); the scratch folder is made under ``root``
     (the system temp folder by default). ``collect`` names a file the program writes in its folder (a reply larger
-    than the captured stdout): read back, when it is a regular file, before the folder goes."""
+    than the captured stdout): read back, when it is a regular file, before the folder goes. ``preload`` names
+    installed modules the child imports before the audit hook (never from the scratch folder, which is not on its
+    path yet); one that fails to import fails the run."""
     scratch = tempfile.mkdtemp(prefix="llmx-sandbox-", dir=root)
     try:
-        outcome = _run(source, limits, scratch, module_name)
+        outcome = _run(source, limits, scratch, module_name, tuple(preload))
         return replace(outcome, collected=_collect(scratch, collect)) if collect else outcome
     finally:
         _remove(scratch)
@@ -111,7 +115,7 @@ def _writable(func, path, _exc) -> None:
     func(path)
 
 
-def _run(source: str, limits: Limits, scratch: str, module_name: str) -> Outcome:
+def _run(source: str, limits: Limits, scratch: str, module_name: str, preload: tuple[str, ...] = ()) -> Outcome:
     program = os.path.join(scratch, "program.py")
     with open(program, "w", encoding="utf-8") as f:
         f.write(source)
@@ -119,7 +123,8 @@ def _run(source: str, limits: Limits, scratch: str, module_name: str) -> Outcome
     read_end, write_end = os.pipe()
     cfg = {"scratch": scratch, "program": program, "status_fd": write_end, "forbidden_code": FORBIDDEN_CODE,
            "cpu_seconds": int(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb) << 20,
-           "file_bytes": int(limits.file_mb) << 20, "processes": limits.processes, "module_name": module_name}
+           "file_bytes": int(limits.file_mb) << 20, "processes": limits.processes, "module_name": module_name,
+           "preload": list(preload)}
     env = {"PATH": os.defpath, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8", **dict.fromkeys(THREADS, "1")}
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:

@@ -1,12 +1,14 @@
 """The sandboxed child (run as ``python -I -B sandbox_child.py CONFIG``; imports nothing from llmx).
 
 Order matters: read the pass token from stdin, leave the network namespace where the kernel allows it, set the
-resource limits, install the audit hook, then run the program. Outcome lines go to the status descriptor:
-``pass TOKEN`` only when the program ran to its end; ``forbidden``, ``memory``, ``file_size``, ``exit`` or ``error`` otherwise.
+resource limits, import the caller's trusted ``preload`` modules, install the audit hook, then run the program.
+Outcome lines go to the status descriptor: ``pass TOKEN`` only when the program ran to its end; ``forbidden``,
+``memory``, ``file_size``, ``exit`` or ``error`` otherwise.
 """
 
 import ctypes
 import errno
+import importlib
 import json
 import os
 import resource
@@ -85,6 +87,12 @@ def main() -> None:
 
     with open(cfg["program"], encoding="utf-8") as f:
         source = f.read()
+    for name in cfg["preload"]:  # trusted libraries, whose import-time work (numpy.testing's lscpu) is not the program's
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - reported as the run's error
+            report("error", f"preloading {name}: {type(exc).__name__}: {exc}")
+            os._exit(1)
     sys.path.insert(0, scratch)
     os.open = open_fd
     sys.addaudithook(hook)

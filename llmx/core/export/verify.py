@@ -23,19 +23,34 @@ def quiet_library() -> Iterator[None]:
         logger.enable("compressed_tensors")
 
 
+def dequantizes_while_loading() -> bool:
+    """Whether transformers dequantizes a compressed-tensors checkpoint weight by weight as it loads (a load operation
+    of its quantizer, as 5.23 does) rather than by decompressing the loaded model in one step afterwards (5.17)."""
+    from transformers.quantizers.quantizer_compressed_tensors import CompressedTensorsHfQuantizer
+
+    return "get_load_operations" in vars(CompressedTensorsHfQuantizer)
+
+
 def check_loads(folder: str | Path, arch: str) -> None:
     """Plain transformers accepts the folder: ``from_pretrained`` on the meta device (no memory, no compute) builds the
     architecture with compressed-tensors' layers and matches every stored tensor to them, so a folder it would refuse
     (an architecture whose loading code reads a packed layer's ``weight``, a tensor of the wrong shape) is refused
     here, before it is written."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from llmx.errors import UsageError
 
     try:
         with quiet_library():
-            _, info = AutoModelForCausalLM.from_pretrained(str(folder), device_map="meta", output_loading_info=True,
-                                                           local_files_only=True)
+            config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+            qconfig = getattr(config, "quantization_config", None) or {}
+            if qconfig.get("dequantize") and not dequantizes_while_loading():
+                # There (5.17) a ``dequantize`` folder loads into the same compressed layers as any other and the
+                # whole model is decompressed afterwards, which compressed-tensors cannot do on the meta device: the
+                # tensors are matched to the layers all the same without that last step (load_plain takes it).
+                config.quantization_config = {**qconfig, "dequantize": False}
+            _, info = AutoModelForCausalLM.from_pretrained(str(folder), config=config, device_map="meta",
+                                                           output_loading_info=True, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever transformers raises, the folder is not written
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise UsageError(f"cannot export to compressed-tensors: plain transformers cannot load {arch} with "

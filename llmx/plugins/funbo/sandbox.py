@@ -22,6 +22,9 @@ from llmx.plugins.funbo.program import ProgramError, check
 
 ROOT = str(Path(__file__).resolve().parents[3])
 REPLY = "reply.json"
+# The libraries the harness (bo, gp, program) imports, imported before the audit hook: their import-time work is not
+# the program's (numpy 1.25 to 2.1.1 spawn ``lscpu`` when scipy 1.10's stats and optimize import numpy.testing).
+PRELOAD = ("numpy", "scipy.linalg", "scipy.optimize", "scipy.special", "scipy.stats")
 DRIVER = """import json, sys
 sys.path.insert(0, {root!r})
 from llmx.plugins.funbo.worker import evaluate
@@ -55,7 +58,7 @@ def evaluate(source: str, problems: list[ProblemSpec], trials: int = 30, beta: f
                           "beta": beta})
     driver = DRIVER.format(root=ROOT, request=request, reply=REPLY)
     out = core.run(driver, core.Limits(wall_seconds=limits.timeout_s, cpu_seconds=math.ceil(limits.timeout_s),
-                                       memory_mb=limits.memory_mb, file_mb=16), collect=REPLY)
+                                       memory_mb=limits.memory_mb, file_mb=16), collect=REPLY, preload=PRELOAD)
     if not out.passed:
         return Outcome(False, reason=f"{out.status}: {out.reason}"[:300])
     return _reply(out.collected, problems, trials, time_term)
