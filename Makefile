@@ -41,6 +41,8 @@ $(LOWEST)/.installed: pyproject.toml scripts/lowest_constraints.py
 	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check torch==$(TORCH_CPU)
 	$(PYTHON) scripts/lowest_constraints.py > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/pip install --quiet --disable-pip-version-check -c $(LOWEST)/constraints.txt -e '.[dev]'
+	$(LOWEST)/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH_CPU)' \
+		and 'installing llmx replaced torch $(TORCH_CPU) with ' + torch.__version__)"
 	touch $@
 
 # Wheels for scripts/gpu-check.sh on a GPU machine that reaches no package index: copy the repo with .whl/ along.
