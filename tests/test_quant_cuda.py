@@ -133,3 +133,16 @@ def test_quantize_and_export_end_to_end_on_cuda(method, bits, tmp_path):
     assert logits.is_cuda and torch.isfinite(logits).all() and metrics["layers"] > 0
     out = export.write(export.prepare(q), q, tok, tmp_path / "ct", verify=True)
     assert out["max_abs_logit_diff"] < 1e-2
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("fmt", [IntFormat(4, 64), IntFormat(8, None), IntFormat(4, 128, symmetric=False),
+                                 IntFormat(3, 32, full_range=False)])
+def test_round_to_nearest_codes_and_scales_are_bit_exact_on_cuda(fmt):
+    """Scales divide by a device tensor, not a Python number (which CUDA turns into a reciprocal multiply)."""
+    torch.manual_seed(0)
+    w = torch.randn(512, 1024) * torch.rand(512, 1)
+    cpu, gpu = quantize(w, fmt), quantize(w.cuda(), fmt)
+    for a, b in zip(cpu, gpu, strict=True):
+        assert torch.equal(a, b.cpu())

@@ -75,12 +75,16 @@ def _ungrouped(wg: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 
 def range_to_scale(lo: torch.Tensor, hi: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale and zero point that map ``[lo, hi]`` (or ``±max|.|`` when symmetric) onto the integer grid."""
+    """Scale and zero point that map ``[lo, hi]`` (or ``±max|.|`` when symmetric) onto the integer grid.
+
+    The divisor is a tensor on the range's device: CUDA divides by a Python number as a multiplication by its
+    reciprocal (an ulp off), and the scales, hence the codes, would then differ from the CPU's."""
+    steps = torch.full((), fmt.steps, dtype=lo.dtype, device=lo.device)
     if fmt.symmetric:
-        scale = torch.maximum(lo.abs(), hi.abs()) / fmt.steps
+        scale = torch.maximum(lo.abs(), hi.abs()) / steps
         return scale.clamp(min=1e-12), torch.zeros_like(scale)
     lo, hi = lo.clamp(max=0), hi.clamp(min=0)
-    scale = ((hi - lo) / fmt.steps).clamp(min=1e-12)
+    scale = ((hi - lo) / steps).clamp(min=1e-12)
     return scale, torch.round(-lo / scale)
 
 
