@@ -12,13 +12,15 @@ the enclosing classes/functions or ``<module>``, ``pattern`` one of the three be
   ``aten._convert_weight_to_int4pack_for_cpu``, ...). Each call must sit behind an explicit device check; the
   allow-list entry says which.
 
-Exceptions live in ``ALLOW`` below, keyed by ``(path, scope, pattern)`` with a one-line reason; an entry that no longer
-matches anything fails the test, so the list cannot rot.
+Exceptions live in ``ALLOW`` below, keyed by ``(path, scope, pattern, count)`` with a one-line reason: ``count`` is how
+many such findings the scope holds, so a new one inside an allowed function fails too, and an entry whose count no
+longer matches fails the test, so the list cannot rot.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +29,7 @@ FACTORIES = frozenset({
     "zeros", "ones", "empty", "full", "arange", "range", "tensor", "randn", "rand", "randint", "randperm", "eye",
     "linspace", "logspace", "empty_strided", "as_tensor", "asarray", "tril_indices", "triu_indices", "normal", "bartlett_window",
     "hann_window", "hamming_window", "blackman_window", "kaiser_window",
+    "Tensor", "FloatTensor", "LongTensor", "IntTensor", "BoolTensor", "from_numpy",  # always on the CPU
 })
 
 # Ops with a CPU kernel only (a CUDA tensor raises deep inside aten, or worse, a caller "fixes" it with a silent copy).
@@ -46,42 +49,44 @@ BOTORCH = "FunBO's BoTorch re-check: numpy benchmark grids on the CPU (it has no
 HADAMARD = "a cached CPU constant of Python integers; _base_on moves it once per device and dtype"
 
 # (path relative to the repo root, scope, pattern) -> why the CPU is the right place (one line).
-ALLOW: dict[tuple[str, str, str], str] = {
-    ("llmx/core/data/__init__.py", "join_documents", "factory"): "the tokenizer's ids as a CPU token stream (data stays "
+ALLOW: dict[tuple[str, str, str, int], str] = {
+    ("llmx/core/data/__init__.py", "join_documents", "factory", 1): "the tokenizer's ids as a CPU token stream (data stays "
                                                                  "on the CPU until a batch moves)",
-    ("llmx/core/data/__init__.py", "random_windows", "factory"): SEEDED,
-    ("llmx/core/data/sampling.py", "EpochOrder.perm", "factory"): SEEDED + " (here: a Python list)",
-    ("llmx/core/eval/icl.py", "label_scores", "factory"): "scores of Python floats on the CPU, as next_logprobs returns",
-    ("llmx/core/eval/score.py", "next_logprobs", "factory"): "the CPU result table, filled with .cpu() rows per batch",
-    ("llmx/core/export/verify.py", "max_logit_difference", "factory"): SEEDED,
-    ("llmx/core/models/upcycle.py", "upcycle", "factory"): SEEDED + " (copy_ into the MoE's tensor)",
-    ("llmx/core/quant/cpu_kernels.py", "_block_rows", "factory"): "a CPU probe of the CPU kernel's layout (no layer data)",
-    ("llmx/core/quant/cpu_kernels.py", "_block_rows", "cpu-op"): "a CPU probe of the CPU kernel's layout (no layer data)",
-    ("llmx/core/quant/cpu_kernels.py", "to_kernel", "cpu-op"): CPU_KERNEL,
-    ("llmx/core/quant/cpu_kernels.py", "int8_matmul", "cpu-op"): CPU_KERNEL,
-    ("llmx/core/quant/cpu_kernels.py", "matmul", "cpu-op"): CPU_KERNEL,
-    ("llmx/core/quant/hadamard.py", "_jacobsthal", "factory"): HADAMARD,
-    ("llmx/core/quant/hadamard.py", "_paley", "factory"): HADAMARD,
-    ("llmx/core/quant/hadamard.py", "_base", "factory"): HADAMARD,
-    ("llmx/core/quant/saliency.py", "collect", "factory"): "the Fisher sums live on the CPU (documented), each gradient "
+    ("llmx/core/data/__init__.py", "random_windows", "factory", 1): SEEDED,
+    ("llmx/core/data/sampling.py", "EpochOrder.perm", "factory", 1): SEEDED + " (here: a Python list)",
+    ("llmx/core/eval/icl.py", "label_scores", "factory", 1): "scores of Python floats on the CPU, as next_logprobs returns",
+    ("llmx/core/eval/score.py", "next_logprobs", "factory", 1): "the CPU result table, filled with .cpu() rows per batch",
+    ("llmx/core/export/verify.py", "max_logit_difference", "factory", 1): SEEDED,
+    ("llmx/core/models/upcycle.py", "upcycle", "factory", 1): SEEDED + " (copy_ into the MoE's tensor)",
+    ("llmx/core/quant/cpu_kernels.py", "_block_rows", "factory", 1): "a CPU probe of the CPU kernel's layout (no layer data)",
+    ("llmx/core/quant/cpu_kernels.py", "_block_rows", "cpu-op", 1): "a CPU probe of the CPU kernel's layout (no layer data)",
+    ("llmx/core/quant/cpu_kernels.py", "to_kernel", "cpu-op", 1): CPU_KERNEL,
+    ("llmx/core/quant/cpu_kernels.py", "int8_matmul", "cpu-op", 1): CPU_KERNEL,
+    ("llmx/core/quant/cpu_kernels.py", "matmul", "cpu-op", 1): CPU_KERNEL,
+    ("llmx/core/quant/hadamard.py", "_jacobsthal", "factory", 3): HADAMARD,
+    ("llmx/core/quant/hadamard.py", "_paley", "factory", 6): HADAMARD,
+    ("llmx/core/quant/hadamard.py", "_base", "factory", 1): HADAMARD,
+    ("llmx/core/quant/saliency.py", "collect", "factory", 1): "the Fisher sums live on the CPU (documented), each gradient "
                                                            "added after .cpu()",
-    ("llmx/core/train/align/batch.py", "collate", "factory"): COLLATE,
-    ("llmx/core/train/align/batch.py", "step_matrix", "factory"): COLLATE,
-    ("llmx/core/train/align/run.py", "run", "factory"): SEEDED + " (here: a Python list)",
-    ("llmx/core/train/sft/batch.py", "padded", "factory"): COLLATE,
-    ("llmx/core/train/sft/batch.py", "packed", "factory"): COLLATE,
-    ("llmx/core/train/sft/batch.py", "check_packing", "factory"): SEEDED,
-    ("llmx/core/zoo/train.py", "pretrain.loss", "factory"): SEEDED + " (here: slice bounds into the token stream)",
-    ("llmx/plugins/clover/attention.py", "convert_model", "factory"): SEEDED,
-    ("llmx/plugins/fope/position.py", "base_frequencies", "factory"): "a float64 table computed on the CPU (bit-equal on "
+    ("llmx/core/train/align/batch.py", "collate", "factory", 4): COLLATE,
+    ("llmx/core/train/align/batch.py", "step_matrix", "factory", 2): COLLATE,
+    ("llmx/core/train/align/run.py", "run", "factory", 1): SEEDED + " (here: a Python list)",
+    ("llmx/core/train/sft/batch.py", "padded", "factory", 3): COLLATE,
+    ("llmx/core/train/sft/batch.py", "packed", "factory", 5): COLLATE,
+    ("llmx/core/train/sft/batch.py", "check_packing", "factory", 1): SEEDED,
+    ("llmx/core/train/checkpoint.py", "rng_state", "factory", 1): "numpy's generator state kept in a checkpoint (data "
+                                                                  "saved to disk, never computed with)",
+    ("llmx/core/zoo/train.py", "pretrain.loss", "factory", 1): SEEDED + " (here: slice bounds into the token stream)",
+    ("llmx/plugins/clover/attention.py", "convert_model", "factory", 1): SEEDED,
+    ("llmx/plugins/fope/position.py", "base_frequencies", "factory", 1): "a float64 table computed on the CPU (bit-equal on "
                                                                       "every device), moved by the caller",
-    ("llmx/plugins/fope/position.py", "init_coefficients", "factory"): SEEDED + " (xavier_normal_ with the generator)",
-    ("llmx/plugins/funbo/botorch_check.py", "_gp", "factory"): BOTORCH,
-    ("llmx/plugins/funbo/botorch_check.py", "run_fixed", "factory"): BOTORCH,
-    ("llmx/plugins/funbo/botorch_check.py", "standard", "factory"): BOTORCH,
-    ("llmx/plugins/pasta/sft.py", "batch", "factory"): COLLATE,
-    ("llmx/plugins/reper/pack.py", "batch", "factory"): COLLATE,
-    ("llmx/plugins/upcycling/method.py", "logit_error", "factory"): SEEDED,
+    ("llmx/plugins/fope/position.py", "init_coefficients", "factory", 1): SEEDED + " (xavier_normal_ with the generator)",
+    ("llmx/plugins/funbo/botorch_check.py", "_gp", "factory", 2): BOTORCH,
+    ("llmx/plugins/funbo/botorch_check.py", "run_fixed", "factory", 1): BOTORCH,
+    ("llmx/plugins/funbo/botorch_check.py", "standard", "factory", 1): BOTORCH,
+    ("llmx/plugins/pasta/sft.py", "batch", "factory", 6): COLLATE,
+    ("llmx/plugins/reper/pack.py", "batch", "factory", 3): COLLATE,
+    ("llmx/plugins/upcycling/method.py", "logit_error", "factory", 1): SEEDED,
 }
 
 
@@ -151,8 +156,10 @@ class _Visitor(ast.NodeVisitor):
         elif isinstance(f, ast.Name) and f.id in self.names:
             factory = self.names[f.id]
         if factory in FACTORIES:
-            kws = {k.arg for k in node.keywords}
-            if "device" not in kws and None not in kws:  # None: a ``**kwargs`` splat, trusted to carry the device
+            kws = {k.arg: k.value for k in node.keywords}
+            dev = kws.get("device")
+            if (dev is None or (isinstance(dev, ast.Constant) and dev.value is None)) and None not in kws:
+                # (a ``**kwargs`` splat, key None, is trusted to carry the device; ``device=None`` is the CPU)
                 self._add("factory", node, f"torch.{factory}() without device=")
         if isinstance(f, ast.Attribute):
             if f.attr == "numpy" and not node.args and not _has_cpu(f.value):
@@ -176,11 +183,13 @@ def lint_tree(root: Path = ROOT) -> list[tuple[str, str, str, int, str]]:
             for f in lint_source(file.read_text(encoding="utf-8"), file.relative_to(root).as_posix())]
 
 
-def check(found, allow=ALLOW) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """Findings not on the allow-list (as ``path:line in scope: what`` lines), and allow-list entries matching none."""
-    bad = [f"{p}:{line} in {s}: {what}" for p, s, pat, line, what in found if (p, s, pat) not in allow]
-    used = {(p, s, pat) for p, s, pat, *_ in found}
-    stale = [k for k in allow if k not in used]
+def check(found, allow=ALLOW) -> tuple[list[str], list[tuple[str, str, str, int]]]:
+    """Findings not covered by the allow-list (as ``path:line in scope: what`` lines: every finding of a scope whose
+    count differs from its entry's), and entries that match no scope with that count."""
+    counts = Counter((p, s, pat) for p, s, pat, *_ in found)
+    bad = [f"{p}:{line} in {s}: {what}" for p, s, pat, line, what in found
+           if (p, s, pat, counts[p, s, pat]) not in allow]
+    stale = [k for k in allow if counts[k[:3]] != k[3]]
     return bad, stale
 
 
@@ -189,11 +198,12 @@ def test_llmx_has_no_device_bugs():
     assert not bad, ("tensors made off the device they meet: add device= (the tensors' own device), .cpu() before "
                      ".numpy(), a device check before a CPU-only op, or an ALLOW entry with its reason:\n  "
                      + "\n  ".join(bad))
-    assert not stale, f"ALLOW entries that match nothing any more (remove them): {stale}"
+    assert not stale, f"ALLOW entries whose count no longer matches (update or remove them): {stale}"
 
 
 def test_allow_list_entries_name_real_files_with_one_line_reasons():
-    for (path, scope, pattern), reason in ALLOW.items():
+    for (path, scope, pattern, count), reason in ALLOW.items():
+        assert count >= 1, (path, scope)
         assert (ROOT / path).is_file(), path
         assert pattern in ("factory", "numpy", "cpu-op"), pattern
         assert reason.strip() and "\n" not in reason, (path, scope, pattern)
@@ -214,10 +224,13 @@ def test_catches_a_planted_factory_in_a_plugin(tmp_path):
     key = ("llmx/plugins/planted/method.py", "f", "factory")
     assert _keys(found) == [key]
     assert check(found, allow={}) == (["llmx/plugins/planted/method.py:5 in f: torch.zeros() without device="], [])
-    assert check(found, allow={key: "why"}) == ([], [])  # an entry covers it...
+    assert check(found, allow={(*key, 1): "why"}) == ([], [])  # an entry covers it...
+    (plugin / "method.py").write_text(PLANTED.replace("+ x", "+ torch.ones(3) + x"))
+    bad, stale = check(lint_tree(tmp_path), allow={(*key, 1): "why"})
+    assert len(bad) == 2 and stale == [(*key, 1)]  # ...but not a second one in the same function...
     (plugin / "method.py").write_text(PLANTED.replace("zeros(3)", "zeros(3, device=x.device)"))
     assert lint_tree(tmp_path) == []  # ...the fix passes...
-    assert check([], allow={key: "why"}) == ([], [key])  # ...and then the entry is stale
+    assert check([], allow={(*key, 1): "why"}) == ([], [(*key, 1)])  # ...and then the entry is stale
 
 
 def test_catches_factory_variants():
@@ -233,6 +246,9 @@ def test_catches_factory_variants():
     assert found == [("C.m", "torch.randn() without device=", 5), ("C.m", "torch.arange() without device=", 6),
                      ("C.m", "torch.ones() without device=", 7), ("C.m.inner", "torch.randperm() without device=", 13),
                      ("<module>", "torch.eye() without device=", 15)]
+    src = "import torch\ndef f(n):\n    return torch.zeros(n, device=None), torch.Tensor(n), torch.from_numpy(n)\n"
+    assert [what for *_, what in lint_source(src, "m.py")] == [
+        "torch.zeros() without device=", "torch.Tensor() without device=", "torch.from_numpy() without device="]
 
 
 def test_catches_numpy_without_cpu():
