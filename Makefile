@@ -26,15 +26,19 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	@$(MAKE) --no-print-directory test-lowest > $(LOWEST).log 2>&1 & lowest=$$!; \
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q && $(MAKE) --no-print-directory smoke; status=$$?; \
-	if wait $$lowest; then echo "test-lowest: $$(tail -n 1 $(LOWEST).log)"; \
+	if wait $$lowest; then echo "test-lowest:"; tail -n 2 $(LOWEST).log; \
 	else echo "test-lowest FAILED:"; cat $(LOWEST).log; status=1; fi; exit $$status
 
 test-fast: install
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -m "not slow"
 
-# The fast suite again in a second environment holding every runtime dependency at its lowest stated version.
+# The fast suite and the smoke recipes again in a second environment holding every runtime dependency at its lowest
+# stated version.
 test-lowest: $(LOWEST)/.installed
 	OMP_NUM_THREADS=1 $(LOWEST)/bin/pytest -q -p no:cacheprovider -m "not slow and not gpu"
+	@$(MAKE) --no-print-directory smoke BIN=$(LOWEST)/bin SMOKE_RUNS=$(SMOKE_RUNS)-lowest > $(LOWEST)/smoke.log 2>&1 \
+		|| { tail -n 30 $(LOWEST)/smoke.log; exit 1; }
+	@echo "smoke recipes under the lowest versions: $$(grep -c '^smoke:' $(LOWEST)/smoke.log) ran"
 
 $(LOWEST)/.installed: pyproject.toml scripts/lowest_constraints.py
 	$(PYTHON) -m venv $(LOWEST)
@@ -74,5 +78,5 @@ demo: install
 	$(BIN)/llmx run configs/quickstart.yaml
 
 clean:
-	rm -rf $(VENV) $(LOWEST) $(LOWEST).log .whl gpu-check $(SMOKE_RUNS) runs .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(LOWEST) $(LOWEST).log .whl gpu-check $(SMOKE_RUNS) $(SMOKE_RUNS)-lowest runs .pytest_cache .ruff_cache build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
