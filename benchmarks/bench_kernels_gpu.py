@@ -242,12 +242,27 @@ def _pasta(t: int, s: int, hq: int, hkv: int, d: int):
 
 
 def _omp(vectors: int, dim: int, atoms: int, s: int):
-    def build(device):
-        from llmx.plugins.lexico.omp import omp
+    """Lexico's OMP. ``omp`` runs the kernel only on calls with at least as many vectors as atoms (a smaller call runs
+    the reference, and the row would time the reference against itself): such a row raises here, when ``cases`` is
+    built (the CPU dry run builds the full-size list too), and on CUDA a row fails unless the kernel launched."""
+    from llmx.plugins.lexico import omp as omp_mod
 
+    if not omp_mod.kernel_shape(vectors, atoms, s):
+        raise ValueError(f"{vectors} vectors, {atoms} atoms, s={s}: omp takes the reference path, not the kernel")
+
+    def build(device):
         g = torch.Generator().manual_seed(0)
         d = torch.nn.functional.normalize(torch.randn(dim, atoms, generator=g), dim=0).to(device)
         x = torch.randn(vectors, dim, generator=g).to(device)
+        launches = []
+
+        def op():
+            real = omp_mod._omp_gram
+            omp_mod._omp_gram = lambda *args: launches.append(len(args[2])) or real(*args)
+            try:
+                return omp_mod.omp(d, x, s)
+            finally:
+                omp_mod._omp_gram = real
 
         def error(out):
             idx, coef = out
@@ -255,22 +270,25 @@ def _omp(vectors: int, dim: int, atoms: int, s: int):
             return float(((x - rec) ** 2).sum() / (x ** 2).sum())
 
         def diff(got, ref):  # a near tie may pick another atom: the residual energy must agree, not the indices
+            if device == "cuda" and sum(launches) != vectors:  # the kernel's call, once, then the reference's
+                raise RuntimeError(f"the kernel ran on {sum(launches)} of {vectors} vectors: not the kernel's call")
             return abs(error(got) - error(ref)) / max(error(ref), 1e-12)
-        return lambda: omp(d, x, s), diff, None
-    return Case("lexico_omp", f"{vectors} vec d{dim} N{atoms} s{s}", build, 1e-2, "rel. diff of residual energy")
+        return op, diff, None
+    return Case("lexico_omp", f"{vectors} vec d{dim} N{atoms} s{s}", build, 1e-2,
+                "rel. diff of residual energy (kernel launched on every vector)")
 
 
 def cases(quick: bool) -> list[Case]:
     if quick:
         return [_int4(3, 256, 128, 64), _w4a8(3, 256, 128, 64), _int8_rows(16, 256), _lut(3, 256, 128, 3),
                 _blockfp_quant(16, 256, "mxfp4"), _blockfp_quant(16, 256, "blockdialect"), _blockfp_gemm(4, 256, 64),
-                _conv_quant(1, 40, 64, 4), _fope(40, 8, 2, 64), _pasta(1, 100, 4, 2, 32), _omp(64, 32, 128, 4)]
+                _conv_quant(1, 40, 64, 4), _fope(40, 8, 2, 64), _pasta(1, 100, 4, 2, 32), _omp(256, 32, 128, 4)]
     return [_int4(1, 4096, 4096, 128), _int4(64, 4096, 4096, 128), _w4a8(1, 4096, 4096, 128),
             _w4a8(64, 4096, 4096, 128), _int8_rows(2048, 4096), _lut(1, 4096, 4096, 2), _lut(1, 4096, 4096, 3),
             _lut(1, 4096, 11008, 4), _blockfp_quant(2048, 4096, "mxfp4"), _blockfp_quant(2048, 4096, "blockdialect"),
             _blockfp_gemm(1, 4096, 4096), _blockfp_gemm(64, 4096, 4096), _conv_quant(1, 2048, 4352, 4),
             _fope(2048, 32, 8, 128), _pasta(1, 4096, 32, 8, 128), _pasta(16, 4096, 32, 8, 128),
-            _omp(4096, 128, 1024, 8), _omp(4096, 128, 4096, 8), _omp(2048, 128, 16384, 8)]
+            _omp(4096, 128, 1024, 8), _omp(4096, 128, 4096, 8), _omp(16384, 128, 16384, 8)]  # Gram: 1 GiB
 
 
 def run_case(case: Case, device: str, repeats: int) -> dict[str, Any]:
@@ -319,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         name = torch.cuda.get_device_name()
     else:
         name, args.quick = "cpu (dry run: references on both sides)", True
+        cases(quick=False)  # the full-size cases are well formed (a Lexico row off the kernel's path raises here)
     meta = {"device": name, "repeats": args.repeats, "quick": args.quick,
             "timing": "CUDA events, median of repeats after 3 warm-up calls" if args.device == "cuda" else "wall clock"}
     rows: list[dict[str, Any]] = []

@@ -79,6 +79,9 @@ def launches(monkeypatch):
 
 @pytest.mark.skipif(not kernels.available(), reason="needs CuPy")
 def test_omp_kernel_stops_early_like_the_reference_when_atoms_exceed_dimensions(launches):
+    """No signal takes a 17th atom (the kernel's old absolute pivot test gave row 40 one, coefficient -1.49), and the
+    16 it keeps are the reference's: one row may differ, its 16th correlation being 1.4e-5 of its first, near the
+    dead-residual stop (``KERNEL_DEAD``, 1e-5)."""
     gen = torch.Generator().manual_seed(0)
     d = torch.nn.functional.normalize(torch.randn(16, 64, generator=gen), dim=0)
     x = torch.randn(100, 16, generator=gen)  # at least as many signals as atoms: the kernel's call
@@ -86,6 +89,8 @@ def test_omp_kernel_stops_early_like_the_reference_when_atoms_exceed_dimensions(
     assert launches == [100]
     assert torch.isfinite(coef).all() and (coef[:, 16:] == 0).all()
     assert torch.allclose(reconstruct(d, idx.cpu(), coef.cpu()), x, atol=1e-3)
+    ref_idx, _ = omp(d, x, 24)
+    assert (idx[:, :16].cpu().sort(1).values == ref_idx[:, :16].sort(1).values).all(1).float().mean() > 0.98
 
 
 @pytest.mark.skipif(not kernels.available(), reason="needs CuPy")
@@ -93,12 +98,12 @@ def test_omp_kernel_stops_early_like_the_reference_when_atoms_exceed_dimensions(
 def test_omp_kernel_takes_dictionaries_past_the_old_shared_memory_limit(launches, atoms):
     """The kernel once kept every atom's correlation in shared memory (4 N bytes: no launch above ~12k atoms without
     an opt-in). Up to int16's 32767 atoms it matches the reference (256 signals checked on the CPU), in launches of
-    ``cuda_chunk(N)`` signals sharing one Gram."""
+    ``cuda_chunk(pass_floats(...))`` signals sharing one Gram (4 GiB at 32767 atoms)."""
     gen = torch.Generator().manual_seed(1)
     d = torch.nn.functional.normalize(torch.randn(64, atoms, generator=gen), dim=0)
     x = torch.randn(atoms, 64, generator=gen)
     idx, coef = omp(d.cuda(), x.cuda(), 8)
-    step = omp_mod.cuda_chunk(atoms)
+    step = omp_mod.cuda_chunk(omp_mod.pass_floats(atoms, 64, 8, kernel=True))
     assert launches == [step] * (atoms // step) + ([atoms % step] if atoms % step else [])
     ref_idx, ref_coef = omp(d, x[:256], 8)
     same = (idx[:256].cpu().sort(1).values == ref_idx.sort(1).values).all(1)  # a near tie may pick another atom

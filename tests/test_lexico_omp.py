@@ -88,22 +88,30 @@ def test_omp_kernel_matches_reference():
     assert (idx.cpu().sort(1).values == idx_ref.sort(1).values).all(1).float().mean() > 0.98
 
 
-def kernel_in_torch(b, G, idx, coef, m, n, s):
+def kernel_in_torch(b, G, idx, coef, m, n, s, d, degenerate, dead):
     """``kernels/omp.cu``'s ``omp_gram`` in PyTorch, vectorised over its blocks (one per signal): from ``b = D^T x``
-    and ``G = D^T D``, per iteration the argmax of ``|b - G[S]^T g|`` over atoms not chosen, a Cholesky row for the new
-    atom (a pivot below 1e-6 ends the signal), the refit ``L L^T g = b_S``; writes ``idx`` and ``coef`` in place."""
+    and ``G = D^T D``, per iteration the argmax of ``|b - G[S]^T g|`` over atoms not chosen (the lowest index on a
+    tie), a Cholesky row for the new atom, the refit ``L L^T g = b_S``; at most ``min(s, d)`` atoms, and a signal stops
+    when every atom is taken, when the best correlation is at most ``dead`` times its first, or when the pick's pivot
+    is at most ``degenerate`` times ``G_jj``. Writes ``idx`` and ``coef`` in place."""
     support = torch.zeros(m, s, dtype=torch.long)
     gamma, L = torch.zeros(m, s), torch.zeros(m, s, s)
-    used, live = torch.full((m,), s), torch.ones(m, dtype=torch.bool)
-    for k in range(s):
+    used, live = torch.full((m,), min(s, d)), torch.ones(m, dtype=torch.bool)
+    first = None
+    for k in range(min(s, d)):
         c = b - torch.einsum("mk,mkn->mn", gamma[:, :k], G[support[:, :k]])
-        j = c.abs().scatter(1, support[:, :k], -1.0).argmax(1)
+        a = c.abs().scatter(1, support[:, :k], -1.0)
+        j = a.argmax(1)
+        best = a.gather(1, j[:, None])[:, 0]
+        first = best if first is None else first
         support[:, k] = torch.where(live, j, support[:, k])
         w = torch.linalg.solve_triangular(L[:, :k, :k], G[support[:, :k], j[:, None]][..., None], upper=False)[..., 0]
         pivot = G[j, j] - (w * w).sum(1)
-        used = torch.where(live & (pivot < 1e-6), k, used)
-        live &= pivot >= 1e-6
-        L[:, k, :k], L[:, k, k] = w, pivot.clamp(min=1e-6).sqrt()
+        stop = (best < 0) | (best <= dead * first) | (pivot <= degenerate * G[j, j])
+        used = torch.where(live & stop, k, used)
+        live &= ~stop
+        L[:, k, :k] = torch.where(live[:, None], w, L[:, k, :k])
+        L[:, k, k] = torch.where(live, pivot.clamp(min=1e-30).sqrt(), 1.0)  # a stopped signal's rows: never read
         Lk = L[:, :k + 1, :k + 1]
         z = torch.linalg.solve_triangular(Lk, b.gather(1, support[:, :k + 1])[..., None], upper=False)
         g = torch.linalg.solve_triangular(Lk.transpose(1, 2), z, upper=True)[..., 0]
@@ -125,12 +133,12 @@ def kernel_on_cpu(monkeypatch):
     launches = []
 
     def launch(path, name, grid, block, args, like, shared_mem=0):
-        b, G, idx, coef, m, n, s = args
+        b, G, idx, coef, m, n, s, d, degenerate, dead = args
         assert name == "omp_gram" and b.shape == (m, n) and G.shape == (n, n) and idx.shape == coef.shape == (m, s)
         launches.append((grid, block, shared_mem, G.untyped_storage().data_ptr(), m))
-        kernel_in_torch(b, G, idx, coef, m, n, s)
+        kernel_in_torch(b, G, idx, coef, m, n, s, d, degenerate, dead)
 
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=lambda t: t, int32=int))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=lambda t: t, int32=int, float32=float))
     monkeypatch.setattr(kernels, "use_kernel", lambda *tensors: True)
     monkeypatch.setattr(kernels, "launch", launch)
     return launches
@@ -164,6 +172,30 @@ def test_kernel_path_matches_the_reference_in_one_or_many_launches(kernel_on_cpu
     assert torch.allclose(reconstruct(over, idx, coef), x[:100, :16], atol=1e-3)
 
 
+def test_kernel_path_stops_early_on_the_gpu_tests_data(kernel_on_cpu):
+    """tests/test_lexico_cuda.py's early-stop data (seed 0, d = 16, 64 atoms, 100 signals, s = 24): every signal
+    keeps exactly 16 atoms, the reference's, with its coefficients. The kernel's old stop (an absolute 1e-6 on a pivot
+    that fp32 gets by cancelling ~1 against ~1) gave row 40 a 17th atom with coefficient -1.49; the same stop without
+    the rank bound still does here."""
+    from llmx.plugins.lexico import omp as omp_mod
+
+    gen = torch.Generator().manual_seed(0)
+    d = torch.nn.functional.normalize(torch.randn(16, 64, generator=gen), dim=0)
+    x = torch.randn(100, 16, generator=gen)
+    idx, coef = omp(d, x, 24)
+    assert len(kernel_on_cpu) == 1
+    assert torch.isfinite(coef).all() and (coef[:, :16] != 0).all() and (coef[:, 16:] == 0).all()
+    ref_idx, ref_coef = omp_mod._omp_qr(d.T.contiguous(), x, 24, None)
+    assert torch.equal(idx[:, :16].sort(1).values, ref_idx[:, :16].sort(1).values)
+    assert torch.allclose(reconstruct(d, idx, coef), x, atol=1e-4)
+    ref = torch.zeros(100, 64).scatter_add_(1, ref_idx, ref_coef)
+    assert torch.allclose(torch.zeros(100, 64).scatter_add_(1, idx, coef), ref, atol=1e-4)
+    b, G = x @ d, d.T @ d
+    old_idx, old_coef = torch.zeros(100, 24, dtype=torch.long), torch.zeros(100, 24)
+    kernel_in_torch(b, G, old_idx, old_coef, 100, 64, 24, 24, 1e-6, 0.0)
+    assert (old_coef[:, 16:] != 0).any()
+
+
 @pytest.mark.parametrize("atoms", [64, 4096, 16384, 32767])
 def test_cuda_passes_stay_within_their_memory_budget_at_any_dictionary_size(atoms):
     from llmx.plugins.lexico.omp import PASS_BYTES, cuda_chunk
@@ -171,6 +203,24 @@ def test_cuda_passes_stay_within_their_memory_budget_at_any_dictionary_size(atom
     step = cuda_chunk(atoms)
     assert step * atoms * 4 <= PASS_BYTES < (step + 1) * atoms * 4
     assert step >= 512  # int16 ids cap atoms at 32767: a pass still takes hundreds of signals
+
+
+@pytest.mark.parametrize(("atoms", "dim", "s"), [(1024, 128, 32), (4096, 128, 8), (128, 16, 24)])
+def test_a_reference_pass_holds_what_pass_floats_counts(atoms, dim, s):
+    """CUDA sizes a pass by ``pass_floats`` per signal, not by the correlations alone (a tenth of the reference's
+    workspace at 1024 atoms, s = 32, d = 128: Q, a Gram-Schmidt temporary, R): a 256-signal reference pass, measured
+    on the CPU, peaks at 90-100% of the count."""
+    from llmx.core.memory import PeakMemory
+    from llmx.plugins.lexico import omp as omp_mod
+
+    with PeakMemory("cpu") as pm:
+        atoms_t = torch.nn.functional.normalize(torch.randn(dim, atoms), dim=0).T.contiguous()
+        x = torch.randn(256, dim)
+        with pm.section():
+            omp_mod._omp_qr(atoms_t, x, s, None)
+    counted = 256 * omp_mod.pass_floats(atoms, dim, s, kernel=False) * 4
+    assert 0.9 * counted <= pm.peak_bytes <= counted
+    assert omp_mod.cuda_chunk(omp_mod.pass_floats(atoms, dim, s, kernel=False)) * counted // 256 <= omp_mod.PASS_BYTES
 
 
 def test_the_kernel_needs_no_dynamic_shared_memory():

@@ -12,13 +12,22 @@ atom lies in the span already chosen (``s >= head_dim`` on an exactly represente
 further atoms (their coefficients are 0).
 
 CUDA tensors go to the CuPy kernel (``kernels/omp.cu``: Gram-based with Cholesky updates as the official ``omp_v0``,
-one block per signal) when a call has at least as many signals as atoms: its Gram ``D^T D`` (N^2 fp32, 64 MiB at 4096
-atoms) is then no larger than the call's correlations ``D^T x``; it is computed once per call, shared by the call's
-launches and freed on return. Smaller calls (a cache compressing a few tokens at a decode step) run the reference on
-the device, which needs no Gram. One Gram kept per dictionary would instead hold 2L of them (the dictionaries are per
-layer: 4 GiB at 32 layers and 4096 atoms) outside every memory figure; here nothing outlives a call. On CUDA a pass
-(a kernel launch or a reference chunk) holds at most ``PASS_BYTES`` of correlations: a 2k-token prefill of 8 KV
-heads at 4096 atoms is 4 launches.
+one block per signal) when a call has at least as many signals as atoms (``takes_kernel``); smaller calls (a cache
+compressing a few tokens at a decode step) run the reference on the device, which needs no Gram. The kernel's early
+stop is its own (``KERNEL_DEGENERATE``, ``KERNEL_DEAD``): it sees pivots and correlations through fp32 cancellations.
+
+Device memory, all of it freed on return (nothing outlives a call; one Gram kept per dictionary would instead hold 2L
+of them, the dictionaries being per layer: 4 GiB at 32 layers and 4096 atoms, outside every memory figure):
+
+- a kernel call holds the Gram ``D^T D``: ``4 N^2`` bytes (64 MiB at 4096 atoms, 1 GiB at 16384, 4.0 GiB at 32767),
+  on top of its passes; it has at least N signals, so the Gram is no larger than the ``4 M N`` bytes of correlations
+  the call computes, though those are held one pass at a time;
+- either path holds an fp32 copy of the dictionary (``4 d N`` bytes) and one pass at a time: a pass (a launch or a
+  reference chunk) holds at most ``PASS_BYTES`` of per-signal workspace, ``pass_floats`` per signal: its correlations
+  (N) and its fp32 signal (d); the reference adds ``Q`` [s, d], the largest Gram-Schmidt temporary [s, d], ``R``
+  [s, s] and a few [d] vectors (at 1024 atoms, s = 32, d = 128: 11 times the correlations alone). A 2k-token
+  prefill of 8 KV heads at 4096 atoms is 4 launches;
+- the outputs (``12 M s`` bytes) and the caller's signals are the caller's.
 """
 
 from __future__ import annotations
@@ -29,25 +38,37 @@ import torch
 
 KERNEL = Path(__file__).parent / "kernels" / "omp.cu"
 MAX_S, THREADS = 32, 256  # the kernel's MAX_S and THREADS: sparsity it handles, threads per signal
-PASS_BYTES = 64 << 20  # CUDA: [signals, atoms] fp32 correlations per pass: 4096 signals at 4096 atoms
-DEGENERATE = 1e-6  # squared norm of an atom's part outside the chosen span below which it adds nothing
-
+PASS_BYTES = 64 << 20  # CUDA: per-pass workspace (``pass_floats`` per signal): 4096 signals' correlations at 4096 atoms
+DEGENERATE = 1e-6  # reference: squared norm of an atom's part outside the chosen span below which it adds nothing
+# The kernel's stops, relative, as it gets pivots (G_jj - |w|^2) and correlations (b_j - G[S, j] g) by fp32
+# cancellation. Measured (the kernel's steps in fp32 against the same steps in fp64; d = 8..128, N = 4d..64d, s up to
+# min(d, 32), 200 to 1000 signals each): while the residual lived, a pivot was off by at most 1.5e-6 G_jj and a
+# correlation by 1e-6 of the first pick's |c|, and the picked atoms' pivots were at least 0.1 G_jj (a pick's pivot is
+# at least (c_j / |r|)^2, r being orthogonal to the chosen span). The compiled kernel on tests/test_lexico_kernel_cpu.py's
+# corner cases agrees: either test alone stops them all at 3e-6 (pivot) or 1e-6 (dead), not at 1e-6 or 3e-7. The old
+# absolute 1e-6 on the pivot sat in that noise: on 100 signals at d = 16, s = 24 a 17th atom, its pivot 0 in exact
+# arithmetic and ~1e-6 in fp32, came in with coefficient -1.49. Besides these, a signal stops at min(s, d) atoms
+# (rank) and when every atom is taken. Each test backs the other up.
+KERNEL_DEGENERATE = 1e-4  # pivot <= this * G_jj: the pick lies in the chosen span (~60x the pivots' rounding)
+# best |c| <= this * the first pick's: the residual is rounding (10x the correlations' rounding). It can also drop a
+# genuine atom that small (the GPU test's data has a 16th at 1.4e-5), changing the reconstruction by about 3e-5 of the
+# signal at most (pivot >= 0.1), under fp16's resolution.
+KERNEL_DEAD = 1e-5
 
 @torch.no_grad()
 def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | None = None,
         chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``dictionary`` [d, N] (unit-norm columns), ``x`` [M, d] -> (atom indices [M, s] int64, coefficients [M, s]).
     ``tol``: stop a signal once its relative residual is at most ``tol``. ``chunk``: signals per pass (default
-    ``cuda_chunk(N)`` on CUDA, 512 on the CPU)."""
-    from llmx.core import kernels
-
+    ``cuda_chunk(pass_floats(...))`` on CUDA, 512 on the CPU)."""
     if sparsity < 1:
         raise ValueError(f"sparsity must be at least 1, got {sparsity}")
-    m, n = x.shape[0], dictionary.shape[1]
-    chunk = chunk or (cuda_chunk(n) if x.is_cuda else 512)
+    (d, n), m = dictionary.shape, x.shape[0]
+    kernel = takes_kernel(dictionary, x, sparsity, tol)
+    chunk = chunk or (cuda_chunk(pass_floats(n, d, sparsity, kernel)) if x.is_cuda else 512)
     idx = torch.zeros(m, sparsity, dtype=torch.long, device=x.device)
     coef = torch.zeros(m, sparsity, device=x.device)
-    if kernels.use_kernel(dictionary, x) and sparsity <= MAX_S and tol is None and m >= n:
+    if kernel:
         D = dictionary.float().contiguous()
         G = D.T @ D  # this call's Gram, shared by its launches, freed on return
         for i in range(0, m, chunk):
@@ -59,9 +80,31 @@ def omp(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | N
     return idx, coef
 
 
-def cuda_chunk(atoms: int) -> int:
-    """Signals per pass on CUDA: as many as ``PASS_BYTES`` of [signals, atoms] fp32 correlations hold."""
-    return max(1, PASS_BYTES // (4 * atoms))
+def kernel_shape(signals: int, atoms: int, sparsity: int, tol: float | None = None) -> bool:
+    """Whether a call of this shape runs the CUDA kernel (given CUDA tensors and CuPy): at least as many signals as
+    atoms (else the Gram would outweigh the call's correlations), s <= MAX_S, no tolerance."""
+    return signals >= atoms and sparsity <= MAX_S and tol is None
+
+
+def takes_kernel(dictionary: torch.Tensor, x: torch.Tensor, sparsity: int, tol: float | None = None) -> bool:
+    """Whether ``omp(dictionary, x, sparsity, tol)`` runs the CUDA kernel."""
+    from llmx.core import kernels
+
+    return kernel_shape(x.shape[0], dictionary.shape[1], sparsity, tol) and kernels.use_kernel(dictionary, x)
+
+
+def pass_floats(atoms: int, dim: int, sparsity: int, kernel: bool) -> int:
+    """4-byte words one signal holds in a CUDA pass: its correlations and its fp32 copy; the reference adds ``Q``
+    [s, d], its largest Gram-Schmidt temporary [s, d], ``R`` [s, s], ``z`` and the ids [3 s], and its [d] vectors
+    (residual before and after an update, atom, q twice)."""
+    ref = 2 * sparsity * dim + sparsity * sparsity + 3 * sparsity + 5 * dim
+    return atoms + dim + (0 if kernel else ref)
+
+
+def cuda_chunk(floats: int) -> int:
+    """Signals per pass on CUDA: as many as ``PASS_BYTES`` hold at ``floats`` 4-byte words per signal (``pass_floats``;
+    ``cuda_chunk(N)``: N correlations alone)."""
+    return max(1, PASS_BYTES // (4 * floats))
 
 
 def _omp_gram(D: torch.Tensor, G: torch.Tensor, x: torch.Tensor, idx: torch.Tensor, coef: torch.Tensor) -> None:
@@ -72,9 +115,10 @@ def _omp_gram(D: torch.Tensor, G: torch.Tensor, x: torch.Tensor, idx: torch.Tens
 
     b = x.float() @ D  # [m, N]: the launch's correlations
     m, n = b.shape
-    kernels.launch(KERNEL, "omp_gram", (m,), (THREADS,), (cupy.asarray(b), cupy.asarray(G), cupy.asarray(idx),
-                                                          cupy.asarray(coef), cupy.int32(m), cupy.int32(n),
-                                                          cupy.int32(idx.shape[1])), x)
+    kernels.launch(KERNEL, "omp_gram", (m,), (THREADS,),
+                   (cupy.asarray(b), cupy.asarray(G), cupy.asarray(idx), cupy.asarray(coef), cupy.int32(m),
+                    cupy.int32(n), cupy.int32(idx.shape[1]), cupy.int32(D.shape[0]), cupy.float32(KERNEL_DEGENERATE),
+                    cupy.float32(KERNEL_DEAD)), x)
 
 
 def _omp_qr(atoms: torch.Tensor, x: torch.Tensor, s: int, tol: float | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,15 +5,20 @@
 // least-squares refit g on the support by two triangular solves (thread 0).
 // No dynamic shared memory: the correlations are never stored, so any number of atoms fits (static shared memory
 // only, about 6.5 KiB, whatever N).
-// An atom already in the chosen span (s >= head_dim on an exactly represented signal) ends the signal: the remaining
-// slots repeat the first atom with coefficient 0, as the PyTorch reference's early stop.
+// Early stop (the signal takes no further atom; the remaining slots repeat its first atom with coefficient 0):
+//  - rank: at most min(s, d) atoms, d the signals' dimension (no more are linearly independent);
+//  - no atom left (all N taken), or the best correlation at most `dead` times the first pick's (max_j |b_j|): the
+//    residual is exhausted up to rounding (a zero signal stops at once);
+//  - the pick's pivot G_jj - |w|^2 (squared norm of its part outside the chosen span) at most `degenerate` times
+//    G_jj: the atom lies in that span up to the fp32 rounding of the pivot, which cancels ~1 against |w|^2 ~1.
+// The host passes both thresholds (omp.py: KERNEL_DEGENERATE, KERNEL_DEAD, justified there).
 // Output: idx [M, s] (int64) and coef [M, s] (float32), the same contract as the PyTorch reference.
 #define MAX_S 32
 #define THREADS 256
 
 extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __restrict__ G,
                                     long long* __restrict__ idx_out, float* __restrict__ coef_out,
-                                    int M, int N, int s) {
+                                    int M, int N, int s, int d, float degenerate, float dead) {
     int m = blockIdx.x;
     if (m >= M) return;
     __shared__ float best_val[THREADS];
@@ -22,11 +27,12 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
     __shared__ float L[MAX_S * MAX_S];
     __shared__ float gamma[MAX_S];
     __shared__ float rhs[MAX_S];
-    __shared__ int used;                    // atoms taken before the stop
+    __shared__ int used;                    // atoms kept: the loop's bound, lowered by an early stop
     const float* bm = b + (long long)m * N;
-    if (threadIdx.x == 0) used = s;
+    float first = 0.f;                      // thread 0: |c| of the first pick
+    if (threadIdx.x == 0) used = s < d ? s : d;
     __syncthreads();
-    for (int k = 0; k < s && used == s; ++k) {
+    for (int k = 0; k < used; ++k) {
         float v = -1.f;
         int arg = 0;
         for (int j = threadIdx.x; j < N; j += blockDim.x) {
@@ -55,29 +61,40 @@ extern "C" __global__ void omp_gram(const float* __restrict__ b, const float* __
         }
         if (threadIdx.x == 0) {
             int j = best_idx[0];
+            float best = best_val[0];       // -1 when every atom is taken
+            if (k == 0) first = best;
             support[k] = j;
-            // new Cholesky row: w = L^{-1} G[S, j]; L[k, k] = sqrt(G[j, j] - |w|^2)
-            float norm = 0.f;
-            for (int r = 0; r < k; ++r) {
-                float acc = G[(long long)support[r] * N + j];
-                for (int q = 0; q < r; ++q) acc -= L[r * MAX_S + q] * L[k * MAX_S + q];
-                float w = acc / L[r * MAX_S + r];
-                L[k * MAX_S + r] = w;
-                norm += w * w;
+            bool stop = best < 0.f || best <= dead * first;
+            float pivot = 0.f;
+            if (!stop) {
+                // new Cholesky row: w = L^{-1} G[S, j]; L[k, k] = sqrt(G[j, j] - |w|^2)
+                float norm = 0.f;
+                for (int r = 0; r < k; ++r) {
+                    float acc = G[(long long)support[r] * N + j];
+                    for (int q = 0; q < r; ++q) acc -= L[r * MAX_S + q] * L[k * MAX_S + q];
+                    float w = acc / L[r * MAX_S + r];
+                    L[k * MAX_S + r] = w;
+                    norm += w * w;
+                }
+                float gjj = G[(long long)j * N + j];
+                pivot = gjj - norm;
+                stop = pivot <= degenerate * gjj;
             }
-            float pivot = G[(long long)j * N + j] - norm;
-            if (pivot < 1e-6f) used = k;
-            L[k * MAX_S + k] = sqrtf(fmaxf(pivot, 1e-6f));
-            // refit: L z = b_S, L^T g = z
-            for (int r = 0; r <= k && used == s; ++r) {
-                float acc = bm[support[r]];
-                for (int q = 0; q < r; ++q) acc -= L[r * MAX_S + q] * rhs[q];
-                rhs[r] = acc / L[r * MAX_S + r];
-            }
-            for (int r = k; r >= 0 && used == s; --r) {
-                float acc = rhs[r];
-                for (int q = r + 1; q <= k; ++q) acc -= L[q * MAX_S + r] * gamma[q];
-                gamma[r] = acc / L[r * MAX_S + r];
+            if (stop) {
+                used = k;
+            } else {
+                L[k * MAX_S + k] = sqrtf(pivot);
+                // refit: L z = b_S, L^T g = z
+                for (int r = 0; r <= k; ++r) {
+                    float acc = bm[support[r]];
+                    for (int q = 0; q < r; ++q) acc -= L[r * MAX_S + q] * rhs[q];
+                    rhs[r] = acc / L[r * MAX_S + r];
+                }
+                for (int r = k; r >= 0; --r) {
+                    float acc = rhs[r];
+                    for (int q = r + 1; q <= k; ++q) acc -= L[q * MAX_S + r] * gamma[q];
+                    gamma[r] = acc / L[r * MAX_S + r];
+                }
             }
         }
         __syncthreads();
