@@ -2,15 +2,17 @@
 
 ``test_recipe_on_cuda_matches_the_cpu[NAME]`` (gpu) runs ``configs/smoke/NAME.yaml`` in fresh processes with
 ``--device cpu`` and ``--device cuda`` (same seed: the recipe's) and compares, stage by stage, every metric in the two
-runs' ``metrics.json`` and every tensor of every ``.safetensors`` file the runs saved, within NAME's row of
-TOLERANCES. The CPU side runs with ``LLMX_CPU_KERNELS=0``, the exact float32 path of packed layers, since the CPU's
-bf16 int4/int8 kernels compute something else than the CUDA kernels do. ``GPU_CHECK_RUNS=DIR`` reads the runs
+runs' ``metrics.json``, every training curve (``metrics.jsonl``: per-step loss, gradient norm and the loss's own
+figures) and every tensor of every ``.safetensors`` file the runs saved, within NAME's row of TOLERANCES. The CPU
+side runs with ``LLMX_CPU_KERNELS=0``, the exact float32 path of packed layers, since the CPU's bf16 int4/int8
+kernels compute something else than the CUDA kernels do. ``GPU_CHECK_RUNS=DIR`` reads the runs
 ``scripts/gpu-check.sh`` made (``DIR/cpu/NAME/<run>/``, ``DIR/cuda/NAME/<run>/``) instead of running them again, and
 ``GPU_CHECK_REPORT=FILE`` appends one JSON line per recipe with its largest differences (to set tolerances from).
 
 Without CUDA these are skipped; the CPU tests below check that TOLERANCES has a row for every recipe, that the
-comparison flags planted differences in a real run folder, and that the device check and the kernel benchmark refuse
-cleanly (exit 3) here.
+comparison flags planted differences in a real run folder (a metric, one code, one small float entry) and in training
+curves (a zero gradient, a first loss off by 0.2%, a run that does not learn), and that the device check and the
+kernel benchmark refuse cleanly (exit 3) here.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke"
@@ -47,19 +51,45 @@ class Tol:
 
     ``rel``/``abs``: a number matches when ``|cuda - cpu| <= abs + rel * max(|cpu|, |cuda|)`` (counts too, so a small
     count must match exactly); strings, booleans and None must be equal (paths inside the run folder compared
-    relative to it). ``loose``: metric-name patterns with their own ``(rel, abs)``. ``skip``: metric-name patterns
-    not compared (``why`` says why); ``N:glob`` skips in stage N only. ``codes``: share of the elements of each
-    integer (or fp8) tensor in the saved ``.safetensors`` files that may differ, 0.0 bit-exact; ``floats``: the
-    largest difference of each float tensor there over its largest magnitude, 0.0 bit-exact; None: saved tensors not
-    compared. (A recipe whose method declares ``cupy`` is skipped without CuPy: its point on CUDA is a kernel.)"""
+    relative to it). ``items``: metric-name patterns of shares of counted items (accuracies, agreements over greedy
+    outcomes) allowed to move by one item: the pattern's value names the count, a metric of the same stage, or is a
+    function of the stage's metrics and params (the run's ``config.yaml``) returning it; without a count the share
+    is compared at ``rel``/``abs``. ``loose``: metric-name patterns with their own ``(rel, abs)`` (after ``items``).
+    ``skip``: metric-name patterns not compared (``why`` says why); ``N:glob`` skips in stage N only.
+
+    Training curves (each training stage's ``metrics.jsonl``): the first step's loss and gradient norm within
+    ``first`` relative (the same weights on the same batch: one forward and one backward pass, so a broken or zero
+    gradient fails; None where that step draws from the device's generator, dropout), every other figure of every
+    step at ``rel``/``abs``, and the loss drop from the first step to the last within ``learn`` of itself plus
+    ``first`` of the first loss (a run that does not learn drops by the batches' variation only).
+
+    ``codes``: share of the elements of each integer (or fp8) tensor in the saved ``.safetensors`` files that may
+    differ, 0.0 bit-exact; ``floats``: per element of each float tensor there, ``|cuda - cpu| <= floats *
+    (max(|cpu|, |cuda|) + FLOOR * the tensor's largest magnitude)``, 0.0 bit-exact; ``float_keys``: tensor-key
+    patterns (``*.act_scale``) with their own ``floats``; None: saved tensors not compared. (A recipe whose method
+    declares ``cupy`` is skipped without CuPy: its point on CUDA is a kernel.)"""
 
     rel: float
     abs: float = 0.0
     codes: float | None = 0.0
     floats: float | None = 0.0
+    float_keys: dict[str, float] = field(default_factory=dict)
+    items: dict[str, str | Callable[[dict, dict], float | None]] = field(default_factory=dict)
     loose: dict[str, tuple[float, float]] = field(default_factory=dict)
     skip: tuple[str, ...] = ()
+    first: float | None = 1e-3
+    learn: float = 0.1
     why: str = ""
+
+
+FLOOR = 1e-3  # of a float tensor's largest magnitude: elements smaller than that are compared against it
+FIRST = ("loss", "grad_norm")  # a training curve's first-step figures compared within Tol.first
+
+
+def tokens_of(length: str) -> Callable[[dict, dict], float | None]:
+    """The tokens a Lexico/KIVI decode stage averages a share over: its windows times its ``length`` param."""
+    return lambda metrics, params: (metrics["windows"] * params[length]
+                                    if "windows" in metrics and isinstance(params.get(length), int) else None)
 
 
 # Families. Float32 everywhere (the recipes' dtype); matmuls are not TF32 (torch's default), but cuDNN convolutions
@@ -67,32 +97,46 @@ class Tol:
 EVAL = Tol(rel=1e-3, why="fp32 forward passes only; greedy outcomes (accuracies, generated text) must agree: a flip "
                          "needs a near-tie of two logits")
 QUANT = Tol(rel=2e-3, codes=0.0, floats=0.0,
-            why="round-to-nearest of the same fp32 weights: amax, division and round-half-even are exact IEEE ops on "
-                "both devices, so saved codes and scales are bit-exact; the quantized model's metrics differ only "
-                "by summation order in the kernels")
+            why="round-to-nearest of the same fp32 weights: amax, the division by the grid's range (by a device "
+                "tensor, core/quant/formats.py: CUDA computes a division by a Python scalar as a multiplication by "
+                "its reciprocal, an ulp off) and round-half-even are exact IEEE ops on both devices, so saved codes "
+                "and scales are bit-exact; the quantized model's metrics differ only by summation order in the "
+                "kernels")
 CALIBRATED = Tol(rel=2e-2, codes=0.02, floats=5e-2,
                  why="codes from calibration statistics (Hessians, activation ranges) that differ in the last bits; "
                      "GPTQ's error feedback then moves a few codes by one step, and the group scales computed "
-                     "after them")
-TRAIN = Tol(rel=2e-2, abs=1e-3, codes=None, floats=None,
-            loose={"*accuracy*": (0.0, 0.26), "*score*": (0.0, 0.26), "*agreement*": (0.0, 0.26)},
+                     "after them (each scale within 5% of itself)")
+TRAIN = Tol(rel=2e-2, abs=1e-3, codes=None, floats=None, items={"heldout_pref_accuracy": "eval_rows"},
             why="a few optimizer steps: Adam's first update is ~lr*sign(grad), so gradient noise across devices "
                 "(atomics in embedding and scatter backward) moves some weights by up to lr; trained weights are not "
-                "compared, losses within 2%, and outcome shares may move by one sample of four")
+                "compared. Each training curve's first step (a forward and a backward pass of the same weights) "
+                "within 1e-3 in loss and gradient norm, so a broken or zero gradient fails; its later steps and the "
+                "final losses within 2%, its loss drop within 10% (+1e-3 of the first loss), so a run that does not "
+                "learn fails; held-out preference accuracy within one pair (eval_rows; PIPA's step labels: at most "
+                "one row's steps)")
 
 # Sampling draws from a generator on the model's device (core/eval/generate.py, the overtraining noise): CUDA's
 # Philox stream is not the CPU's, so what depends on the draws is not compared draw for draw.
 DRAWN = "drawn from the device's generator (CUDA's stream is not the CPU's): not compared"
+# Per-language shares: each language's question count is not among the metrics (a few questions each here).
+LANGUAGES = {"accuracy_*": (0.0, 0.26), "ci_*": (0.0, 0.26)}
+LANGUAGES_WHY = ("; the answer accuracy within one question; the per-language shares and their bootstrap bounds "
+                 "within 0.26 (their counts are not recorded: one question of four)")
 
 TOLERANCES: dict[str, Tol] = {
     # alignment: 4 steps on preference pairs, held-out preference accuracy over 2-8 pairs
     **{f"align_{m}": TRAIN for m in ("confpo", "dpo", "ipo", "kto", "pipa-step", "pipa", "simpo")},
     "blockdialect": replace(QUANT, rel=5e-3, codes=1e-3,
-                            why="BlockDialect's kernel sums a block's squared error in another order: a near tie "
-                                "between two dialects may pick either (<=0.1% of table ids, same error); W4A4 "
+                            why="BlockDialect's block scales (amax over the dialect's largest value) may be an ulp "
+                                "apart before rounding, and its kernel sums a block's squared error in another "
+                                "order: a near tie between two dialects may pick either (<=0.1% of codes and table "
+                                "ids, same error); the saved float tensors are unquantized weights (bit-exact); W4A4 "
                                 "activations quantized on the fly, so perplexity within 0.5%"),
     "bnb": replace(EVAL, rel=5e-3, why="NF4 through bitsandbytes' own CPU and CUDA paths; nothing saved"),
-    "clover": TRAIN,
+    "clover": replace(TRAIN, first=None, why=TRAIN.why + "; CLOVER's dropout (0.05, seeded per micro-batch) draws "
+                                                         "from the device's generator, so its curve's first step is "
+                                                         "compared like the others (a zero gradient still fails: "
+                                                         "gradient norms within 2%) and the loss drop is not"),
     "cosd": replace(EVAL, rel=2e-3, why="greedy decoding with two models; speculative draws from a CPU generator"),
     "crow": TRAIN,
     "evals": EVAL,
@@ -108,32 +152,52 @@ TOLERANCES: dict[str, Tol] = {
     "guidedquant_gptq": CALIBRATED,
     "humaneval": EVAL,
     "lexico": replace(TRAIN, rel=5e-2, skip=("dictionary_bytes", "*with_dictionaries", "*amortised"),
+                      items={"top1_agreement": tokens_of("continuation_len"),
+                             "next_token_accuracy": tokens_of("continuation_len"),
+                             "greedy_agreement": tokens_of("generate_tokens"),
+                             "recall_accuracy": tokens_of("recall_tokens")},
                       why="dictionaries learned for 20 steps, then OMP on the device kernel (another atom on a near "
-                          "tie): KL and perplexity within 5%, stored bytes exact; the dictionaries' figures differ by the "
-                          "1 KiB fp8 decoding table only the CPU holds (CUDA casts)"),
-    "lift": TRAIN,
-    "llava": TRAIN,
+                          "tie): KL and perplexity within 5%, stored bytes exact; the token shares (agreement, "
+                          "accuracy, recall) within one token of the windows x tokens they average over, the full "
+                          "cache's exactly; the dictionaries' figures differ by the 1 KiB fp8 decoding table only "
+                          "the CPU holds (CUDA casts)"),
+    "lift": replace(TRAIN, items={"score": "prompts", "pass@1": "prompts", "finished_rate": "completions"},
+                    loose={"score_ci_*": (0.0, 0.26)},
+                    why=TRAIN.why + "; the tracing eval's score and pass@1 within one prompt, finished_rate one "
+                                    "completion; the score's bootstrap bounds within 0.26 (a resample may draw the "
+                                    "prompt that moved several times)"),
+    "llava": replace(TRAIN, items={"accuracy": "questions"}, loose=LANGUAGES, why=TRAIN.why + LANGUAGES_WHY),
     "lm": TRAIN,
-    "mxfp4": QUANT,
-    "nvfp4": QUANT,
+    "mxfp4": replace(QUANT, why=QUANT.why + "; MXFP4's scales are powers of two (E8M0): no rounding in them"),
+    "nvfp4": replace(QUANT, codes=1e-4, floats=1e-6,
+                     why="NVFP4's scales are divisions (the tensor scale amax/(6*448) in fp32, each block's amax/6 "
+                         "then rounded to E4M3) that CUDA may compute as a multiplication by the reciprocal, an ulp "
+                         "off before rounding: a value on a rounding boundary may round the other way (<=0.01% of "
+                         "codes and block scales), the fp32 tensor scales within 1e-6; metrics as round-to-nearest"),
     "overtraining": replace(TRAIN, skip=("sensitivity", "turning_points"), why=TRAIN.why + "; the noise " + DRAWN),
-    "parrot": TRAIN,
+    "parrot": replace(TRAIN, items={"accuracy": "questions", "row_accuracy": "rows"},
+                      loose={**LANGUAGES, "routing_language_accuracy*": (0.0, 0.26)},
+                      why=TRAIN.why + LANGUAGES_WHY + "; the routing's language accuracy (held-out routing scenes, "
+                                                      "their count not recorded) within 0.26"),
     "pasta": TRAIN,
     "perplexity": replace(EVAL, rel=5e-3, why="Mamba2's conv1d runs through cuDNN in TF32"),
     "prosec": replace(EVAL, skip=("*unparsed*", "*vulnerable*", "*pairs*", "rows", "fixes_*", "trigger_ratio"),
                       why="the code samples are " + DRAWN + "; the counts the recipe fixes are"),
     "quamba2": replace(CALIBRATED, why=CALIBRATED.why + "; Mamba2's conv1d in TF32 on cuDNN during calibration"),
     "quamba2_mamba1": replace(CALIBRATED, why=CALIBRATED.why + "; Mamba1's conv1d in TF32 on cuDNN"),
-    "reper": replace(TRAIN, skip=("0:*",), why=TRAIN.why + "; stage 0's captions at temperature 1 are " + DRAWN),
+    "reper": replace(TRAIN, skip=("0:*",), items={"*critic_score": "images"},
+                     why=TRAIN.why + "; stage 0's captions at temperature 1 are " + DRAWN + "; the critic's integer "
+                                     "scores averaged over the decoded images within one point of one image"),
     "rtn": QUANT,
     "sft": TRAIN,
     "task": replace(EVAL, skip=("0:*", "1:score*", "1:finished_rate", "1:pass@1", "1:kl_*", "1:diff*", "1:wins",
                                 "1:losses", "1:ties", "1:compare_score", "1:judge_errors"),
                     why="the brackets samples (stages 0 and 1) are " + DRAWN + "; their reference NLL and the "
                         "choice rows' accuracy are exact fp32 forward passes"),
-    "upcycle": replace(TRAIN, loose={"identity_max_logit_error": (0.0, 1e-4), **TRAIN.loose}),
-    "w8a8": replace(QUANT, floats=1e-4, why="weight codes bit-exact (RTN); the static activation scales come from a "
-                                            "calibration forward, so saved float tensors within 1e-4"),
+    "upcycle": replace(TRAIN, loose={"identity_max_logit_error": (0.0, 1e-4)}),
+    "w8a8": replace(QUANT, float_keys={"*.act_scale": 1e-4},
+                    why="weight codes and scales bit-exact (RTN); the static activation scales (act_scale) come from "
+                        "a calibration forward, so within 1e-4"),
     "zoo_text": EVAL,
 }
 
@@ -188,8 +252,26 @@ def compare_values(where: str, name: str, a: Any, b: Any, tol: Tol, roots: tuple
         problems.append(f"{where}: cpu {a!r:.120}, cuda {b!r:.120}")
 
 
-def compare_metrics(cpu: dict, cuda: dict, tol: Tol, roots: tuple[str, str] = ("", "")) -> tuple[list[str], dict]:
-    """Problems (one line each) and the relative differences seen, stage by stage."""
+def for_stage(tol: Tol, index: Any) -> Tol:
+    """The row as it applies to stage ``index``: its "N:glob" skips for that stage only."""
+    prefix = f"{index}:"
+    return replace(tol, skip=tuple(p.removeprefix(prefix) for p in tol.skip if ":" not in p or p.startswith(prefix)))
+
+
+def one_item(tol: Tol, metrics: dict, params: dict) -> dict[str, tuple[float, float]]:
+    """``tol.items`` for one stage, as ``loose`` entries: each share may move by one item of its count."""
+    out = {}
+    for pattern, count in tol.items.items():
+        n = metrics.get(count) if isinstance(count, str) else count(metrics, params)
+        if isinstance(n, int | float) and not isinstance(n, bool) and n > 0:
+            out[pattern] = (0.0, 1.0 / n + 1e-9)
+    return out
+
+
+def compare_metrics(cpu: dict, cuda: dict, tol: Tol, roots: tuple[str, str] = ("", ""),
+                    params: list[dict] | None = None) -> tuple[list[str], dict]:
+    """Problems (one line each) and the relative differences seen, stage by stage (``params``: each stage's, for the
+    counts ``tol.items`` derives from them)."""
     problems: list[str] = []
     diffs: dict[str, float] = {}
     a, b = cpu.get("stages", []), cuda.get("stages", [])
@@ -200,9 +282,64 @@ def compare_metrics(cpu: dict, cuda: dict, tol: Tol, roots: tuple[str, str] = ("
         if (sa.get("method"), sa.get("stage")) != (sb.get("method"), sb.get("stage")):
             problems.append(f"{where}: cuda ran {sb.get('method')} ({sb.get('stage')})")
             continue
-        prefix = f"{sa.get('index')}:"  # "N:glob" skips apply to stage N only
-        here = replace(tol, skip=tuple(p.removeprefix(prefix) for p in tol.skip if ":" not in p or p.startswith(prefix)))
-        compare_values(where, "", sa.get("metrics", {}), sb.get("metrics", {}), here, roots, problems, diffs)
+        index, metrics = sa.get("index"), sa.get("metrics", {})
+        stage_params = params[index] if params and isinstance(index, int) and index < len(params) else {}
+        here = for_stage(tol, index)
+        here = replace(here, loose={**one_item(tol, metrics, stage_params), **tol.loose})
+        compare_values(where, "", metrics, sb.get("metrics", {}), here, roots, problems, diffs)
+    return problems, diffs
+
+
+def stage_params(run: Path) -> list[dict]:
+    """Each stage's params as the run resolved them (its ``config.yaml``)."""
+    path = run / "config.yaml"
+    pipeline = (yaml.safe_load(path.read_text()) or {}).get("pipeline", []) if path.is_file() else []
+    return [(s or {}).get("params") or {} for s in pipeline]
+
+
+def curve_files(run: Path) -> dict[str, Path]:
+    """Every training stage's per-step record (``artifacts/N_method/metrics.jsonl``), by path inside the run."""
+    return {str(p.relative_to(run)): p for p in sorted(run.rglob("metrics.jsonl"))}
+
+
+def compare_curves(cpu: Path, cuda: Path, tol: Tol) -> tuple[list[str], dict]:
+    """The two runs' training curves, step by step: the first step's ``FIRST`` figures within ``tol.first``, the
+    rest at the row's tolerance, and the loss drop over the curve (Tol's docstring)."""
+    from llmx.core.runs import records
+
+    problems: list[str] = []
+    diffs: dict[str, float] = {}
+    a, b = curve_files(cpu), curve_files(cuda)
+    for rel in sorted(set(a) ^ set(b)):
+        problems.append(f"{rel}: a training curve only on {'cpu' if rel in a else 'cuda'}")
+    for rel in sorted(set(a) & set(b)):
+        ra, rb = records(a[rel]), records(b[rel])
+        if len(ra) != len(rb):
+            problems.append(f"{rel}: {len(ra)} steps on cpu, {len(rb)} on cuda")
+            continue
+        index = Path(rel).parent.name.partition("_")[0]  # artifacts/N_method/metrics.jsonl
+        here = for_stage(tol, int(index) if index.isdigit() else index)
+        for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
+            where = f"{rel} step {x.get('step', i + 1)}"
+            if i == 0 and here.first is not None:
+                tight = replace(here, rel=here.first, abs=0.0, loose={})
+                both = [key for key in FIRST if key in x and key in y]
+                for key in both:
+                    compare_values(f"{where}.{key}", key, x[key], y[key], tight, ("", ""), problems, diffs)
+                x, y = {k: v for k, v in x.items() if k not in both}, {k: v for k, v in y.items() if k not in both}
+            compare_values(where, "", x, y, here, ("", ""), problems, diffs)
+        losses = [[r.get("loss") for r in (c[0], c[-1])] for c in (ra, rb)] if ra else []
+        if (here.first is None or len(ra) < 2 or _matches("loss", here.skip)
+                or not all(isinstance(v, int | float) and math.isfinite(v) for pair in losses for v in pair)):
+            continue
+        (first_a, last_a), (first_b, last_b) = losses
+        drop_a, drop_b = first_a - last_a, first_b - last_b
+        d, allowed = abs(drop_b - drop_a), here.learn * abs(drop_a) + here.first * abs(first_a)
+        if d:
+            diffs[f"{rel} loss drop"] = d / max(abs(drop_a), abs(drop_b))
+        if d > allowed:
+            problems.append(f"{rel}: the loss drops by {drop_a:.5g} over {len(ra)} steps on cpu, {drop_b:.5g} on cuda "
+                            f"(allowed {here.learn:g} of the drop + {here.first:g} of the first loss: {allowed:.3g})")
     return problems, diffs
 
 
@@ -221,15 +358,19 @@ def compare_tensors(where: str, a: torch.Tensor, b: torch.Tensor, tol: Tol, prob
     if a.is_floating_point() and "float8" not in str(a.dtype):
         if tol.floats is None:
             return
-        a64, b64 = a.double(), b.double()
-        same_nan = torch.equal(a64.isnan(), b64.isnan())
-        fin = ~a64.isnan()
-        d = float((a64[fin] - b64[fin]).abs().max() / a64[fin].abs().max().clamp_min(1e-30)) if fin.any() else 0.0
+        allowed = next((v for p, v in tol.float_keys.items() if fnmatch.fnmatchcase(where, p)), tol.floats)
+        d, at = float_difference(a, b)
+        x, y = a.double().flatten(), b.double().flatten()
+        same_nan = torch.equal(x.isnan(), y.isnan())
+        inf = x.isinf() | y.isinf()
+        same_inf = torch.equal(x[inf], y[inf])
         if d:
             diffs[where] = d
-        if not same_nan or d > tol.floats:
-            problems.append(f"{where}: float tensor differs by {d:.3g} of its largest magnitude "
-                            f"(allowed {tol.floats:g}){'' if same_nan else '; NaNs differ'}")
+        if not (same_nan and same_inf) or d > allowed:
+            worst = f"; element {at}: cpu {float(x[at]):.8g}, cuda {float(y[at]):.8g}" if at >= 0 else ""
+            problems.append(f"{where}: float tensor differs by {d:.3g} of an element's magnitude (+{FLOOR:g} of the "
+                            f"largest){worst} (allowed {allowed:g}){'' if same_nan else '; NaNs differ'}"
+                            f"{'' if same_inf else '; infinities differ'}")
         return
     if tol.codes is None:
         return
@@ -238,6 +379,20 @@ def compare_tensors(where: str, a: torch.Tensor, b: torch.Tensor, tol: Tol, prob
         diffs[where] = share
     if share > tol.codes:
         problems.append(f"{where}: {share:.3%} of {a.numel()} codes differ (allowed {tol.codes:.3%})")
+
+
+def float_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int]:
+    """The largest ``|b - a| / (max(|a|, |b|) + FLOOR * the largest magnitude)`` over the elements finite on both
+    sides, and its flat index (-1: none): per element, so a small entry far off is seen, with a floor so that
+    entries near zero are measured against the tensor's scale."""
+    x, y = a.double().flatten(), b.double().flatten()
+    fin = x.isfinite() & y.isfinite()
+    if not fin.any():
+        return 0.0, -1
+    size = torch.maximum(x.abs(), y.abs()).where(fin, torch.zeros((), dtype=x.dtype))
+    ratio = ((x - y).abs() / (size + FLOOR * size.max()).clamp_min(1e-300)).where(fin, torch.zeros((), dtype=x.dtype))
+    at = int(ratio.argmax())
+    return float(ratio[at]), at
 
 
 def saved_files(run: Path) -> dict[str, Path]:
@@ -266,9 +421,11 @@ def compare_saved(cpu: Path, cuda: Path, tol: Tol) -> tuple[list[str], dict]:
 
 def compare_runs(cpu: Path, cuda: Path, tol: Tol) -> tuple[list[str], dict]:
     problems, diffs = compare_metrics(json.loads((cpu / "metrics.json").read_text()),
-                                      json.loads((cuda / "metrics.json").read_text()), tol, (str(cpu), str(cuda)))
+                                      json.loads((cuda / "metrics.json").read_text()), tol, (str(cpu), str(cuda)),
+                                      stage_params(cpu))
+    curves, curve_diffs = compare_curves(cpu, cuda, tol)
     more, saved_diffs = compare_saved(cpu, cuda, tol)
-    return problems + more, {**diffs, **saved_diffs}
+    return problems + curves + more, {**diffs, **curve_diffs, **saved_diffs}
 
 
 # ---- running a recipe --------------------------------------------------------------------------------------------
@@ -358,6 +515,7 @@ def test_the_table_has_a_row_for_every_recipe_and_no_other():
                                            "no recipe": sorted(set(TOLERANCES) - set(RECIPES))}
     for name, tol in TOLERANCES.items():
         assert tol.why and tol.rel >= 0 and tol.abs >= 0, name
+        assert all(isinstance(count, str) or callable(count) for count in tol.items.values()), name
 
 
 def test_the_comparison_flags_planted_differences(tmp_path):
@@ -382,19 +540,113 @@ def test_the_comparison_flags_planted_differences(tmp_path):
     assert len(problems) == 2, problems
     assert "perplexity: cpu" in problems[0] and "speed_only: only on cuda" in problems[1]
     assert any(k.endswith(".nll") for k in diffs)
+    (twin / "metrics.json").write_text(original.replace(str(run), str(twin)))
 
     from safetensors.torch import load_file, save_file
 
     (rel, path), = saved_files(twin).items()
+    saved = path.read_bytes()
+
+    def planted(edit, row=tol) -> list[str]:
+        """The comparison with one edit of the twin's saved tensors (the original restored first)."""
+        path.write_bytes(saved)
+        tensors = load_file(str(path))
+        edit(tensors)
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        return compare_runs(run, twin, row)[0]
+
     tensors = load_file(str(path))
-    key = next(k for k, t in tensors.items() if t.dtype == torch.int8)
-    tensors[key].view(-1)[0] ^= 1  # one code of one layer
-    save_file(tensors, str(path), metadata={"format": "pt"})
-    (twin / "metrics.json").write_text(original.replace(str(run), str(twin)))
-    problems, _ = compare_runs(run, twin, tol)
-    assert problems == [f"{rel}:{key}: {1 / tensors[key].numel():.3%} of {tensors[key].numel()} codes differ "
-                        "(allowed 0.000%)"]
-    assert compare_runs(run, twin, replace(tol, codes=0.01))[0] == []  # within a looser table row
+    code = next(k for k, t in tensors.items() if t.dtype == torch.int8)
+    numel = tensors[code].numel()
+
+    def flip(t):
+        t[code].view(-1)[0] ^= 1  # one code of one layer
+
+    assert planted(flip) == [f"{rel}:{code}: {1 / numel:.3%} of {numel} codes differ (allowed 0.000%)"]
+    assert planted(flip, replace(tol, codes=0.01)) == []  # within a looser table row
+
+    scale = next(k for k, t in tensors.items() if k.endswith(".scales") and t.dtype == torch.float16)
+
+    def ulp(t):  # a weight scale one fp16 ulp up: RTN's scales are bit-exact
+        t[scale].view(torch.int16).view(-1)[0] += 1
+
+    problems = planted(ulp)
+    assert len(problems) == 1 and problems[0].startswith(f"{rel}:{scale}: float tensor differs"), problems
+    act = next(k for k in tensors if k.endswith(".act_scale"))
+    for factor, flagged in ((1 + 2e-5, 0), (1 + 1e-3, 1)):  # the activation scales' own 1e-4
+
+        def calibration(t, factor=factor):
+            t[act].mul_(factor)
+
+        assert len(planted(calibration)) == flagged, factor
+
+    # Per element: one small entry of a float tensor off by 10x the allowance. Measured against the tensor's largest
+    # magnitude (as this comparison once did) it hides below the allowance.
+    weight = tensors["model.embed_tokens.weight"]
+    size = weight.abs().flatten()
+    small = int(((size > 0.01 * size.max()) & (size < 0.05 * size.max())).nonzero()[0])
+    loose = replace(tol, floats=1e-3, float_keys={})
+
+    def nudge(t):
+        t["model.embed_tokens.weight"].view(-1)[small] *= 1 + 10 * loose.floats
+
+    problems = planted(nudge, loose)
+    assert len(problems) == 1 and "model.embed_tokens.weight: float tensor differs" in problems[0], problems
+    nudged = load_file(str(path))["model.embed_tokens.weight"]
+    assert float((nudged - weight).abs().max() / weight.abs().max()) < loose.floats  # what the old measure saw
+    assert planted(nudge, replace(loose, floats=2e-2)) == []
+
+
+def _training_run(folder: Path, curve: list[tuple[float, float]], accuracy: float = 0.5,
+                  agreement: float = 0.5) -> Path:
+    """A run folder as a training recipe leaves it: one aligning stage with its curve ((loss, gradient norm) per
+    step) and held-out accuracy over 4 pairs, then a Lexico-style decode stage (2 windows of 8 tokens)."""
+    run = folder / "run"
+    (run / "artifacts" / "0_dpo").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"pipeline": [
+        {"method": "dpo", "params": {"steps": len(curve)}},
+        {"method": "lexico", "params": {"continuation_len": 8, "generate_tokens": 4}}]}))
+    (run / "metrics.json").write_text(json.dumps({"stages": [
+        {"index": 0, "method": "dpo", "stage": "train", "metrics": {
+            "final_loss": curve[-1][0], "eval_rows": 4, "heldout_pref_accuracy": accuracy}},
+        {"index": 1, "method": "lexico", "stage": "decode", "metrics": {
+            "windows": 2, "top1_agreement": agreement, "perplexity": 10.0}}]}))
+    (run / "artifacts" / "0_dpo" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "lr": 1e-5, "loss": loss, "grad_norm": norm}) + "\n"
+        for i, (loss, norm) in enumerate(curve)))
+    return run
+
+
+def test_training_curves_catch_a_zero_gradient_a_wrong_first_loss_and_no_learning(tmp_path):
+    """Four DPO-like steps whose loss moves by 0.1% in all: within TRAIN's 2% on every step, so only the curve's
+    first step (1e-3) and its loss drop (10%) tell a broken backward or a run that does not learn."""
+    tol = replace(TRAIN, items={**TRAIN.items, **TOLERANCES["lexico"].items})
+    cpu_curve = [(0.6931, 2.07), (0.6929, 1.59), (0.6925, 1.41), (0.6921, 1.30)]
+    cpu = _training_run(tmp_path / "cpu", cpu_curve)
+
+    def check(name, curve, **kw) -> list[str]:
+        return compare_runs(cpu, _training_run(tmp_path / name, curve, **kw), tol)[0]
+
+    assert check("same", cpu_curve) == []
+    noise = [(loss * (1 + 3e-6), norm * (1 - 2e-4)) for loss, norm in cpu_curve]
+    assert check("noise", noise) == []
+    zero = [(0.6931, 0.0)] * 4  # no gradient: nothing learned either
+    problems = check("zero", zero)
+    assert any("step 1.grad_norm" in p for p in problems) and any("the loss drops" in p for p in problems), problems
+    off = [(cpu_curve[0][0] * 1.002, cpu_curve[0][1]), *cpu_curve[1:]]  # a forward 0.2% off (the drop with it)
+    problems = check("off", off)
+    assert "step 1.loss" in problems[0] and all("step 1.loss" in p or "the loss drops" in p for p in problems), problems
+    still = [(0.6931, norm) for _, norm in cpu_curve]  # right gradients, no update
+    problems = check("still", still)
+    assert len(problems) == 1 and "the loss drops by 0.001 over 4 steps on cpu, 0 on cuda" in problems[0], problems
+    assert check("short", cpu_curve[:3]) == ["artifacts/0_dpo/metrics.jsonl: 4 steps on cpu, 3 on cuda"]
+    dropout = replace(tol, first=None)  # a first step drawn on the device: the row's tolerance, no drop check
+    assert compare_runs(cpu, _training_run(tmp_path / "still2", still), dropout)[0] == []
+
+    # shares move by one item of their count: one pair of 4, one token of 2 windows x 8
+    for accuracy, agreement, flagged in ((0.75, 0.5625, 0), (1.0, 0.5, 1), (0.5, 0.625, 1)):
+        problems = check(f"share{accuracy}{agreement}", cpu_curve, accuracy=accuracy, agreement=agreement)
+        assert len(problems) == flagged, (accuracy, agreement, problems)
 
 
 def test_the_comparison_reads_paths_inside_the_run_and_every_value_kind():
