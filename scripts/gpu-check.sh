@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-check.sh      # summary.md, summary.json, logs.tar.gz to ${OUT:-gpu-check}/; PYTHON=... picks python
 #
-# Steps, one after the other, each under its own time limit (the limits add up to 480 s, 8 minutes):
+# Steps, one after the other, each under its own time limit (the limits add up to 465 s, under 8 minutes):
 #   1. refuse (one line, exit 3) before any work when torch sees no CUDA device or CuPy is missing;
 #   install (30 s): .whl/*.whl into /tmp/llmx-site (no index, no deps), llmx from this checkout (PYTHONPATH); stops
 #      the check, in one line naming them, when what llmx needs does not import (pydantic, typer, rich, ...);
@@ -15,7 +15,7 @@
 #      (tests/test_lexico_cuda.py's and test_quamba2_cuda.py's) when the comparison covers those recipes;
 #   compare (30 s): tests/test_gpu_methods.py on those runs: each recipe's CUDA metrics, training curves and saved
 #      tensors against its CPU run;
-#   kernels (65 s): benchmarks/bench_kernels_gpu.py: every CuPy kernel against its PyTorch reference, CUDA events;
+#   kernels (50 s): benchmarks/bench_kernels_gpu.py: every CuPy kernel against its PyTorch reference, CUDA events;
 #   memory (40 s): Lexico and KIVI against the full cache at real widths (tests/test_lexico_cuda.py's 8-layer
 #      Llama, hidden 2048, 8 KV heads of 128, bf16, 1984 tokens): stored bytes, decode and prefill peaks;
 #   suite (90 s): the fast CPU suite on every core (pytest-xdist, -n 14, where installed), GPU hidden, under the
@@ -152,7 +152,7 @@ gpu_tests() {  # gpu_tests SECONDS: pytest -m gpu less what other steps run; exi
     deselect+=(--deselect "${out[i]}")
     printf '%s\t%s\n' "${out[i]}" "${out[i + 1]}" >> "$WORK/pytest-gpu.deselected"
   done
-  GPU_CHECK_REPORT=$WORK/memory.jsonl OMP_NUM_THREADS=2 timeout -k 10 $(($1 - 10)) "$PY" -m pytest -m gpu \
+  GPU_CHECK_REPORT=$WORK/memory.jsonl OMP_NUM_THREADS=2 timeout -s INT -k 10 $(($1 - 10)) "$PY" -m pytest -m gpu \
     -p no:cacheprovider -rs --durations=15 ${PYTEST_TIMEOUT:+"$PYTEST_TIMEOUT"} --continue-on-collection-errors \
     --junitxml="$WORK/pytest-gpu.xml" "${deselect[@]}" tests > "$WORK/pytest-gpu.txt" 2>&1
   rc=$?
@@ -161,10 +161,10 @@ gpu_tests() {  # gpu_tests SECONDS: pytest -m gpu less what other steps run; exi
 }
 
 smoke_and_tests() {  # the recipes on both devices and the other gpu tests, side by side (16 cores, one GPU):
-  local deadline=$(($(date +%s) + $1)) cuda=0 cpu=0 tests=0  # 4 CUDA runs, 8 CPU runs, pytest on 2 threads
+  local deadline=$(($(date +%s) + $1)) cuda=0 cpu=0 tests=0  # 8 CUDA runs, 8 CPU runs, pytest on 2 threads
   if want smoke; then
     # shellcheck disable=SC2016  # $1 and $2 are the inner shell's
-    echo "$RECIPES" | tr ' ' '\n' | grep . | xargs -P 4 -I{} bash -c 'smoke_one cuda "$1" "$2"' _ {} "$deadline" \
+    echo "$RECIPES" | tr ' ' '\n' | grep . | xargs -P 8 -I{} bash -c 'smoke_one cuda "$1" "$2"' _ {} "$deadline" \
       > "$WORK/smoke/cuda.log" 2>&1 &
     cuda=$!
     # shellcheck disable=SC2016
@@ -196,8 +196,10 @@ memory() {  # the real-width test alone on the device: its figures (one JSON lin
     ${PYTEST_TIMEOUT:+"$PYTEST_TIMEOUT"} --junitxml="$WORK/pytest-memory.xml" "$MEMORY_TEST"
 }
 
-suite() {  # the fast CPU suite, the GPU hidden (as on CI), on every core
-  CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 "$PY" -m pytest -m "not slow and not gpu" ${XDIST:+-n "$XDIST"} \
+suite() {  # the fast CPU suite, the GPU hidden (as on CI), on every core, one file per worker, on the reference
+  # models the smoke runs built; SIGINT before the step's limit, so that pytest still writes what it has
+  CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 LLMX_TEST_CACHE=$LLMX_CACHE_DIR timeout -s INT -k 10 $((STEP_LIMIT - 15)) \
+    "$PY" -m pytest -m "not slow and not gpu" ${XDIST:+-n "$XDIST" --dist loadfile} \
     -p no:cacheprovider -q ${PYTEST_TIMEOUT:+"$PYTEST_TIMEOUT"} --junitxml="$WORK/pytest-suite.xml" tests
 }
 
@@ -219,7 +221,7 @@ step environment 20 environment
 grep -q "^environment	0	" "$WORK/steps.tsv" || stop "llmx does not start from this checkout under $PY"
 { want smoke || want tests; } && step smoke 190 smoke_and_tests 180
 want compare && step compare 30 compare
-want kernels && step kernels 65 kernels
+want kernels && step kernels 50 kernels
 want memory && step memory 40 memory
 want suite && step suite 90 suite
 step summary 15 "$PY" - "$WORK" <<'EOF'

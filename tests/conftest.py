@@ -30,8 +30,10 @@ def notes(tmp_path, prose) -> Path:
 
 @pytest.fixture(scope="session")
 def zoo_cache(tmp_path_factory) -> Path:
-    """One reference-model cache for the whole session: ``ref:*-test`` models are built once."""
-    return tmp_path_factory.mktemp("llmx-cache")
+    """One reference-model cache for the whole session: ``ref:*-test`` models are built once (``LLMX_TEST_CACHE``
+    names a shared one instead, as the device check does for its parallel workers; builds there are locked)."""
+    shared = os.environ.get("LLMX_TEST_CACHE")
+    return Path(shared) if shared else tmp_path_factory.mktemp("llmx-cache")
 
 
 @pytest.fixture(autouse=True)

@@ -107,3 +107,21 @@ def test_report_formats(cli, tmp_path):
     assert csv_out.splitlines()[0] == "run,status,stage,seconds,value,label"
     bad = cli("report", tmp_path / "nope")
     assert bad.code == 2 and "not a run folder" in bad.err
+
+
+def test_versions_name_llmx_when_run_from_a_checkout(monkeypatch):
+    """A checkout on PYTHONPATH (as the device check runs it) has no package metadata: the version still shows."""
+    from importlib import metadata
+
+    from llmx import __version__
+    from llmx.core import runs
+
+    real = metadata.version
+
+    def version(dist):
+        if dist == "llmx":
+            raise metadata.PackageNotFoundError(dist)
+        return real(dist)
+
+    monkeypatch.setattr(metadata, "version", version)
+    assert runs.versions()["llmx"] == __version__

@@ -38,12 +38,18 @@ def create(run: ResolvedRun, rank: int = 0) -> Path:
 
 
 def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in ("llmx", "torch", "transformers", "pydantic", "typer", "pluggy", "bitsandbytes", "cupy", "tokenizers"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
+    """Python's and the stack's versions; llmx's from the package itself (a checkout on ``PYTHONPATH`` has no
+    metadata), CuPy's under whichever CUDA build is installed."""
+    from llmx import __version__
+
+    out = {"python": platform.python_version(), "llmx": __version__}
+    for key in ("torch", "transformers", "pydantic", "typer", "pluggy", "bitsandbytes", "cupy", "tokenizers"):
+        for dist in ("cupy-cuda13x", "cupy-cuda12x", "cupy") if key == "cupy" else (key,):
+            try:
+                out[key] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return out
 
 
