@@ -90,3 +90,75 @@ def test_below_rtn_on_every_layer_of_a_trained_model(fmt):
     for name, layer in layers.items():
         w, h = layer.weight.data, stats[name].hessian
         assert gptq(w, h.float(), fmt).objective(w, h) < layer_objective(w, fake_quantize(w, fmt), h), name
+
+
+def gptq_before_issue65(w, h, fmt, block_size=128, percdamp=0.01, actorder=False, static_groups=False):
+    """The solver as it was before issue 65 (it concatenated the whole remaining weight at every group start and
+    gathered ``W`` through the identity order without act-order), kept to check the new one bit for bit."""
+    from llmx.core.quant.gptq import _cholesky_inverse_upper, _group_range
+
+    rows, cols = w.shape
+    g = fmt.group_size
+    if actorder and g:
+        static_groups = True
+    W = w.detach().clone().float()
+    H = h.detach().to(torch.float32, copy=True)
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    n_groups = 1 if not g else -(-cols // g)
+    scale = torch.empty(1 if g == 0 else rows, n_groups, 1)
+    zero = torch.empty_like(scale)
+    if not g:
+        scale[:, 0], zero[:, 0] = _group_range(W, fmt)
+    elif static_groups:
+        for k in range(n_groups):
+            scale[:, k], zero[:, k] = _group_range(W[:, k * g:(k + 1) * g], fmt)
+    perm = torch.argsort(torch.diag(H), descending=True) if actorder else torch.arange(cols)
+    W = W[:, perm]
+    if actorder:
+        H = H[perm][:, perm]
+    U = _cholesky_inverse_upper(H, percdamp)
+    order = perm.tolist()
+    Q = torch.zeros_like(W)
+    codes = torch.zeros(rows, cols, dtype=torch.int16)
+    for i1 in range(0, cols, block_size):
+        i2 = min(i1 + block_size, cols)
+        W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]
+        Err1 = torch.zeros_like(W1)
+        for i in range(i2 - i1):
+            col = i1 + i
+            group = order[col] // g if g else 0
+            if g and not static_groups and col % g == 0:
+                upcoming = torch.cat([W1[:, i:], W[:, i2:]], dim=1)[:, :g]
+                scale[:, group], zero[:, group] = _group_range(upcoming, fmt)
+            s, z = scale[:, group], zero[:, group]
+            c = torch.clamp(torch.round(W1[:, i:i + 1] / s) + z, fmt.qmin, fmt.qmax)
+            q = ((c - z) * s).flatten()
+            codes[:, col] = c.flatten().to(torch.int16)
+            Q[:, col] = q
+            err = (W1[:, i] - q) / U1[i, i]
+            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+    inv = torch.argsort(perm)
+    return codes[:, inv], scale, zero, Q[:, inv].to(w.dtype)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group", [32, 128, None, 0])
+@pytest.mark.parametrize("actorder,static,block", [(False, False, 128), (False, False, 48), (True, False, 48),
+                                                   (False, True, 48)])
+def test_bit_identical_to_the_solver_before_issue65(group, symmetric, actorder, static, block):
+    """Codes, scales, zeros and weights equal (``torch.equal``) the pre-issue-65 solver's, on layers whose width is no
+    multiple of the group (a ragged last group) with blocks of 48 (groups of 32 and 128 start mid-block and run past
+    it: the branch that reads the next block's columns) and of 128, with and without act-order or static groups."""
+    fmt = IntFormat(4, group, symmetric)
+    for seed, (rows, cols) in enumerate([(24, 200), (40, 264)]):
+        w, h = random_problem(rows, cols, seed=10 + seed)
+        h[7, :] = h[:, 7] = 0  # a dead input
+        got = gptq(w, h.float(), fmt, block, actorder=actorder, static_groups=static)
+        want = gptq_before_issue65(w, h.float(), fmt, block, actorder=actorder, static_groups=static)
+        for name, a, b in zip(("codes", "scale", "zero", "weight"), (got.codes, got.scale, got.zero, got.weight), want,
+                              strict=True):
+            assert a.shape == b.shape and torch.equal(a, b), (name, seed)

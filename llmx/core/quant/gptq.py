@@ -45,6 +45,16 @@ def _group_range(cols: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torc
     return range_to_scale(lo, hi, fmt)
 
 
+def _group_columns(W: torch.Tensor, W1: torch.Tensor, i: int, i2: int, g: int) -> torch.Tensor:
+    """The ``g`` columns of a group starting at column ``i`` of the current block ``W1`` (which ends at ``i2`` in
+    ``W``): the block's own columns, continued from ``W`` when the group runs past the block. Only the group's
+    columns are read (``[rows, g]``), never the whole remaining weight."""
+    inside = W1.shape[1] - i
+    if g <= inside:
+        return W1[:, i:i + g]
+    return torch.cat([W1[:, i:], W[:, i2:i2 + g - inside]], dim=1)
+
+
 def _cholesky_inverse_upper(h: torch.Tensor, percdamp: float) -> torch.Tensor:
     """Upper Cholesky factor of ``(H + damp I)^-1``; the damping grows tenfold until the factorisation succeeds.
     At most two ``H``-sized temporaries exist at once (an 8192-wide Hessian is 256 MiB in float32)."""
@@ -90,8 +100,8 @@ def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128
             scale[:, k], zero[:, k] = _group_range(W[:, k * g:(k + 1) * g], fmt)
 
     perm = torch.argsort(torch.diag(H), descending=True) if actorder else torch.arange(cols, device=W.device)
-    W = W[:, perm]
-    if actorder:
+    if actorder:  # without it the order is the identity: no gather copies of W and H
+        W = W[:, perm]
         H = H[perm][:, perm]
     U = _cholesky_inverse_upper(H, percdamp)
     del H
@@ -107,8 +117,7 @@ def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128
             col = i1 + i
             group = order[col] // g if g else 0
             if g and not static_groups and col % g == 0:
-                upcoming = torch.cat([W1[:, i:], W[:, i2:]], dim=1)[:, :g]
-                scale[:, group], zero[:, group] = _group_range(upcoming, fmt)
+                scale[:, group], zero[:, group] = _group_range(_group_columns(W, W1, i, i2, g), fmt)
             s, z = scale[:, group], zero[:, group]
             c = torch.clamp(torch.round(W1[:, i:i + 1] / s) + z, fmt.qmin, fmt.qmax)
             q = ((c - z) * s).flatten()
@@ -119,6 +128,7 @@ def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128
             Err1[:, i] = err
         W[:, i2:] -= Err1 @ U[i1:i2, i2:]
 
-    inv = torch.argsort(perm)
-    Q, codes = Q[:, inv], codes[:, inv]
+    if actorder:
+        inv = torch.argsort(perm)
+        Q, codes = Q[:, inv], codes[:, inv]
     return GPTQResult(codes=codes, scale=scale, zero=zero, weight=Q.to(w.dtype))
