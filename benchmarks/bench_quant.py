@@ -39,6 +39,7 @@ from common import (  # noqa: E402
 
 GRANULARITY = {"g128": 128, "per-channel": -1}
 SEEDED = {"gptq"}  # methods with a random part (calibration windows)
+OBJECTIVES = {"gptq": {"log_objectives": True}}  # the gptq_objective_vs_rtn column (a diagnostic, off by default)
 
 
 def configs(quick: bool) -> list[tuple[str, str, dict]]:
@@ -47,11 +48,12 @@ def configs(quick: bool) -> list[tuple[str, str, dict]]:
     for method in ("rtn", "gptq"):
         for b in bits:
             for gran, g in GRANULARITY.items():
-                rows.append((method, f"{b} {gran}", {"bits": b, "group_size": g}))
+                rows.append((method, f"{b} {gran}", {"bits": b, "group_size": g, **OBJECTIVES.get(method, {})}))
     if not quick:  # the older symmetric grid, which leaves -2^(b-1) unused, on the same model
         for method in ("rtn", "gptq"):
             for b in ("w4a16", "w3a16"):
-                rows.append((method, f"{b} g128 restricted grid", {"bits": b, "group_size": 128, "grid": "restricted"}))
+                rows.append((method, f"{b} g128 restricted grid", {"bits": b, "group_size": 128, "grid": "restricted",
+                                                                   **OBJECTIVES.get(method, {})}))
     rows.append(("bnb", "nf4 (block 64)", {"bits": "w4a16", "quant_type": "nf4", "blocksize": 64}))
     if not quick:
         rows.append(("bnb", "nf4 (block 128)", {"bits": "w4a16", "quant_type": "nf4", "blocksize": 128}))

@@ -162,3 +162,23 @@ def test_bit_identical_to_the_solver_before_issue65(group, symmetric, actorder, 
         for name, a, b in zip(("codes", "scale", "zero", "weight"), (got.codes, got.scale, got.zero, got.weight), want,
                               strict=True):
             assert a.shape == b.shape and torch.equal(a, b), (name, seed)
+
+
+def test_layer_objectives_are_opt_in_and_change_nothing(notes, caplog):
+    """``log_objectives`` (off by default) only adds the GPTQ/RTN objective ratios to the log and the metrics: the
+    quantized layers are the same with and without it."""
+    import llmx
+    from llmx.core.quant.qlinear import QuantLinear
+
+    runs = {}
+    for flag in (False, True):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="llmx"):
+            model, metrics = llmx.quantize("tiny:llama", method="gptq", bits="w4a16", data=str(notes), calib_samples=4,
+                                           calib_seq_len=32, group_size=32, log_objectives=flag)
+        runs[flag] = ({n: m.codes() for n, m in model.named_modules() if isinstance(m, QuantLinear)}, metrics,
+                      "GPTQ/RTN layer objective" in caplog.text)
+    (plain, m_plain, logged_plain), (logged, m_logged, logged_logged) = runs[False], runs[True]
+    assert plain.keys() == logged.keys() and plain and all(torch.equal(plain[n], logged[n]) for n in plain)
+    assert "objective_vs_rtn_mean" not in m_plain and not logged_plain
+    assert 0 < m_logged["objective_vs_rtn_mean"] <= m_logged["objective_vs_rtn_max"] < 1 and logged_logged

@@ -12,5 +12,9 @@ class GPTQParams(WeightQuantParams):
     percdamp: float = Field(0.01, ge=0, description="Dampening, as a fraction of mean(diag H).")
     actorder: bool = Field(False, description="Quantize columns by descending diag(H); with groups, scales are static.")
     static_groups: bool = Field(False, description="Fix group scales from the original weights before the updates.")
+    log_objectives: bool = Field(False, description="Diagnostic only (changes no result): each layer's objective "
+                                 "tr(dW H dW^T) for GPTQ and for RTN on the same Hessian, logged, with their mean and "
+                                 "max ratio in the metrics (objective_vs_rtn_mean/max). Two [out, in] x [in, in] "
+                                 "products per layer, so off by default.")
     propagate: Literal["quantized", "fp"] = Field("quantized", description="Hessians from inputs that pass through the "
                                                   "already-quantized blocks (GPTQ, Quamba) or through the FP model.")

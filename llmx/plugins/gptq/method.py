@@ -1,5 +1,6 @@
-"""GPTQ over a whole model: calibration Hessians block by block, then the core solver per layer. Logs each layer's
-objective ``tr(dW H dW^T)`` next to RTN's on the same Hessian."""
+"""GPTQ over a whole model: calibration Hessians block by block, then the core solver per layer. With
+``log_objectives`` (a diagnostic, off by default: two ``[out, in] x [in, in]`` products per layer) it logs each
+layer's objective ``tr(dW H dW^T)`` next to RTN's on the same Hessian and records their ratio in the metrics."""
 
 from __future__ import annotations
 
@@ -28,15 +29,19 @@ def run(ctx: RunContext, p: GPTQParams) -> dict:
                 continue
             h = stats[name].hessian.float()
             res = gptq(linear.weight, h, fmt, p.block_size, p.percdamp, p.actorder, p.static_groups)
-            trace[name] = {"gptq": res.objective(linear.weight, h),
-                           "rtn": layer_objective(linear.weight, fake_quantize(linear.weight, fmt), h)}
+            if p.log_objectives:
+                trace[name] = {"gptq": res.objective(linear.weight, h),
+                               "rtn": layer_objective(linear.weight, fake_quantize(linear.weight, fmt), h)}
             apply.install(model, name, linear, res.codes, res.scale, res.zero, fmt, p, stats[name].absmax)
 
     # no reference to the float layers kept here: each is freed once its block is quantized
     sequential(model, apply.target_linears(model, p.skip), batches, quantize_block, propagate=p.propagate,
                progress=ctx.progress)
-    ratios = [t["gptq"] / t["rtn"] for t in trace.values() if t["rtn"] > 0]
-    ctx.log.info("GPTQ/RTN layer objective: %s", {n: round(t["gptq"] / max(t["rtn"], 1e-30), 4) for n, t in trace.items()})
-    extra = {"objective_vs_rtn_mean": sum(ratios) / max(len(ratios), 1), "objective_vs_rtn_max": max(ratios, default=0.0),
-             "calib_tokens": int(batches.numel()), "propagate": p.propagate}
+    extra = {"calib_tokens": int(batches.numel()), "propagate": p.propagate}
+    if p.log_objectives:
+        ratios = [t["gptq"] / t["rtn"] for t in trace.values() if t["rtn"] > 0]
+        ctx.log.info("GPTQ/RTN layer objective: %s",
+                     {n: round(t["gptq"] / max(t["rtn"], 1e-30), 4) for n, t in trace.items()})
+        extra.update(objective_vs_rtn_mean=sum(ratios) / max(len(ratios), 1),
+                     objective_vs_rtn_max=max(ratios, default=0.0))
     return apply.finish(ctx, p, "gptq", extra)
