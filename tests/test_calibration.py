@@ -99,3 +99,45 @@ def test_layers_reading_one_input_share_one_hessian():
     assert attn[0] is attn[1] is attn[2]
     assert got["model.layers.0.mlp.gate_proj"] is got["model.layers.0.mlp.up_proj"]
     assert got["model.layers.0.self_attn.o_proj"] is not attn[0] and got["model.layers.0.mlp.down_proj"] is not attn[0]
+
+
+def _packed_run(monkeypatch, cached: bool):
+    """Sequential calibration installing real packed W4 g16 layers; the Hessians every block saw, the final logits
+    and how often a packed weight was dequantized."""
+    import contextlib
+
+    from llmx.core.quant import calibration
+    from llmx.core.quant.formats import quantize
+    from llmx.core.quant.qlinear import QuantLinear
+
+    model, layers, batches = _setup("tiny:llama")
+    layers.pop("lm_head")
+    fmt, seen, built = IntFormat(4, 16, full_range=True), {}, []
+    if not cached:  # the path before issue 65: unpack and dequantize on every chunk
+        monkeypatch.setattr(calibration, "dequantized_once", lambda _block: contextlib.nullcontext())
+    plain = QuantLinear.dequantized_weight
+    monkeypatch.setattr(QuantLinear, "dequantized_weight", lambda self, *a, **k: built.append(self) or plain(self, *a, **k))
+
+    def quantize_block(block, stats):
+        seen.update({n: s.hessian.clone() for n, s in stats.items()})
+        for name, lin in block.items():
+            model.set_submodule(name, QuantLinear.from_codes(lin, *quantize(lin.weight.data, fmt), fmt))
+
+    sequential(model, layers, batches, quantize_block, propagate="quantized")
+    packed = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(packed) == len(layers) and not any("dequantized_weight" in vars(m) for m in packed)
+    calls = len(built)
+    with torch.no_grad():
+        logits = model(input_ids=batches).logits
+    return seen, logits, calls, len(packed), -(-len(batches) // 8)
+
+
+def test_the_reforward_dequantizes_each_packed_weight_once_with_the_same_numbers(monkeypatch):
+    """After quantizing a block its outputs (the next block's inputs) are recomputed with each packed weight
+    dequantized once for all chunks: every Hessian and the final logits equal, bit for bit, those of the per-chunk
+    exact path."""
+    seen, logits, calls, layers, chunks = _packed_run(monkeypatch, cached=True)
+    seen_before, logits_before, calls_before, _, _ = _packed_run(monkeypatch, cached=False)
+    assert chunks > 1 and calls == layers and calls_before == layers * chunks
+    assert seen.keys() == seen_before.keys() and all(torch.equal(seen[n], seen_before[n]) for n in seen)
+    assert torch.equal(logits, logits_before)

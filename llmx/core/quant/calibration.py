@@ -7,8 +7,9 @@ GuidedQuant's Hessians are), and a callback quantizes each block once its statis
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -159,6 +160,34 @@ def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: 
     return outputs, {**stats, **{n: stats[first] for n, first in same_as.items()}}
 
 
+@contextlib.contextmanager
+def dequantized_once(block: torch.nn.Module) -> Iterator[None]:
+    """Inside, every packed layer of ``block`` (a module with ``dequantized_weight``: QuantLinear, BlockLinear,
+    LUTLinear) builds its dequantized weight once per dtype, on its first call, and reuses it for every later chunk of
+    windows. It is the tensor the exact path builds on each call (same codes, same arithmetic), so the outputs are
+    the same bit for bit, without unpacking and dequantizing once per chunk; paths that never ask for it (integer
+    matmuls, device kernels) are untouched. The weights are held until the block leaves: at most the float weights
+    the block held before it was quantized."""
+    patched = []
+    for m in block.modules():
+        if not callable(getattr(m, "dequantized_weight", None)) or "dequantized_weight" in vars(m):
+            continue
+        built: dict[torch.dtype, torch.Tensor] = {}
+
+        def once(dtype: torch.dtype = torch.float32, _build=m.dequantized_weight, _built=built) -> torch.Tensor:
+            if dtype not in _built:
+                _built[dtype] = _build(dtype)
+            return _built[dtype]
+
+        m.dequantized_weight = once  # an instance attribute: it shadows the method until deleted
+        patched.append(m)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.dequantized_weight
+
+
 def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batches: torch.Tensor,
                quantize_block: Callable[[dict[str, torch.nn.Module], dict[str, LinearStats]], None],
                propagate: str = "quantized", with_hessian: bool = True, progress=None,
@@ -170,7 +199,8 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
     after quantizing it (``quantized``) or taken from the same full-precision run (``fp``). Only one block's
     statistics are held at a time, and a layer no token reached (an idle expert, a weight read directly) gets empty
     ones (``hessian`` None). Layers outside every block (``lm_head``) see one whole-model pass at the end
-    (``quantized``) or at the start (``fp``). Quantized layers compute on the exact path meanwhile. ``make_stats``
+    (``quantized``) or at the start (``fp``). Quantized layers compute on the exact path meanwhile; in a block's
+    re-forward each packed weight is dequantized once for all chunks (:func:`dequantized_once`). ``make_stats``
     builds each layer's statistics (GuidedQuant's saliency-weighted Hessians); blocks only then.
     """
     groups: dict[int | None, dict[str, torch.nn.Module]] = {}
@@ -198,7 +228,8 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
                 if targets:
                     quantize_block(targets, stats)
                     if propagate == "quantized":
-                        hidden, _ = _run_block(block, mine)
+                        with dequantized_once(block):  # exact, and each packed weight unpacked once, not per chunk
+                            hidden, _ = _run_block(block, mine)
                 del stats, targets, mine
         if outside:
             quantize_block(outside, collect(model, outside, batches, with_hessian))
