@@ -2,6 +2,9 @@
 
 A plugin that fails to import or whose hook raises is recorded as broken (shown by ``llmx plugins``)
 and warned about; it never breaks the CLI. ``LLMX_STRICT_PLUGINS=1`` re-raises instead.
+A method's ``config="module:Class"`` is imported when first needed: loading only checks that the module exists
+(strict mode imports it), ``llmx plugins`` imports every one (a failure marks the plugin broken, as above) and a
+command that needs a broken reference stops with a :class:`PluginError` naming the plugin.
 ``LLMX_DISABLE_PLUGINS=a,b`` skips plugins by name (``*`` skips every non-built-in one).
 ``LLMX_PLUGINS_DIR`` (``os.pathsep``-separated) and ``--plugins-dir`` add folders of loose ``.py`` plugins.
 """
@@ -23,7 +26,7 @@ import pluggy
 
 from llmx import hookspecs
 from llmx.core.registry import MethodRegistry
-from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec, TaskSpec
+from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec, PluginError, TaskSpec
 
 ENTRY_POINT_GROUP = "llmx"
 
@@ -102,14 +105,22 @@ class PluginHost:
         except Exception as exc:  # noqa: BLE001 - isolation is the point
             if plugin is not None and self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
-            info.status, info.error = "broken", f"{type(exc).__name__}: {exc}"
-            if _strict():
-                raise
-            warnings.warn(f"llmx plugin {info.name!r} failed to load: {info.error}", PluginWarning, stacklevel=2)
+            self._broken(info, exc)
+
+    def _broken(self, info: PluginInfo, exc: Exception) -> None:
+        info.status, info.error = "broken", f"{type(exc).__name__}: {exc}"
+        if _strict():
+            raise exc
+        warnings.warn(f"llmx plugin {info.name!r} failed to load: {info.error}", PluginWarning, stacklevel=3)
 
     def _collect(self, plugin: object, info: PluginInfo) -> None:
         """Call this plugin's hooks only, so an error is attributed to it; commit only if all succeed."""
         methods = [_tag(s, info.name) for s in _call(plugin, "llmx_methods", MethodSpec)]
+        for s in methods:  # a config reference's module must exist; strict mode imports it
+            if _strict():
+                _ = s.config
+            else:
+                s.check_config()
         models = [_tag(s, info.name) for s in _call(plugin, "llmx_models", ModelSpec)]
         datasets = [_tag(s, info.name) for s in _call(plugin, "llmx_datasets", DatasetSpec)]
         layers = [_tag(s, info.name) for s in _call(plugin, "llmx_layers", LayerSpec)]
@@ -131,6 +142,21 @@ class PluginHost:
         info.models = [s.name for s in models]
         info.datasets = [s.name for s in datasets]
         info.tasks = [s.name for s in tasks]
+
+    def check_configs(self) -> None:
+        """Import every method's parameter model (``llmx plugins`` does): a plugin whose reference fails is marked
+        broken, warned about (strict mode re-raises) and its methods leave the registry."""
+        for info in self.infos:
+            if info.status != "ok":
+                continue
+            try:
+                for spec in self.methods:
+                    if spec.plugin == info.name:
+                        _ = spec.config
+            except PluginError as exc:
+                self.methods = self.methods.without(info.name)
+                info.methods = []
+                self._broken(info, exc)
 
     def task(self, name: str) -> TaskSpec:
         """The task called ``name`` (case and separators ignored), or a usage error with a did-you-mean."""

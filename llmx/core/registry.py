@@ -35,6 +35,10 @@ class MethodRegistry:
         """A registry with the same specs in the same order (the order decides a name's default stage)."""
         return MethodRegistry(self._specs)
 
+    def without(self, plugin: str) -> MethodRegistry:
+        """A registry without ``plugin``'s methods (the rest in the same order)."""
+        return MethodRegistry(s for s in self._specs if s.plugin != plugin)
+
     def __iter__(self) -> Iterator[MethodSpec]:
         return iter(sorted(self._specs, key=lambda s: (s.stages[0].value, s.name)))
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from llmx.errors import LlmxError
 
 
 class Stage(str, Enum):
@@ -42,12 +46,43 @@ def load_object(path: str) -> Any:
     return obj
 
 
+_REFERENCE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+class PluginError(LlmxError):
+    """A plugin's declaration that cannot be honoured where it is used (a config reference that does not import)."""
+
+
+class _LazyConfig:
+    """``MethodSpec.config``: stores the class or ``"module:Class"`` as given; reading it gives the class, importing
+    a string reference on first read (so listing methods imports no parameter model)."""
+
+    GIVEN, LOADED = "_config_given", "_config_class"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return Params  # the dataclass default
+        cls = obj.__dict__.get(self.LOADED)
+        if cls is None:
+            cls = obj.__dict__[self.LOADED] = obj.resolve_config()
+        return cls
+
+    def __set__(self, obj: Any, value: Any) -> None:  # the dataclass __init__ (frozen: nothing else sets it)
+        obj.__dict__[self.GIVEN] = value
+        obj.__dict__.pop(self.LOADED, None)
+        if not isinstance(value, str):
+            obj.__dict__[self.LOADED] = value
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """What a plugin declares about one technique.
 
     ``impl`` is ``"module:callable"``, imported only when the method runs; the callable takes
     ``(ctx: RunContext, params)`` and returns a mapping of metrics (or None).
+    ``config`` is the parameter model: a :class:`Params` subclass, or ``"module:Class"`` imported the first time
+    ``spec.config`` is read (validating a run, ``llmx methods show``), never by ``llmx methods``. Reading
+    ``spec.config`` always gives the class; ``config_ref`` is the reference as written.
     ``requires`` names hard requirements checked before the run: ``gpu``, ``cupy`` (the method's CUDA path runs
     CuPy kernels: needed with ``--device cuda`` only) or an importable module name such as ``bitsandbytes``.
     """
@@ -55,7 +90,7 @@ class MethodSpec:
     name: str
     stages: tuple[Stage, ...]
     impl: str
-    config: type[Params] = Params
+    config: type[Params] | str = _LazyConfig()  # type: ignore[assignment]
     summary: str = ""
     paper: str = ""
     aliases: tuple[str, ...] = ()
@@ -68,8 +103,58 @@ class MethodSpec:
             raise ValueError(f"method {self.name!r} declares no stages")
         if ":" not in self.impl:
             raise ValueError(f"method {self.name!r}: impl must be 'module:callable', got {self.impl!r}")
-        if not (isinstance(self.config, type) and issubclass(self.config, BaseModel)):
+        ref = self.config_ref
+        if isinstance(ref, str):
+            if not _REFERENCE.fullmatch(ref):
+                raise ValueError(f"method {self.name!r}: config must be a pydantic model class or 'module:Class', "
+                                 f"got {ref!r}")
+        elif not _is_model(ref):
             raise ValueError(f"method {self.name!r}: config must be a pydantic model class")
+
+    @property
+    def config_ref(self) -> type[Params] | str:
+        """The config as the plugin wrote it: a class, or ``"module:Class"`` (reading this imports nothing)."""
+        return self.__dict__[_LazyConfig.GIVEN]
+
+    @property
+    def config_name(self) -> str:
+        """``"module:Class"`` for either form, without importing anything."""
+        ref = self.config_ref
+        return ref if isinstance(ref, str) else f"{ref.__module__}:{ref.__qualname__}"
+
+    def check_config(self) -> None:
+        """Cheap load-time check of a string reference: its module exists (found, not imported); raises ImportError."""
+        ref = self.config_ref
+        if not isinstance(ref, str) or _LazyConfig.LOADED in self.__dict__:
+            return
+        module = ref.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError) as exc:
+            raise ImportError(f"method {self.name!r}: config {ref!r}: {type(exc).__name__}: {exc}") from exc
+        if found is None:
+            raise ModuleNotFoundError(f"method {self.name!r}: config {ref!r}: No module named {module!r}")
+
+    def resolve_config(self) -> type[Params]:
+        """Import a ``"module:Class"`` reference; a failure is a :class:`PluginError` naming the plugin and method."""
+        ref = self.config_ref
+        if not isinstance(ref, str):
+            return ref
+        try:
+            cls = load_object(ref)
+        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's, said so
+            raise self._config_error(f"{type(exc).__name__}: {exc}") from exc
+        if not _is_model(cls):
+            raise self._config_error(f"{cls!r} is not a pydantic model class")
+        return cls
+
+    def _config_error(self, why: str) -> PluginError:
+        who = f"plugin {self.plugin!r}: " if self.plugin else ""
+        hint = "`llmx plugins` shows each plugin's status"
+        if self.plugin:
+            hint += f"; LLMX_DISABLE_PLUGINS={self.plugin} skips this one"
+        return PluginError(f"{who}method {self.name!r}: config {self.config_ref!r} cannot be loaded: {why}",
+                           hint=hint + ".")
 
     def load(self) -> Callable[..., Any]:
         return load_object(self.impl)
@@ -98,6 +183,10 @@ class MethodSpec:
             "plugin": self.plugin,
             "params": params,
         }
+
+
+def _is_model(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, BaseModel)
 
 
 def _type_name(annotation: Any) -> str:
