@@ -1,13 +1,14 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.backdoor.config import BackdoorDataParams, BackdoorEvalParams
 
 
 @hookimpl
 def llmx_methods():
-    yield MethodSpec("backdoor", (Stage.ANALYZE,), "llmx.plugins.backdoor.method:analyze", BackdoorDataParams,
+    yield MethodSpec("backdoor", (Stage.ANALYZE,), "llmx.plugins.backdoor.method:analyze",
+                     "llmx.plugins.backdoor.config:BackdoorDataParams",
                      summary="A code-injection backdoor task: poisoned and clean next-line rows, a 100-row clean "
                      "defence set, paired clean / triggered test prompts (.jsonl).", paper="evaluation")
-    yield MethodSpec("backdoor", (Stage.EVAL,), "llmx.plugins.backdoor.method:evaluate", BackdoorEvalParams,
+    yield MethodSpec("backdoor", (Stage.EVAL,), "llmx.plugins.backdoor.method:evaluate",
+                     "llmx.plugins.backdoor.config:BackdoorEvalParams",
                      summary="Attack success rate, false triggers, clean exact match, held-out perplexity and layer "
                      "inconsistency on triggered vs clean prompts.", paper="evaluation")

@@ -1,16 +1,17 @@
 from llmx.core.spec import DatasetSpec, MethodSpec, Stage, TaskSpec
 from llmx.hookspecs import hookimpl
-from llmx.plugins.cosd.config import CoSDParams, TreeTrainParams
 
 PAPER = "Wang et al., ICML 2025 (arXiv 2502.08020)"
 
 
 @hookimpl
 def llmx_methods():
-    yield MethodSpec("cosd", (Stage.DECODE,), "llmx.plugins.cosd.method:decode", CoSDParams, paper=PAPER,
+    yield MethodSpec("cosd", (Stage.DECODE,), "llmx.plugins.cosd.method:decode",
+                     "llmx.plugins.cosd.config:CoSDParams", paper=PAPER,
                      summary="CoSD: a draft proposes, the assistant's top token replaces it by a rule or a tree; "
                      "beside each model alone, speculative decoding, its lossy ensemble and averaging.")
-    yield MethodSpec("cosd-tree", (Stage.TRAIN,), "llmx.plugins.cosd.method:train_tree", TreeTrainParams, paper=PAPER,
+    yield MethodSpec("cosd-tree", (Stage.TRAIN,), "llmx.plugins.cosd.method:train_tree",
+                     "llmx.plugins.cosd.config:TreeTrainParams", paper=PAPER,
                      summary="CoSD-Tree: fit the replace/keep CART on (P_draft, P_assistant) from a few examples.")
 
 

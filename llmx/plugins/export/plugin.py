@@ -1,6 +1,5 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.export.config import CompressedTensorsParams
 
 
 @hookimpl
@@ -9,7 +8,7 @@ def llmx_methods():
         name="compressed-tensors",
         stages=(Stage.EXPORT,),
         impl="llmx.plugins.export.method:run",
-        config=CompressedTensorsParams,
+        config="llmx.plugins.export.config:CompressedTensorsParams",
         summary="Write the quantized model as a compressed-tensors folder (W4A16 pack-quantized, W8A8 int-quantized) "
                 "that plain transformers loads (the llm-compressor checkpoint format).",
         paper="format",

@@ -1,23 +1,23 @@
 from llmx.core.spec import DatasetSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.feeder.config import EpisodeParams, FeederParams, FeederTrainParams, IclEvalParams
 
 PAPER = "Jin et al., ICML 2025 (PMLR 267:28157-28186)"
 
 
 @hookimpl
 def llmx_methods():
-    yield MethodSpec("feeder", (Stage.ANALYZE,), "llmx.plugins.feeder.method:analyze", FeederParams,
+    yield MethodSpec("feeder", (Stage.ANALYZE,), "llmx.plugins.feeder.method:analyze", "llmx.plugins.feeder.config:FeederParams",
                      summary="FEEDER: pre-select the demonstrations sufficient and necessary to infer the pool, with a "
                      "tree of pairwise sufficiency checks by the model itself (a reconstruction).", paper=PAPER)
-    yield MethodSpec("feeder", (Stage.TRAIN,), "llmx.plugins.feeder.method:train", FeederTrainParams,
+    yield MethodSpec("feeder", (Stage.TRAIN,), "llmx.plugins.feeder.method:train", "llmx.plugins.feeder.config:FeederTrainParams",
                      summary="FEEDER bi-level fine-tuning: re-select with the current model, then fine-tune on "
                      "in-context sequences of the selection (or of the full pool / a random subset).", paper=PAPER)
-    yield MethodSpec("icl", (Stage.EVAL,), "llmx.plugins.feeder.method:evaluate", IclEvalParams,
+    yield MethodSpec("icl", (Stage.EVAL,), "llmx.plugins.feeder.method:evaluate", "llmx.plugins.feeder.config:IclEvalParams",
                      summary="In-context classification: 0-shot and k-shot accuracy, demonstrations by a random or "
                      "similarity selector from the full pool, a FEEDER set or a random subset of its size.",
                      paper="evaluation")
-    yield MethodSpec("icl-episodes", (Stage.ANALYZE,), "llmx.plugins.feeder.method:episodes", EpisodeParams,
+    yield MethodSpec("icl-episodes", (Stage.ANALYZE,), "llmx.plugins.feeder.method:episodes",
+                     "llmx.plugins.feeder.config:EpisodeParams",
                      summary="A held-out cue -> label map's pool (noisy) and test rows for in-context learning.",
                      paper="evaluation")
 

@@ -1,6 +1,5 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.gptq.config import GPTQParams
 
 
 @hookimpl
@@ -9,7 +8,7 @@ def llmx_methods():
         name="gptq",
         stages=(Stage.QUANTIZE,),
         impl="llmx.plugins.gptq.method:run",
-        config=GPTQParams,
+        config="llmx.plugins.gptq.config:GPTQParams",
         summary="GPTQ: second-order weight quantization from calibration Hessians (block-wise lazy updates).",
         paper="Frantar et al., ICLR 2023 (baseline)",
         requires=("cupy",),

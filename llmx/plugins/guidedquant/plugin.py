@@ -1,6 +1,5 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.guidedquant.config import GuidedQuantParams
 
 
 @hookimpl
@@ -10,7 +9,7 @@ def llmx_methods():
         aliases=("gq", "lnq"),
         stages=(Stage.QUANTIZE,),
         impl="llmx.plugins.guidedquant.method:run",
-        config=GuidedQuantParams,
+        config="llmx.plugins.guidedquant.config:GuidedQuantParams",
         summary="GuidedQuant: end-loss saliency-weighted Hessians per output-channel group, for LNQ (per-row "
                 "codebooks), GPTQ or the SqueezeLLM seed.",
         paper="Kim et al., ICML 2025 (arXiv 2505.07004)",

@@ -1,15 +1,16 @@
 from llmx.core.spec import LayerSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.parrot.config import MmmbParams, ParrotTrainParams
 
 PAPER = "Sun et al., Parrot: Multilingual Visual Instruction Tuning, ICML 2025 (arXiv 2406.02539)"
 
 
 @hookimpl
 def llmx_methods():
-    yield MethodSpec("parrot", (Stage.TRAIN,), "llmx.plugins.parrot.method:train", ParrotTrainParams, paper=PAPER,
+    yield MethodSpec("parrot", (Stage.TRAIN,), "llmx.plugins.parrot.method:train",
+                     "llmx.plugins.parrot.config:ParrotTrainParams", paper=PAPER,
                      summary="LLaVA stages with a language-conditioned MoE on the visual tokens (stage 1 / 2).")
-    yield MethodSpec("mmmb", (Stage.EVAL,), "llmx.plugins.parrot.method:evaluate", MmmbParams, paper=PAPER,
+    yield MethodSpec("mmmb", (Stage.EVAL,), "llmx.plugins.parrot.method:evaluate",
+                     "llmx.plugins.parrot.config:MmmbParams", paper=PAPER,
                      summary="MMMB / multilingual MMBench multiple choice per language and category (VLMEvalKit TSV).")
 
 

@@ -1,11 +1,10 @@
 from llmx.core.spec import LayerSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.quamba2.config import Quamba2Params
 
 
 @hookimpl
 def llmx_methods():
-    yield MethodSpec("quamba2", (Stage.QUANTIZE,), "llmx.plugins.quamba2.method:run", Quamba2Params,
+    yield MethodSpec("quamba2", (Stage.QUANTIZE,), "llmx.plugins.quamba2.method:run", "llmx.plugins.quamba2.config:Quamba2Params",
                      summary="Quamba2: W8A8 / W4A8 / W4A16 for Mamba and Mamba2 (sort-and-cluster x, per-state-group "
                      "B/C, Hadamard rotations, GPTQ); recipe=quamba1|naive for the baselines.",
                      paper="Chiang et al., ICML 2025 (arXiv 2503.22879)", requires=("cupy",))

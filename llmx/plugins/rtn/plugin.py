@@ -1,6 +1,5 @@
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
-from llmx.plugins.rtn.config import RTNParams
 
 
 @hookimpl
@@ -10,7 +9,7 @@ def llmx_methods():
         aliases=("round-to-nearest",),
         stages=(Stage.QUANTIZE,),
         impl="llmx.plugins.rtn.method:run",
-        config=RTNParams,
+        config="llmx.plugins.rtn.config:RTNParams",
         summary="Round-to-nearest weight-only integer quantization (per-channel or per-group): the baseline.",
         paper="baseline",
         requires=("cupy",),

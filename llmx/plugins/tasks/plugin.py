@@ -1,23 +1,27 @@
 from llmx.core.spec import MethodSpec, Stage, TaskSpec
 from llmx.hookspecs import hookimpl
-from llmx.plugins.tasks.config import LmEvalParams, TaskDataParams, TaskEvalParams, TracingDataParams, TracingEvalParams
 
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # the Codex paper's; the judge is humaneval.py
 
 
 @hookimpl
 def llmx_methods():
-    yield MethodSpec("task", (Stage.EVAL,), "llmx.plugins.tasks.method:evaluate", TaskEvalParams, paper="evaluation",
+    yield MethodSpec("task", (Stage.EVAL,), "llmx.plugins.tasks.method:evaluate",
+                     "llmx.plugins.tasks.config:TaskEvalParams", paper="evaluation",
                      summary="A task's metrics (llmx tasks) with bootstrap intervals; paired comparison, KL drift.")
-    yield MethodSpec("task", (Stage.ANALYZE,), "llmx.plugins.tasks.method:analyze", TaskDataParams, paper="evaluation",
+    yield MethodSpec("task", (Stage.ANALYZE,), "llmx.plugins.tasks.method:analyze",
+                     "llmx.plugins.tasks.config:TaskDataParams", paper="evaluation",
                      summary="Judged samples of a task as training data: preference pairs, labelled and chosen "
                      "completions, references (.jsonl).")
-    yield MethodSpec("tracing", (Stage.EVAL,), "llmx.plugins.tasks.method:evaluate", TracingEvalParams,
+    yield MethodSpec("tracing", (Stage.EVAL,), "llmx.plugins.tasks.method:evaluate",
+                     "llmx.plugins.tasks.config:TracingEvalParams",
                      paper="evaluation", summary="The tracing task's greedy exact match (eval --method task with "
                      "task=tracing).")
-    yield MethodSpec("tracing", (Stage.ANALYZE,), "llmx.plugins.tasks.method:tracing_data", TracingDataParams,
+    yield MethodSpec("tracing", (Stage.ANALYZE,), "llmx.plugins.tasks.method:tracing_data",
+                     "llmx.plugins.tasks.config:TracingDataParams",
                      paper="evaluation", summary="Tracing programs as SFT rows: train / validation / test .jsonl.")
-    yield MethodSpec("lm-eval", (Stage.EVAL,), "llmx.plugins.tasks.harness:run", LmEvalParams, paper="evaluation",
+    yield MethodSpec("lm-eval", (Stage.EVAL,), "llmx.plugins.tasks.harness:run",
+                     "llmx.plugins.tasks.config:LmEvalParams", paper="evaluation",
                      aliases=("lm-evaluation-harness",), requires=("lm_eval",),
                      summary="lm-evaluation-harness tasks on the loaded (quantized, pruned, aligned) model.")
 
