@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -17,7 +18,7 @@ methods_app = typer.Typer(help="List the methods that plugins provide, or show o
                                        "llmx methods show rtn"))
 def methods(ctx: typer.Context,
             stage: Annotated[Optional[str], typer.Option("--stage", help="Only methods for this stage.")] = None) -> None:
-    """List the methods that plugins provide."""
+    """List the methods that plugins provide (piped: one line per method, name, stages and summary)."""
     if ctx.invoked_subcommand:
         return
     from llmx.core.plugins import host
@@ -31,8 +32,19 @@ def methods(ctx: typer.Context,
     specs = [s for s in host().methods if wanted is None or wanted in s.stages]
     data = [{"name": s.name, "stages": [x.value for x in s.stages], "aliases": list(s.aliases), "summary": s.summary,
              "paper": s.paper, "plugin": s.plugin, "requires": list(s.requires)} for s in specs]
-    emit(data, lambda: table("methods", ["name", "stages", "summary", "plugin"],
-                             [[d["name"], d["stages"], d["summary"], d["plugin"]] for d in data]))
+    if sys.stdout.isatty():
+        emit(data, lambda: table("methods", ["name", "stages", "summary", "plugin"],
+                                 [[d["name"], d["stages"], d["summary"], d["plugin"]] for d in data]))
+    else:  # piped: whole lines, for grep, wc and cut; never wrapped or cut at a terminal width
+        emit(data, lambda: sys.stdout.write(lines(data)))
+
+
+def lines(data: list[dict]) -> str:
+    """One line per method: name, stages (comma-joined) and summary in aligned columns, summary whole."""
+    stages = [",".join(d["stages"]) for d in data]
+    wide = (max((len(d["name"]) for d in data), default=0), max(map(len, stages), default=0))
+    return "".join(f"{d['name']:<{wide[0]}}  {s:<{wide[1]}}  {' '.join(d['summary'].split())}".rstrip() + "\n"
+                   for d, s in zip(data, stages, strict=True))
 
 
 @methods_app.command("show", epilog=examples("llmx methods show rtn", "llmx methods show clover",
@@ -63,10 +75,13 @@ def show(name: Annotated[str, typer.Argument(help="Method name or alias.")]) -> 
 
 
 def plugins() -> None:
-    """List plugins: built-in, from entry points (group `llmx`) and loose files, with their status."""
+    """List plugins: built-in, from entry points (group `llmx`) and loose files, with their status (every method's
+    parameter model is imported here, so a plugin whose config does not load shows as broken, with why)."""
     from llmx.core.plugins import host
 
-    data = [i.as_dict() for i in host().infos]
+    h = host()
+    h.check_configs()
+    data = [i.as_dict() for i in h.infos]
     emit(data, lambda: table("plugins", ["name", "source", "status", "version", "provides", "error"],
                              [[d["name"], d["source"], d["status"], d["version"],
                                d["methods"] + d["models"] + d["datasets"] + d["tasks"], d["error"]] for d in data]))
