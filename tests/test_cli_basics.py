@@ -25,6 +25,48 @@ def test_help_is_fast_and_imports_no_torch():
     assert elapsed < 5.0, f"llmx --help took {elapsed:.2f}s"
 
 
+def test_methods_imports_no_method_config_and_no_torch():
+    """`llmx methods` lists from the specs alone: no parameter model of any method is imported (nor torch)."""
+    code = (
+        "import sys\n"
+        "from llmx.cli.app import main\n"
+        "assert main(['methods']) == 0\n"
+        "from llmx.core.plugins import host\n"
+        "from llmx.core.spec import Params\n"
+        "refs = {s.config_name.partition(':')[0] for s in host().methods}\n"
+        "def subs(c): return [x for k in c.__subclasses__() for x in (k, *subs(k))]\n"
+        "loaded = [m for m in sys.modules if m in refs or m.startswith('llmx.plugins.') and m.endswith('.config')\n"
+        "          or m.split('.')[0] in ('torch', 'transformers')]\n"
+        "print('LOADED', sorted(loaded), [c.__name__ for c in subs(Params)], len(refs), file=sys.stderr)\n"
+    )
+    proc = run_subprocess("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    loaded = next(line for line in proc.stderr.splitlines() if line.startswith("LOADED "))
+    assert loaded.startswith("LOADED [] [] ") and int(loaded.split()[-1]) > 25, loaded  # config modules
+
+
+def test_methods_piped_is_one_whole_line_per_method():
+    """Off a terminal: one line per method (name, stages, the whole summary), never wrapped at a width."""
+    listed = json.loads(run_subprocess("-m", "llmx", "--json", "methods").stdout)
+    proc = run_subprocess("-m", "llmx", "methods", env={"COLUMNS": "40"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(listed) > 40
+    for line, m in zip(lines, listed, strict=True):
+        name, stages, summary = line.split(None, 2)
+        assert (name, stages.split(","), summary) == (m["name"], m["stages"], " ".join(m["summary"].split())), line
+    evals = run_subprocess("-m", "llmx", "methods", "--stage", "eval").stdout.splitlines()
+    assert len(evals) == sum("eval" in m["stages"] for m in listed) and all(" eval" in line for line in evals)
+
+
+def test_methods_on_a_terminal_is_a_table(cli, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    r = cli("methods", "--stage", "quantize")
+    assert r.code == 0 and "methods" in r.out and "plugin" in r.out and "─" in r.out
+
+
 def test_console_script_and_module_entry_points():
     proc = run_subprocess("-m", "llmx", "--version")
     assert proc.returncode == 0 and proc.stdout.startswith("llmx ")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 
@@ -100,3 +101,88 @@ def test_entry_point_plugin_is_listed_and_runs(tmp_path):
     assert json.loads(ran.stdout)["stages"][0]["metrics"]["greeting"] == "hello hello hello "
     off = run_subprocess("-m", "llmx", "--json", "methods", env={**env, "LLMX_DISABLE_PLUGINS": "*"})
     assert "hello" not in {m["name"] for m in json.loads(off.stdout)}
+
+
+LAZY = """
+import llmx
+from llmx.core.spec import MethodSpec, Params, Stage
+
+class HelloParams(Params):
+    times: int = 2
+
+@llmx.hookimpl
+def llmx_methods():
+    yield MethodSpec("hello-class", (Stage.ANALYZE,), "lazy:run", HelloParams, summary="config as a class")
+    yield MethodSpec("hello-lazy", (Stage.ANALYZE,), "lazy:run", "lazy:HelloParams", summary="config by reference")
+
+def run(ctx, p):
+    return {"greeting": "hello " * p.times}
+"""
+
+
+def test_config_as_class_or_lazy_reference(cli, tmp_path):
+    """A plugin may pass its parameter model (third-party plugins written before references) or "module:Class"."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "lazy.py").write_text(LAZY)
+    d = tmp_path / "plugins"
+    from llmx.core.plugins import host
+    from llmx.core.spec import Params
+
+    for name in ("hello-class", "hello-lazy"):
+        (shown,) = cli("--json", "--plugins-dir", d, "methods", "show", name).json()
+        assert [(p["name"], p["default"]) for p in shown["params"]] == [("times", 2)]
+        r = cli("--json", "--plugins-dir", d, "analyze", "--method", name, "--set", "times=3", "-o", tmp_path / "runs")
+        assert r.code == 0, r.err
+        assert r.json()["stages"][0]["metrics"]["greeting"] == "hello " * 3
+        bad = cli("--plugins-dir", d, "analyze", "--method", name, "--set", "times=x", "-o", tmp_path / "runs")
+        assert bad.code == 2 and "pipeline.0.params.times" in bad.err
+    lazy = host().methods.get("hello-lazy")  # (the file imports once per process; here once per cli call)
+    assert lazy.config_ref == "lazy:HelloParams" and lazy.config_name == "lazy:HelloParams"
+    assert issubclass(lazy.config, Params) and lazy.config.__name__ == "HelloParams"
+    # every built-in method names its config by reference: nothing is imported until it is read
+    assert all(isinstance(s.config_ref, str) for s in host().methods if s.plugin != "lazy"), "a built-in passes a class"
+
+
+BAD_REFS = {
+    "no_module": ('"llmx_no_such_module:P"', "No module named 'llmx_no_such_module'"),
+    "no_class": ('"json:NoSuchParams"', "NoSuchParams"),
+    "not_model": ('"json:dumps"', "is not a pydantic model class"),
+    "malformed": ('"json NoSuchParams"', "config must be a pydantic model class or 'module:Class'"),
+}
+
+
+def _bad_plugin(folder, name: str) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(textwrap.dedent(f"""
+        import llmx
+        from llmx.core.spec import MethodSpec, Stage
+        @llmx.hookimpl
+        def llmx_methods():
+            yield MethodSpec("{name.replace('_', '-')}", (Stage.ANALYZE,), "json:dumps", {BAD_REFS[name][0]})
+    """))
+
+
+@pytest.mark.parametrize("name", list(BAD_REFS))
+def test_bad_config_reference_is_a_broken_plugin(cli, monkeypatch, tmp_path, name):
+    """A reference whose module is missing (or malformed) breaks the plugin at load; one whose class is missing or
+    not a model is found when the config is first needed: `llmx plugins` imports every config and shows why, a
+    command needing it stops with one message naming the plugin, strict mode raises at load."""
+    d = tmp_path / "plugins"
+    _bad_plugin(d, name)
+    method = name.replace("_", "-")
+    at_load = name in ("no_module", "malformed")
+    with pytest.warns(UserWarning, match=f"llmx plugin '{name}' failed to load"):
+        r = cli("--json", "--plugins-dir", d, "plugins")
+    info = next(p for p in r.json() if p["name"] == name)
+    assert info["status"] == "broken" and BAD_REFS[name][1] in info["error"] and info["methods"] == []
+    with pytest.warns(UserWarning) if at_load else contextlib.nullcontext():
+        listed = {m["name"] for m in cli("--json", "--plugins-dir", d, "methods").json()}
+    assert (method in listed) is not at_load and "rtn" in listed
+    if not at_load:  # listed (nothing imported), but using it names the plugin and the reference
+        for args in (("methods", "show", method), ("analyze", "--method", method, "-o", tmp_path / "runs")):
+            r = cli("--plugins-dir", d, *args)
+            assert r.code == 1 and f"plugin '{name}': method '{method}': config" in r.err, r.err
+            assert BAD_REFS[name][1] in r.err and f"LLMX_DISABLE_PLUGINS={name}" in r.err
+    monkeypatch.setenv("LLMX_STRICT_PLUGINS", "1")
+    r = cli("--plugins-dir", d, "methods")
+    assert r.code == 1 and BAD_REFS[name][1] in r.err, r.err
