@@ -17,6 +17,8 @@ VALIDATION_PERCENT = 10
 SPLIT_MODES = ("auto", "blocks", "lines", "legacy")
 SplitMode = Literal["auto", "blocks", "lines", "legacy"]
 EXPECTED_HELD_UNITS = 10  # ``auto`` takes blocks when they put at least this many units in validation on average
+POOL_FACTOR = 4  # random_windows draws from a pool of this many times the tokens it returns
+STDLIB_IMPL = "llmx.core.data.stdlib:documents"
 
 log = logging.getLogger("llmx.data")
 
@@ -177,8 +179,11 @@ def _check_share(path: str, units: list[str], held: list[bool], percent: int) ->
 
 def token_stream(tokenizer: Any, source: str, split: str, max_tokens: int | None = None,
                  splitting: TextSplit | None = None):
-    """All documents of a split tokenised and joined by EOS, as one 1-D LongTensor (capped at ``max_tokens``)."""
-    return join_documents(tokenizer, documents(source, split, splitting), max_tokens)
+    """All documents of a split tokenised and joined by EOS, as one 1-D LongTensor (capped at ``max_tokens``).
+    Documents are read and tokenised only up to the cap; ``stdlib``'s come from the token cache when an earlier run
+    tokenised them (``core.data.tokens``)."""
+    docs = document_tokens(tokenizer, source, split, splitting)
+    return _joined(docs, range(len(docs)), tokenizer.eos_token_id, max_tokens)
 
 
 def join_documents(tokenizer: Any, docs: list[str], max_tokens: int | None = None):
@@ -194,6 +199,45 @@ def join_documents(tokenizer: Any, docs: list[str], max_tokens: int | None = Non
     return torch.tensor(ids[:max_tokens] if max_tokens else ids, dtype=torch.long)
 
 
+def document_tokens(tokenizer: Any, source: str, split: str, splitting: TextSplit | None = None):
+    """The split's documents as a ``DocumentTokens`` (each tokenised on first use): ``stdlib``'s read lazily, file by
+    file, and kept in the token cache under the corpus's and the tokenizer's keys; any other source's read at once
+    (its documents are one call) and tokenised once per call."""
+    from llmx.core.data.tokens import DocumentTokens, tokenizer_key
+    from llmx.core.plugins import host
+
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', not {split!r}")
+    spec = host().datasets.get(source)
+    if spec is not None and spec.impl == STDLIB_IMPL:
+        from llmx.core.data import stdlib
+
+        files = stdlib.corpus(split, stdlib.stdlib_root())
+        if files.paths:  # (else documents() below says the split is empty)
+            tok_key = tokenizer_key(tokenizer)
+            key = hashlib.sha256(f"{files.key}:{tok_key}".encode()).hexdigest() if tok_key else None
+            return DocumentTokens(tokenizer, files.read, len(files.paths), key, f"stdlib-{split}")
+    texts = documents(source, split, splitting)
+    return DocumentTokens(tokenizer, texts.__getitem__, len(texts), None)
+
+
+def _joined(docs, order, eos: int, max_tokens: int | None, cut: bool = True):
+    """Documents ``order`` of ``docs`` joined by EOS into a LongTensor, read until it holds ``max_tokens`` (then cut
+    there when ``cut``)."""
+    import torch
+
+    end = torch.tensor([eos], dtype=torch.int32, device="cpu")
+    parts, total = [], 0
+    for i in order:
+        parts += [docs.get(i), end]
+        total += len(parts[-2]) + 1
+        if max_tokens and total >= max_tokens:
+            break
+    docs.save()
+    stream = torch.cat(parts).long() if parts else torch.empty(0, dtype=torch.long, device="cpu")
+    return stream[:max_tokens] if max_tokens and cut else stream
+
+
 def fixed_windows(stream, seq_len: int, n: int):
     """``[n, seq_len]`` evenly spaced windows of a token stream: the same held-out windows at every evaluation."""
     import torch
@@ -207,12 +251,18 @@ def fixed_windows(stream, seq_len: int, n: int):
 
 def random_windows(tokenizer, source: str, n_samples: int, seq_len: int, seed: int = 0,
                    split: str = "train", splitting: TextSplit | None = None):
-    """``[n_samples, seq_len]`` random windows of a split's token stream (seeded)."""
+    """``[n_samples, seq_len]`` random windows of a split (seeded: the same windows on every machine for the same
+    corpus and tokenizer). The split's documents are taken in a seeded random order and tokenised (or read from the
+    token cache) until the pool joining them by EOS holds ``POOL_FACTOR`` times the tokens asked for; the windows
+    start uniformly in that pool. So a draw tokenises about ``POOL_FACTOR`` times what it returns (plus the rest of
+    the last document, which the pool keeps whole), from documents all over the split."""
     import torch
 
-    stream = token_stream(tokenizer, source, split, max(200_000, 4 * n_samples * seq_len), splitting)
+    docs = document_tokens(tokenizer, source, split, splitting)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(docs), generator=gen, device="cpu").tolist()
+    stream = _joined(docs, order, tokenizer.eos_token_id, POOL_FACTOR * n_samples * seq_len + 1, cut=False)
     if len(stream) <= seq_len:
         raise UsageError(f"data '{source}' has only {len(stream)} tokens; need more than {seq_len}")
-    gen = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(stream) - seq_len, (n_samples,), generator=gen)
     return torch.stack([stream[s:s + seq_len] for s in starts])
