@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -23,8 +24,12 @@ def windows(n: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
 @torch.inference_mode()
 def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, stride: int, batch_size: int,
                  progress=lambda x, **_: x) -> tuple[float, int]:
-    """Summed NLL (nats) of ``tokens[1:]`` under a sliding window, and the number of tokens scored."""
+    """Summed NLL (nats) of ``tokens[1:]`` under a sliding window, and the number of tokens scored. A model that
+    takes ``logits_to_keep`` (transformers' causal LMs) computes logits only for the positions a batch scores (the
+    last ``seq_len - stride + 1`` of every window but the first): the same logits, bit for bit, without the output
+    layer and the softmax over the context positions."""
     device = next(model.parameters()).device
+    keeps = _takes_logits_to_keep(model)
     total, count = 0.0, 0
     spans = windows(len(tokens), seq_len, stride)
     batches = [spans[i:i + batch_size] for i in range(0, len(spans), batch_size)]
@@ -34,12 +39,25 @@ def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
             by_len.setdefault(span[1] - span[0], []).append(span)
         for length, group in by_len.items():
             x = torch.stack([tokens[b:e] for b, e, _ in group]).to(device)
-            logp = torch.log_softmax(model(input_ids=x).logits.float(), dim=-1)
-            nll = -logp[:, :-1].gather(-1, x[:, 1:, None]).squeeze(-1)
+            keep = length - min(first - b for b, _, first in group) + 1  # logits from the first scoring position
+            if keeps and keep < length:
+                logits = model(input_ids=x, logits_to_keep=keep).logits[:, -keep:]
+            else:
+                logits, keep = model(input_ids=x).logits, length
+            skipped = length - keep  # context positions whose logits were never made
+            nll = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), x[:, skipped + 1:].flatten(),
+                                                    reduction="none").view(len(group), keep - 1)
             for row, (b, _, first) in enumerate(group):
-                total += float(nll[row, first - b - 1:].sum())
+                total += float(nll[row, first - b - 1 - skipped:].sum())
                 count += length - (first - b)
     return total, count
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def scored_bytes(tokenizer, tokens: torch.Tensor) -> int:
