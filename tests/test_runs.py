@@ -124,4 +124,8 @@ def test_versions_name_llmx_when_run_from_a_checkout(monkeypatch):
         return real(dist)
 
     monkeypatch.setattr(metadata, "version", version)
-    assert runs.versions()["llmx"] == __version__
+    runs._versions.cache_clear()
+    try:
+        assert runs.versions()["llmx"] == __version__
+    finally:
+        runs._versions.cache_clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import os
@@ -39,7 +40,12 @@ def create(run: ResolvedRun, rank: int = 0) -> Path:
 
 def versions() -> dict[str, str]:
     """Python's and the stack's versions; llmx's from the package itself (a checkout on ``PYTHONPATH`` has no
-    metadata), CuPy's under whichever CUDA build is installed."""
+    metadata), CuPy's under whichever CUDA build is installed. Read once per process."""
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
     from llmx import __version__
 
     out = {"python": platform.python_version(), "llmx": __version__}
@@ -53,8 +59,10 @@ def versions() -> dict[str, str]:
     return out
 
 
+@functools.cache
 def git_commit() -> str | None:
-    """The commit of the llmx source tree when it is a git checkout (with ``+dirty`` if modified)."""
+    """The commit of the llmx source tree when it is a git checkout (with ``+dirty`` if modified when first asked:
+    once per process, two ``git`` calls being as slow as a small evaluation)."""
     src = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
