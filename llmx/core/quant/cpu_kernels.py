@@ -1,13 +1,23 @@
 """Packed weights on the CPU through torch's own kernels: int4 (``aten._weight_int4pack_mm_for_cpu``) and int8
-per-channel (``aten._weight_int8pack_mm``), both with bf16 activations.
+per-channel (``aten._weight_int8pack_mm``), both with bf16 activations, and W8A8's integer matmul; which one a layer
+runs is decided once per layer from what this CPU runs fast (:func:`capability`, :func:`w8a8_path`).
 
-The kernel reads its own tiled nibble layout and computes ``x @ ((q - 8) * s + z)^T`` per group of 32, 64, 128 or
-256 input channels, with bf16 activations and scales and float32 accumulation. A QuantLinear's int4 codes map onto it
-exactly: symmetric codes ``c`` are stored as ``q = c + 8`` with ``z = 0``; asymmetric codes with zero point ``u`` give
-``z = (8 - u) s``; per-channel and per-tensor scales repeat over the kernel's groups. The cost is bf16 rounding of the
-activations and scales (relative 2^-9), which the fast path trades for 4-5x less time than float32 GEMV; set
+The int4 kernel reads its own tiled nibble layout and computes ``x @ ((q - 8) * s + z)^T`` per group of 32, 64, 128
+or 256 input channels, with bf16 activations and scales and float32 accumulation. A QuantLinear's int4 codes map onto
+it exactly: symmetric codes ``c`` are stored as ``q = c + 8`` with ``z = 0``; asymmetric codes with zero point ``u``
+give ``z = (8 - u) s``; per-channel and per-tensor scales repeat over the kernel's groups. The cost is bf16 rounding of
+the activations and scales (relative 2^-9), which the fast path trades for 2-5x less time than float32 GEMV; set
 ``LLMX_CPU_KERNELS=0`` for the exact float32 path. The int8 kernel reads QuantLinear's int8 codes as they are, with
-the per-channel (or the per-tensor, repeated) scales in bf16.
+the per-channel (or the per-tensor, repeated) scales in bf16. torch's other int4 entry point on the CPU,
+``_dyn_quant_matmul_4bit``, quantizes the activations to int8 (not W4A16) and has only a reference kernel on x86
+(25 ms for one 4096x4096 token against 0.8 ms here): it is not used.
+
+W8A8 (int8 codes of the activations times int8 weights): ``torch._int_mm`` runs through oneDNN only on a CPU with
+AVX-512 VNNI; anywhere else it is a scalar triple loop (0.2x float32 at one token, seconds at 17). Without VNNI the
+activation codes, exact in bf16, go through the int8 kernel with unit scales: every product is exact, the sums are
+float32 (exact below 2^24), the kernel rounds each sum once to bf16 (relative 2^-9), and the float32 weight and
+activation scales multiply after; past :data:`INT8PACK_MAX_ROWS` rows (prefill) the float32 matmul on the weights
+dequantized for that call is the faster of the two.
 
 The kernel layout replaces the canonical one in memory (no second copy): :func:`canonical` inverts it. That layout
 depends on the CPU (torch tiles rows in blocks of 64 on AVX-512, 32 on AVX2): the block is learnt once per row count
@@ -16,7 +26,8 @@ this module cannot invert runs the exact path (with one warning) instead of comp
 the kernels off for a block of code (calibration, export checks), whatever the environment says.
 
 The kernels exist for CPU tensors only: a tensor on any other device reaching them raises :class:`DeviceMismatch`
-naming the layer (never a silent copy to the CPU and back).
+naming the layer (never a silent copy to the CPU and back). A layer's plan checks its tensors once when it is made
+and the input's device on every call, and calls them with ``layer=None`` (no per-call checks).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import functools
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -36,15 +48,28 @@ GROUPS = (256, 128, 64, 32)
 ENV = "LLMX_CPU_KERNELS"
 
 
-_HAS_KERNELS = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_weight_int8pack_mm")
+_HAS_KERNELS = hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_weight_int8pack_mm")
 
 
 _exact_depth = 0
 log = logging.getLogger("llmx.quant")
 
+# LLMX_CPU_KERNELS is read on every forward, so the read is a plain dict lookup (~30 ns, against ~600 ns for
+# os.environ.get): os.environ's own table, which every write through os.environ (monkeypatch.setenv included) updates.
+_ENVIRON = getattr(os.environ, "_data", None)
+try:
+    _KEY, _OFF = os.environ.encodekey(ENV), os.environ.encodevalue("0")  # type: ignore[attr-defined]
+except AttributeError:  # an os.environ without its table: the ordinary read
+    _ENVIRON = None
+
 
 def enabled() -> bool:
-    return _HAS_KERNELS and not _exact_depth and os.environ.get(ENV, "1") != "0"
+    """The fast CPU paths are on: torch has the kernels, no :func:`exact` block is open, ``LLMX_CPU_KERNELS`` is not 0."""
+    if not _HAS_KERNELS or _exact_depth:
+        return False
+    if _ENVIRON is not None:
+        return _ENVIRON.get(_KEY) != _OFF
+    return os.environ.get(ENV, "1") != "0"
 
 
 @contextlib.contextmanager
@@ -56,6 +81,78 @@ def exact() -> Iterator[None]:
         yield
     finally:
         _exact_depth -= 1
+
+
+# oneDNN's ISA names, lowest first (ONEDNN_MAX_CPU_ISA caps it at one of them); VNNI int8 from avx512_core_vnni up
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16",
+                "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX", "AVX10_1_512_AMX_FP16",
+                "AVX512_CORE_AMX_FP16")
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What this process's CPU runs fast, read once (the variables below are read by torch at startup too)."""
+
+    torch: str  # torch.backends.cpu.get_cpu_capability(): DEFAULT, AVX2, AVX512 (ATEN_CPU_CAPABILITY lowers it)
+    avx512_vnni: bool  # the CPU has AVX-512 VNNI (torch._int_mm's condition for oneDNN)
+    onednn_isa: str  # ONEDNN_MAX_CPU_ISA, or "ALL"
+
+    @property
+    def avx512(self) -> bool:
+        return self.torch.startswith("AVX512")
+
+    @property
+    def vnni(self) -> bool:
+        """AVX-512 VNNI that this process may use: the CPU has it, torch runs its AVX-512 kernels (an AVX2 CPU has
+        none, and ``ATEN_CPU_CAPABILITY=avx2`` stands for one) and oneDNN is not capped below it."""
+        isa = self.onednn_isa.upper()
+        onednn = isa in ("ALL", "DEFAULT", "") or (isa in _ONEDNN_ISAS and
+                                                  _ONEDNN_ISAS.index(isa) >= _ONEDNN_ISAS.index("AVX512_CORE_VNNI"))
+        return self.avx512_vnni and self.avx512 and onednn
+
+
+def _has_avx512_vnni() -> bool:
+    probe = getattr(torch.cpu, "_is_vnni_supported", None)  # cpuinfo's avx512_vnni, what torch._int_mm checks
+    if probe is not None:
+        return bool(probe())
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "avx512_vnni" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+@functools.cache
+def capability() -> Capability:
+    return Capability(torch.backends.cpu.get_cpu_capability(), _has_avx512_vnni(),
+                      os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL"))
+
+
+# Past this many rows the int8 kernel (whose time grows with the rows: it is built for decode) loses to the float32
+# matmul on weights dequantized for the call, which pays a fixed cost (a float32 copy of the weight) and then runs at
+# float32 speed. Measured on one thread (4096x4096 and 256x704): under AVX2 the int8 kernel takes 1.3 ms for one row
+# of 4096x4096 (float32 2.7 ms), 5.2 at 8 rows (7.4), 48 at 64 (19; dequantize + float32: 99) and 162 at 256 (82);
+# at 256x704 it loses from 32 rows on (0.47 ms at 64 against 0.18 dequantized). AVX-512 moves the first crossing up.
+INT8PACK_MAX_ROWS = {"AVX512": (32, 192), "AVX2": (16, 128)}  # (weights under 2^22 elements, larger ones)
+SMALL_WEIGHT = 1 << 22
+
+
+def int8pack_max_rows(n: int, k: int, cap: Capability | None = None) -> int:
+    """The most rows the int8 kernel takes for an ``n x k`` weight on this CPU before the float32 matmul on the
+    dequantized weight is faster."""
+    small, large = INT8PACK_MAX_ROWS["AVX512" if (cap or capability()).avx512 else "AVX2"]
+    return small if n * k < SMALL_WEIGHT else large
+
+
+def w8a8_path(n: int, k: int, cap: Capability | None = None) -> tuple[str, int]:
+    """W8A8's matmul for an ``n x k`` weight on this CPU, and the most rows it takes: ``("int_mm", 0)`` where
+    oneDNN's VNNI int8 GEMM runs (exact int32 sums, any rows), else ``("int8pack", max_rows)``, past which the
+    float32 matmul runs on the codes. ``torch._int_mm`` also needs oneDNN switched on
+    (``torch.backends.mkldnn.enabled``), which is read when a layer decides."""
+    cap = cap or capability()
+    if cap.vnni and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled:
+        return "int_mm", 0
+    return "int8pack", int8pack_max_rows(n, k, cap)
 
 
 def require_cpu(layer: str, **tensors: torch.Tensor | None) -> None:
@@ -146,16 +243,22 @@ def int8_ready(bits: int, symmetric: bool, group_size: int | None, act_bits: int
 
 
 def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                layer: str = "cpu_kernels.int8_matmul") -> torch.Tensor:
-    """``x [M, K]`` times int8 ``qweight [N, K]`` scaled per row: float32 ``[M, N]``."""
-    require_cpu(layer, x=x, qweight=qweight, scales=scales)
-    s = scales.reshape(-1).to(torch.bfloat16).expand(qweight.shape[0]).contiguous()
-    return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), qweight, s).float()
+                layer: str | None = "cpu_kernels.int8_matmul") -> torch.Tensor:
+    """``x [M, K]`` times int8 ``qweight [N, K]`` scaled per row (bf16 ``[N]``, or any ``[1]`` / ``[N]`` float with
+    ``layer`` given): bf16 ``[M, N]``. A plan passes bf16 contiguous ``x`` and ``layer=None``: no checks, no casts."""
+    if layer is not None:
+        require_cpu(layer, x=x, qweight=qweight, scales=scales)
+        scales = scales.reshape(-1).to(torch.bfloat16).expand(qweight.shape[0]).contiguous()
+        x = x.to(torch.bfloat16).contiguous()
+    return torch._weight_int8pack_mm(x, qweight, scales)
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, sz: torch.Tensor, group: int, n: int,
-           layer: str = "cpu_kernels.matmul") -> torch.Tensor:
-    """``x [M, K]`` (any float dtype, or int8 codes) times the packed weight: bf16 ``[M, n]``."""
-    require_cpu(layer, x=x, packed=packed, scales=sz)
-    out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16).contiguous(), packed, group, sz)
+           layer: str | None = "cpu_kernels.matmul") -> torch.Tensor:
+    """``x [M, K]`` (any float dtype, or int8 codes) times the packed weight: bf16 ``[M, n]``. A plan passes bf16
+    contiguous ``x`` and ``layer=None`` (its tensors were checked when it was made, the input's device is per call)."""
+    if layer is not None:
+        require_cpu(layer, x=x, packed=packed, scales=sz)
+        x = x.to(torch.bfloat16).contiguous()
+    out = torch._weight_int4pack_mm_for_cpu(x, packed, group, sz)  # (through torch.ops.aten: 1 us more a call)
     return out if out.shape[1] == n else out[:, :n]

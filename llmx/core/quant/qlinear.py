@@ -43,6 +43,155 @@ def _version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
+_BF16 = torch.bfloat16
+_PLANNED = frozenset({"qweight", "scales", "zeros", "act_scale", "bias"})  # what a CPU plan is built from
+
+
+def _finish(out: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, n: int) -> torch.Tensor:
+    """The kernel's ``[M, n]`` output plus the bias (added in float32 at least), in ``x``'s dtype and shape.
+    (``.float()`` and ``.bfloat16()`` where they apply: a third of ``.to(dtype)``'s time on a decode step.)"""
+    if bias is not None:
+        out = out + bias if bias.dtype == torch.float32 else out.float() + bias
+    dtype = x.dtype
+    if out.dtype != dtype:
+        out = out.float() if dtype == torch.float32 else out.to(dtype)
+    d = x.dim()
+    if d == 2:
+        return out
+    if d == 3:
+        b, t, _ = x.shape
+        return out.view(b, t, n)
+    return out.view(*x.shape[:-1], n)
+
+
+class _Plan:
+    """One layer's CPU path with everything it needs, made by :meth:`QuantLinear._decide`. It stays current while
+    the tensors it was made from see no in-place write (their version counters; an inference-mode tensor counts none,
+    as before plans) and the kernels stay on; anything else that changes them drops the plan."""
+
+    __slots__ = ("watch", "stamp", "k", "n", "bias")
+
+    def __init__(self, layer: QuantLinear | None = None, *tensors: torch.Tensor | None):
+        self.watch = tuple(t for t in tensors if t is not None and not t.is_inference())
+        self.stamp = sum(t._version for t in self.watch)
+        if layer is not None:
+            self.k, self.n, self.bias = layer.in_features, layer.out_features, layer.bias
+
+    def fresh(self) -> bool:
+        return sum(t._version for t in self.watch) == self.stamp
+
+    def current(self) -> bool:
+        v = 0
+        for t in self.watch:
+            v += t._version
+        return v == self.stamp and cpu_kernels.enabled()
+
+    def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _Exact(_Plan):
+    """No CPU kernel for this format (or this CPU's int4 layout): the exact path, decided once."""
+
+    __slots__ = ()
+
+    def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+        return layer._exact_forward(x)
+
+
+class _W4A16(_Plan):
+    """bf16 activations into torch's int4 kernel (its layout and bf16 scales built by ``_plan_int4``)."""
+
+    __slots__ = ("packed", "sz", "group")
+
+    def __init__(self, layer: QuantLinear):
+        b = layer._buffers
+        super().__init__(layer, b["qweight"], b["scales"], b["zeros"])
+        self.packed, self.sz, self.group = b["qweight"], b["_kernel_sz"], layer._kernel_group
+
+    def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+        out = cpu_kernels.matmul(x.reshape(-1, self.k).bfloat16().contiguous(), self.packed, self.sz, self.group,
+                                 self.n, None)
+        return _finish(out, self.bias, x, self.n)
+
+
+class _W4A8(_W4A16):
+    """The int8 codes of the activations (exact in bf16) into the int4 kernel, times their scale, as the integer
+    kernel would."""
+
+    __slots__ = ("bits", "act_scale")
+
+    def __init__(self, layer: QuantLinear):
+        super().__init__(layer)
+        self.bits, self.act_scale = layer.act_bits, layer._buffers["act_scale"]
+
+    def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+        codes, scale = quantize_activation(x.reshape(-1, self.k).float(), self.bits, self.act_scale)
+        out = cpu_kernels.matmul(codes.bfloat16().contiguous(), self.packed, self.sz, self.group, self.n, None)
+        return _finish(out.float() * scale, self.bias, x, self.n)
+
+
+class _Int8Pack(_Plan):
+    """W8A16 per channel: bf16 activations into torch's int8 kernel with bf16 scales; past ``max_rows`` rows the
+    float32 matmul on the weight dequantized for the call (what the exact path computes)."""
+
+    __slots__ = ("w8", "s", "s_col", "max_rows")
+
+    def __init__(self, layer: QuantLinear):
+        b = layer._buffers
+        super().__init__(layer, b["qweight"], b["scales"])
+        self.w8 = b["qweight"]
+        self.s = b["scales"].reshape(-1).to(_BF16).expand(self.n).contiguous()
+        self.s_col = b["scales"].float().reshape(-1, 1)
+        self.max_rows = cpu_kernels.int8pack_max_rows(self.n, self.k)
+
+    def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.k)
+        if x2.shape[0] <= self.max_rows:
+            out = cpu_kernels.int8_matmul(x2.bfloat16().contiguous(), self.w8, self.s, None)
+        else:
+            out = F.linear(x2.float(), self.w8.float().mul_(self.s_col))
+        return _finish(out, self.bias, x, self.n)
+
+
+class _W8A8(_Plan):
+    """W8A8 with the exact path's activation codes and scales (per token, or the static scale). ``int_mm``
+    (AVX-512 VNNI: oneDNN's int8 GEMM) computes what the exact path computes, bit for bit. ``int8pack`` (no VNNI,
+    where ``torch._int_mm`` is a scalar loop): the codes, exact in bf16, through the int8 kernel with unit scales
+    (exact products, float32 sums, one rounding of each sum to bf16), times the float32 weight and activation scales;
+    past ``max_rows`` rows the float32 matmul on the codes and the weight's codes (sums exact below 2^24)."""
+
+    __slots__ = ("path", "max_rows", "w8", "wt", "sw", "ones", "act_scale", "qmax", "eps")
+
+    def __init__(self, layer: QuantLinear):
+        b = layer._buffers
+        super().__init__(layer, b["qweight"], b["scales"])
+        self.path, self.max_rows = cpu_kernels.w8a8_path(self.n, self.k)
+        self.w8 = b["qweight"]
+        self.wt = self.w8.t()
+        self.sw = b["scales"].float().reshape(1, -1)
+        self.ones = self.w8.new_ones(self.n, dtype=_BF16)
+        self.act_scale = b["act_scale"]
+        # float32 constants as tensors: the same division and clamp as with Python numbers, without wrapping one
+        # into a tensor on every call (1 us each at decode)
+        self.qmax, self.eps = self.sw.new_tensor(127.0), self.sw.new_tensor(1e-8)
+
+    def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+        xf = x.reshape(-1, self.k).float()
+        if self.act_scale is None:  # ops.quantize_rows_int8's codes: |x / scale| <= 127 already, so no clamp
+            sx = xf.abs().amax(dim=-1, keepdim=True).div_(self.qmax).clamp_(min=self.eps)
+            xq = torch.div(xf, sx).round_()
+        else:
+            xq, sx = quantize_activation(xf, 8, self.act_scale)
+        if self.path == "int_mm":  # int32 times float32: each sum converted, then scaled, as the exact path does
+            out = (torch._int_mm(xq.char(), self.wt) * sx).mul_(self.sw)
+        elif xq.shape[0] <= self.max_rows:
+            out = (cpu_kernels.int8_matmul(xq.bfloat16(), self.w8, self.ones, None) * self.sw).mul_(sx)
+        else:
+            out = (F.linear(xq, self.w8.float()) * sx).mul_(self.sw)
+        return _finish(out, self.bias, x, self.n)
+
+
 class QuantLinear(torch.nn.Module):
     LAYER = "quant_linear"  # the stored layer type (a subclass registers its own)
     llmx_name: str | None = None  # its dotted name in the model (set by replace_module): errors name the layer
@@ -70,6 +219,7 @@ class QuantLinear(torch.nn.Module):
         self._kernel_layout = False  # qweight holds the CPU kernel's layout (and _kernel_sz its scales)
         self._kernel_version = self._kernel_key = None
         self._int8_kernel = cpu_kernels.int8_ready(fmt.bits, fmt.symmetric, fmt.group_size, act_bits)
+        self._plan: _Plan | None = None  # the CPU path, decided by _decide
 
     @property
     def float_numel(self) -> int:
@@ -126,34 +276,63 @@ class QuantLinear(torch.nn.Module):
         s, z = self._buffers["scales"], self._buffers["zeros"]
         return s.data_ptr(), _version(s), s.dtype, None if z is None else (z.data_ptr(), _version(z))
 
-    def _use_cpu_kernel(self, x: torch.Tensor) -> bool:
-        """Switch to (or out of) the CPU kernel's layout for an input on ``x``'s device; True when it runs there.
-        Inputs that need a gradient take the exact path (the kernel has no derivative)."""
-        self._check_layout()
-        on_cpu = (x.device.type == "cpu" and self._kernel_group is not None and cpu_kernels.enabled()
-                  and not (x.requires_grad and torch.is_grad_enabled()))
-        if on_cpu and not self._kernel_layout:
+    # The CPU plan: which kernel this layer runs and everything it needs, decided by _decide on the first CPU forward
+    # and again only when the layer's tensors change: assigned or registered (__setattr__, register_buffer), moved or
+    # cast (_apply), loaded (_load_from_state_dict) or written in place (their version counters, summed per call).
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _PLANNED:
+            self.__dict__["_plan"] = None
+        super().__setattr__(name, value)
+
+    def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        if name in _PLANNED:
+            self.__dict__["_plan"] = None
+        super().register_buffer(name, tensor, persistent)
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .half(), .cuda(), ...: decided again where it lands
+        self.__dict__["_plan"] = None
+        return super()._apply(fn, recurse)
+
+    def _decide(self) -> _Plan:
+        """This layer's CPU path, from its format, its tensors and this CPU's capability: the int4 kernel (W4A16,
+        W4A8), the int8 kernel (W8A16), W8A8's integer matmul (``torch._int_mm`` with AVX-512 VNNI, the int8 kernel on
+        the activation codes without it), or the exact path. Its tensors are checked to be on the CPU here, once."""
+        self.__dict__["_plan"] = None
+        cpu_kernels.require_cpu(self.describe(), **{k: v for k, v in self._buffers.items() if not k.startswith("_")},
+                                bias=self.bias)
+        plan: _Plan | None = None
+        if self._kernel_group is not None:
+            plan = self._plan_int4()
+        elif self._int8_kernel:
+            plan = _Int8Pack(self)
+        elif self.act_bits == 8 and self.fmt.bits == 8:  # symmetric, per channel or per tensor (checked at init)
+            plan = _W8A8(self)
+        plan = plan or _Exact()
+        self.__dict__["_plan"] = plan
+        return plan
+
+    def _plan_int4(self) -> _Plan | None:
+        if not self._kernel_layout:
             packed = cpu_kernels.to_kernel(self.qweight, self.out_features, self.in_features, self.describe())
             if packed is None:  # a CPU whose kernel layout this module cannot invert: the exact path, always
                 self._kernel_group = None
-                return False
+                return None
             self.qweight = packed
             self._kernel_version = _version(packed)
             self._kernel_layout = True
-        if on_cpu and (self._kernel_key != self._scale_key() or self._buffers.get("_kernel_sz") is None
-                       or self._kernel_sz.dtype != torch.bfloat16):
+        sz = self._buffers.get("_kernel_sz")
+        if self._kernel_key != self._scale_key() or sz is None or sz.dtype != torch.bfloat16 or not sz.is_cpu:
             group = self.fmt.group_size or self.in_features
             sz = cpu_kernels.scales_and_zeros(self.scales, self.zeros, self.out_features, self.in_features, group,
                                               self._kernel_group)
             self.register_buffer("_kernel_sz", sz, persistent=False)
             self._kernel_key = self._scale_key()
-        elif not on_cpu and self._kernel_layout:
-            self._leave_kernel_layout()
-        return on_cpu
+        return _W4A16(self) if self.act_bits == 16 else _W4A8(self)
 
     def _leave_kernel_layout(self) -> None:
         self.qweight = self.canonical_qweight()
-        del self._kernel_sz
+        if "_kernel_sz" in self._buffers:
+            del self._kernel_sz
         self._kernel_layout = False
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -162,13 +341,16 @@ class QuantLinear(torch.nn.Module):
             destination[prefix + "qweight"] = self.canonical_qweight()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self.__dict__["_plan"] = None
         if self._kernel_layout:
             self._leave_kernel_layout()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickles and deep copies hold the canonical layout: the kernel's depends on the CPU that built it."""
+        """Pickles and deep copies hold the canonical layout: the kernel's depends on the CPU that built it; the plan
+        is made again where they run."""
         state = self.__dict__.copy()
+        state["_plan"] = None
         if self._kernel_layout:
             buffers = dict(self._buffers)
             buffers["qweight"] = self.canonical_qweight()
@@ -182,15 +364,31 @@ class QuantLinear(torch.nn.Module):
         return w.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A CPU decode step is microseconds: with a plan made, the checks are an input on the CPU, the tensors
+        # unchanged since the plan, the kernels on, no gradient wanted; everything else was decided by _decide.
+        plan = self._plan
+        if plan is not None and x.is_cpu and plan.current() and not (x.requires_grad and torch.is_grad_enabled()):
+            return plan.run(self, x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device != self._buffers["qweight"].device:  # before any path: the CPU kernels' layout switch included
             raise DeviceMismatch(f"{self.describe()}: input on {x.device}, weights on {self._buffers['qweight'].device}",
                                  hint="keep a model and its inputs on one device (model.to(device), inputs .to(device))")
-        if self._use_cpu_kernel(x):
-            return self._cpu_kernel_forward(x)
-        if self._int8_kernel and x.device.type == "cpu" and cpu_kernels.enabled():
-            out = cpu_kernels.int8_matmul(x.reshape(-1, x.shape[-1]), self.qweight, self.scales)
-            out = out + self.bias.float() if self.bias is not None else out
-            return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        self._check_layout()
+        if x.device.type == "cpu" and cpu_kernels.enabled() and not (x.requires_grad and torch.is_grad_enabled()):
+            plan = self._plan
+            if plan is None or not plan.fresh():
+                plan = self._decide()
+            return plan.run(self, x)
+        if self._kernel_layout:  # every path but the kernel's reads the canonical layout (and leaves it there)
+            self._leave_kernel_layout()
+        return self._exact_forward(x)
+
+    def _exact_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """What the layer computes on any device without the CPU kernels: W8A8's exact int32 matmul, CUDA kernels,
+        else the float matmul on the dequantized weight. Inputs that need a gradient land here (the CPU kernels have
+        no derivative)."""
         if self.act_bits == 8:
             return self._int8_forward(x)
         if self.fmt.bits == 4 and self.act_bits == 16 and self.fmt.group_size != 0 and kernels.use_kernel(x):
@@ -199,20 +397,6 @@ class QuantLinear(torch.nn.Module):
             codes, s = quantize_activation(x, self.act_bits, self.act_scale)
             x = codes * s
         return F.linear(x, self.dequantized_weight(x.dtype), self.bias)
-
-    def _cpu_kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """W4A16: bf16 activations into the int4 kernel. W4A8: the int8 codes (exact in bf16) into it, times their
-        scale, as the integer kernel would."""
-        buffers, bias = self._buffers, self._parameters.get("bias")  # direct reads: a decode step is microseconds
-        x2 = x.reshape(-1, x.shape[-1])
-        scale = None
-        if self.act_bits < 16:
-            x2, scale = quantize_activation(x2.float(), self.act_bits, buffers["act_scale"])
-        out = cpu_kernels.matmul(x2, buffers["qweight"], buffers["_kernel_sz"], self._kernel_group, self.out_features)
-        out = out.float() if scale is None else out.float() * scale
-        if bias is not None:
-            out = out + bias
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def _int4_kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self.fmt.group_size or self.in_features
