@@ -230,3 +230,24 @@ def test_an_inference_mode_forward_keeps_its_plan():
             assert torch.equal(q(x), out)
         assert q._plan is plan and q._kernel_layout
     assert torch.equal(q.state_dict()["qweight"], canonical)
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:6], ids=[f[0] for f in FORMATS[:6]])
+@pytest.mark.parametrize("swap", ["functional_call", "buffers", "data"])
+def test_scales_swapped_without_setattr_reach_the_output(fmt, swap):
+    """functional_call and offload hooks write ``_buffers`` directly, ``.data =`` keeps the tensor object: the plan
+    must see both (doubled scales, doubled output), not keep computing with the tensors it was made from."""
+    q = _layer(*fmt[1:6], bias=False)
+    x = torch.randn(3, q.in_features)
+    with torch.no_grad():
+        before = q(x)  # the plan is made here
+        doubled = q.scales * 2
+        if swap == "functional_call":
+            after = torch.func.functional_call(q, {"scales": doubled}, (x,))
+        elif swap == "buffers":
+            q._buffers["scales"] = doubled
+            after = q(x)
+        else:
+            q.scales.data = doubled
+            after = q(x)
+    torch.testing.assert_close(after, before * 2, rtol=2e-2, atol=1e-3)

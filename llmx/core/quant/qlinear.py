@@ -64,20 +64,32 @@ def _finish(out: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor, n: in
     return out.view(*x.shape[:-1], n)
 
 
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 class _Plan:
     """One layer's CPU path with everything it needs, made by :meth:`QuantLinear._decide`. It stays current while
-    the tensors it was made from see no in-place write (their version counters; an inference-mode tensor counts none,
-    as before plans) and the kernels stay on; anything else that changes them drops the plan."""
+    the tensors it was made from are still the layer's (the same objects over the same storage: ``functional_call``,
+    offload hooks and ``.data =`` swap them without ``setattr``) and see no in-place write (their version counters;
+    an inference-mode tensor counts none, as before plans), and the kernels stay on; anything else that changes them
+    drops the plan."""
 
-    __slots__ = ("watch", "stamp", "k", "n", "bias")
+    __slots__ = ("src", "watch", "stamp", "k", "n", "bias")
 
-    def __init__(self, layer: QuantLinear | None = None, *tensors: torch.Tensor | None):
-        self.watch = tuple(t for t in tensors if t is not None and not t.is_inference())
-        self.stamp = sum(t._version for t in self.watch)
+    def __init__(self, layer: QuantLinear | None = None, *names: str):
+        self.src: tuple = ()
         if layer is not None:
             self.k, self.n, self.bias = layer.in_features, layer.out_features, layer.bias
+            stores = [(layer._buffers, name) for name in names] + [(layer._parameters, "bias")]
+            self.src = tuple((store, name, store.get(name), _ptr(store.get(name))) for store, name in stores)
+        self.watch = tuple(t for _, _, t, _ in self.src if t is not None and not t.is_inference())
+        self.stamp = sum(t._version for t in self.watch)
 
     def fresh(self) -> bool:  # (QuantLinear.forward inlines this)
+        for store, name, t, ptr in self.src:
+            if store.get(name) is not t or _ptr(t) != ptr:
+                return False
         return sum(t._version for t in self.watch) == self.stamp
 
     def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
@@ -100,7 +112,7 @@ class _W4A16(_Plan):
 
     def __init__(self, layer: QuantLinear):
         b = layer._buffers
-        super().__init__(layer, b["qweight"], b["scales"], b["zeros"])
+        super().__init__(layer, "qweight", "scales", "zeros")
         self.packed, self.sz, self.group = b["qweight"], b["_kernel_sz"], layer._kernel_group
 
     def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
@@ -121,6 +133,7 @@ class _W4A8(_W4A16):
     def __init__(self, layer: QuantLinear):
         super().__init__(layer)
         self.bits, self.act_scale = layer.act_bits, layer._buffers["act_scale"]
+        self.src += ((layer._buffers, "act_scale", self.act_scale, _ptr(self.act_scale)),)
 
     def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
         codes, scale = quantize_activation(x.reshape(-1, self.k).float(), self.bits, self.act_scale)
@@ -136,7 +149,7 @@ class _Int8Pack(_Plan):
 
     def __init__(self, layer: QuantLinear):
         b = layer._buffers
-        super().__init__(layer, b["qweight"], b["scales"])
+        super().__init__(layer, "qweight", "scales")
         self.w8 = b["qweight"]
         self.s = b["scales"].reshape(-1).to(_BF16).expand(self.n).contiguous()
         self.s_col = b["scales"].float().reshape(-1, 1)
@@ -162,7 +175,7 @@ class _W8A8(_Plan):
 
     def __init__(self, layer: QuantLinear):
         b = layer._buffers
-        super().__init__(layer, b["qweight"], b["scales"])
+        super().__init__(layer, "qweight", "scales", "act_scale")
         self.path, self.max_rows = cpu_kernels.w8a8_path(self.n, self.k)
         self.w8 = b["qweight"]
         self.wt = self.w8.t()
@@ -368,10 +381,7 @@ class QuantLinear(torch.nn.Module):
         # unchanged since the plan, the kernels on, no gradient wanted; everything else was decided by _decide.
         plan = self._plan
         if plan is not None and x.is_cpu and not (x.requires_grad and torch.is_grad_enabled()) and cpu_kernels.enabled():
-            v = 0
-            for t in plan.watch:
-                v += t._version
-            if v == plan.stamp:
+            if plan.fresh():
                 return plan.run(self, x)
         return self._forward(x)
 
