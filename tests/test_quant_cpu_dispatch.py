@@ -187,6 +187,7 @@ def test_llmx_cpu_kernels_0_forces_the_exact_path(monkeypatch, decisions):
     assert any(not torch.equal(a, b) for a, b in zip(fast, refs, strict=True))
 
 
+@pytest.mark.skipif(cpu_kernels.capability().torch not in ("AVX2", "AVX512"), reason="needs an x86 CPU with AVX2")
 def test_a_w8a8_layer_under_avx2_kernels_takes_the_int8_kernel():
     """A real AVX2 run (torch's and oneDNN's AVX2 code, in a child): the plan avoids _int_mm, whose oneDNN code capped
     at AVX2 saturates its sums on this machine, and matches the exact integer sums (the scalar loop) to bf16."""

@@ -16,6 +16,7 @@ int32 in that byte order (a file from a host of the other order is ignored).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -46,16 +47,32 @@ def cache_dir() -> Path:
     return cache_root().parent / "data" / "tokens"
 
 
+@functools.cache
+def _library_versions() -> tuple[str | None, ...]:
+    """tokenizers' and transformers' versions: two of them may serialise alike and still split differently."""
+    from importlib import metadata
+
+    out = []
+    for dist in ("tokenizers", "transformers"):
+        try:
+            out.append(metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            out.append(None)
+    return tuple(out)
+
+
 def tokenizer_key(tok: Any) -> str | None:
     """A hash of everything that decides ``tok(text, add_special_tokens=False)`` and the end-of-document id: the
-    class, the EOS id, the backend's full serialisation (vocabulary, merges, normaliser, pre-tokenizer, added tokens)
-    and the ids of ``PROBE`` (catching preprocessing done in Python). ``None`` for a tokenizer with no serialisation
-    (a slow one): its documents are not cached."""
+    class, the EOS id, the backend's full serialisation (vocabulary, merges, normaliser, pre-tokenizer, added tokens),
+    whether special tokens are split, the tokenizers and transformers versions, and the ids of ``PROBE`` plus the
+    special tokens (catching preprocessing done in Python). ``None`` for a tokenizer with no serialisation (a slow
+    one): its documents are not cached."""
     backend = getattr(tok, "backend_tokenizer", None)
     if not callable(getattr(backend, "to_str", None)):
         return None
     try:
-        probe = list(tok(PROBE, add_special_tokens=False)["input_ids"])
+        specials = "".join(getattr(tok, "all_special_tokens", []) or [])  # split or kept whole: what the probe shows
+        probe = list(tok(PROBE + specials, add_special_tokens=False)["input_ids"])
         size = len(tok)
         known = _identities.get(tok)
         if known is None or known[0] != size:
@@ -65,7 +82,8 @@ def tokenizer_key(tok: Any) -> str | None:
         log.debug("tokenizer not cacheable (%s: %s)", type(exc).__name__, exc)
         return None
     ident = {"class": f"{type(tok).__module__}.{type(tok).__qualname__}", "eos": tok.eos_token_id,
-             "backend": known[1], "probe": probe}
+             "backend": known[1], "probe": probe, "libraries": _library_versions(),
+             "split_special": getattr(backend, "encode_special_tokens", None)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 

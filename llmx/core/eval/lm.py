@@ -26,8 +26,9 @@ def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
                  progress=lambda x, **_: x) -> tuple[float, int]:
     """Summed NLL (nats) of ``tokens[1:]`` under a sliding window, and the number of tokens scored. A model that
     takes ``logits_to_keep`` (transformers' causal LMs) computes logits only for the positions a batch scores (the
-    last ``seq_len - stride + 1`` of every window but the first): the same logits, bit for bit, without the output
-    layer and the softmax over the context positions."""
+    last ``seq_len - stride + 1`` of every window but the first): the same logits (bit for bit with MKL here; a BLAS
+    that picks its kernel by row count may differ in the last bit), without the output layer and the softmax over
+    the context positions."""
     device = next(model.parameters()).device
     keeps = _takes_logits_to_keep(model)
     total, count = 0.0, 0
