@@ -253,10 +253,11 @@ def random_windows(tokenizer, source: str, n_samples: int, seq_len: int, seed: i
                    split: str = "train", splitting: TextSplit | None = None):
     """``[n_samples, seq_len]`` random windows of a split (seeded: the same windows wherever the corpus (for the
     stdlib: the Python patch version), the tokenizer and torch's generator are the same; issue 65 changed the draw,
-    so figures stored before it do not reproduce draw for draw). The split's documents are taken in a seeded random order and tokenised (or read from the
-    token cache) until the pool joining them by EOS holds ``POOL_FACTOR`` times the tokens asked for; the windows
-    start uniformly in that pool. So a draw tokenises about ``POOL_FACTOR`` times what it returns (plus the rest of
-    the last document, which the pool keeps whole), from documents in a random order (a small draw: a few of them)."""
+    so figures stored before it do not reproduce draw for draw). The split's documents are taken in a seeded random
+    order and tokenised (or read from the token cache) until the pool joining them by EOS holds ``POOL_FACTOR`` times
+    the tokens asked for; the windows start uniformly in that pool. So a draw tokenises about ``POOL_FACTOR`` times
+    what it returns (plus the rest of the last document, which the pool keeps whole), from documents in a random
+    order (a small draw: a few of them)."""
     import torch
 
     docs = document_tokens(tokenizer, source, split, splitting)
