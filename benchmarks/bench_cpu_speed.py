@@ -230,6 +230,15 @@ def plans() -> dict:
             "w8a8_4096x4096": "{}, max rows {}".format(*cpu_kernels.w8a8_path(4096, 4096, cap))}
 
 
+def llmx_tree() -> dict:
+    """Which llmx ran (a run with another tree on PYTHONPATH, e.g. the commit before plans, says so)."""
+    import llmx
+
+    folder = Path(llmx.__file__).resolve().parent
+    commit = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return {"path": str(folder), "commit": commit.stdout.strip() or None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -255,7 +264,7 @@ def main() -> None:
     name = args.name or "cpu_speed"
     info = machine()
     write(name, {"benchmark": name, "rounds": args.rounds, "new_tokens": args.new_tokens, "plans": plans(),
-                 "machine": info, "tables": tables})
+                 "llmx": llmx_tree(), "machine": info, "tables": tables})
     cpu = (f"CPU: {info['cpu_model']}, torch capability {info['torch_cpu_capability']}"
            + (f", emulated {info['emulated']}" if "emulated" in info else "") + f", {info['threads']} thread")
     text = [cpu, ""]
