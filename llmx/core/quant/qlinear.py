@@ -86,11 +86,14 @@ class _Plan:
         self.watch = tuple(t for _, _, t, _ in self.src if t is not None and not t.is_inference())
         self.stamp = sum(t._version for t in self.watch)
 
-    def fresh(self) -> bool:  # (QuantLinear.forward inlines this)
+    def fresh(self) -> bool:  # on every CPU call: plain loops, no generator, no helper calls (~0.1 us a tensor)
         for store, name, t, ptr in self.src:
-            if store.get(name) is not t or _ptr(t) != ptr:
+            if store.get(name) is not t or (ptr is not None and t.data_ptr() != ptr):
                 return False
-        return sum(t._version for t in self.watch) == self.stamp
+        v = 0
+        for t in self.watch:
+            v += t._version
+        return v == self.stamp
 
     def run(self, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
