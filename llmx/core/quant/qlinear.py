@@ -6,11 +6,15 @@ per-channel or per-tensor weights, 8-bit activations) runs through an integer ma
 accumulation, W4A8 (4-bit symmetric grouped weights) through ``ops.w4a8_gemm`` (int32 per group, then scaled; a CuPy
 kernel on CUDA); other activation widths are simulated (quantize-dequantize) around a float matmul.
 
-On the CPU, int4 layers (W4A16 and W4A8) run through torch's packed-int4 kernel and per-channel W8A16 through its
-int8 one (:mod:`llmx.core.quant.cpu_kernels`, bf16 activations): on the first CPU call an int4 ``qweight`` is converted
-in place to that kernel's layout, and ``codes()``, ``state_dict()`` and any other device read the canonical layout
-back from it. An input on another device than the layer's weights (a CUDA tensor reaching the CPU kernels, or the
-reverse) raises :class:`~llmx.errors.DeviceMismatch` naming the layer; nothing is copied between devices here.
+On the CPU, int4 layers (W4A16 and W4A8) run through torch's packed-int4 kernel, per-channel W8A16 through its
+int8 one (:mod:`llmx.core.quant.cpu_kernels`, bf16 activations), and W8A8 through ``torch._int_mm`` where the CPU has
+AVX-512 VNNI, else through the int8 kernel on the activation codes. Which of these a layer runs is its plan, decided
+on its first CPU call (``_decide``) and again only when its tensors are assigned, swapped, moved, cast, loaded or
+written in place: a CPU call then checks the input's device, the plan's tensors (identity, storage, version counter)
+and that the kernels are on, and calls the kernel. On the first call an int4 ``qweight`` is converted in place to the
+kernel's layout, and ``codes()``, ``state_dict()``, pickles and any other device read the canonical layout back from
+it. An input on another device than the layer's weights (a CUDA tensor reaching the CPU kernels, or the reverse)
+raises :class:`~llmx.errors.DeviceMismatch` naming the layer; nothing is copied between devices here.
 """
 
 from __future__ import annotations
@@ -294,7 +298,8 @@ class QuantLinear(torch.nn.Module):
 
     # The CPU plan: which kernel this layer runs and everything it needs, decided by _decide on the first CPU forward
     # and again only when the layer's tensors change: assigned or registered (__setattr__, register_buffer), moved or
-    # cast (_apply), loaded (_load_from_state_dict) or written in place (their version counters, summed per call).
+    # cast (_apply), loaded (_load_from_state_dict), swapped without setattr or written in place (_Plan.fresh, per
+    # call: identity, storage and version counters).
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _PLANNED:
             self.__dict__["_plan"] = None
