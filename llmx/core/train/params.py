@@ -51,11 +51,26 @@ class LoopParams(Params):
         "fp32", description="bf16-mixed: the forward and backward under bfloat16 autocast, fp32 master weights "
         "and optimizer state.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward (less memory).")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="Data parallelism under torchrun. ddp: every process holds the whole model and gradients "
+        "are all-reduced in buckets during the backward (torch DistributedDataParallel, composable replicate). "
+        "fsdp: parameters, gradients and optimizer state are sharded across the processes (FSDP2 fully_shard, one "
+        "unit per decoder layer); with precision bf16-mixed it gathers parameters in bfloat16 and reduces gradients "
+        "in float32. One process: ddp is plain training, fsdp shards over a world of one.")
+    offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer state in CPU memory "
+                          "(FSDP2 CPUOffloadPolicy: each unit is copied to the device for its forward and backward; "
+                          "the optimizer step runs on the CPU).")
     checkpoint_every: int | None = Field(None, gt=0, description="Save a resumable checkpoint every N steps.")
     keep_checkpoints: int | None = Field(None, gt=0, description="Keep only the newest N resumable checkpoints.")
     resume: ExistingPath | None = Field(None, description="A checkpoint file or folder (its 'latest') to resume from.")
     stop_after: int | None = Field(None, gt=0, description="End after this many steps with a checkpoint (a "
                                    "planned preemption: resume it later).")
+
+    @model_validator(mode="after")
+    def _offload_shards(self) -> LoopParams:
+        if self.offload and self.strategy != "fsdp":
+            raise ValueError("offload keeps FSDP's shards in CPU memory: set strategy: fsdp")
+        return self
 
     def loop_config(self, **overrides: Any):
         """The loop's ``TrainConfig`` for these params (``overrides`` win)."""
