@@ -22,11 +22,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmx.core.logprobs import selective_log_softmax
+
 
 def token_logps(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """``log p(x_t | x_<t)`` for t >= 1, shape ``[B, T-1]`` (aligned with ``input_ids[:, 1:]``)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    """``log p(x_t | x_<t)`` for t >= 1, shape ``[B, T-1]`` (aligned with ``input_ids[:, 1:]``), float32, without a
+    full-vocabulary float32 tensor (``selective_log_softmax``). Every position is scored, the last against a dummy
+    label and dropped, so contiguous logits are never copied to drop their last position."""
+    labels = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
+    return selective_log_softmax(logits, labels)[:, :-1]
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

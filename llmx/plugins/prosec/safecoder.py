@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from llmx.core.context import RunContext
+from llmx.core.preference import token_logps
 from llmx.errors import UsageError
 from llmx.plugins.prosec.config import SafeCoderParams
 
@@ -88,12 +89,13 @@ def loss_terms(logits: torch.Tensor, batch: list[Item]) -> torch.Tensor:
     """Per item, the mean over its trained tokens of ``-log p`` (likelihood targets) and ``-log(1 - p)``
     (unlikelihood targets): SafeCoder's token-weighted loss of one sample."""
     device = logits.device
-    logp = torch.log_softmax(logits[:, :-1].float(), -1)
+    ids = torch.zeros(logits.shape[:2], dtype=torch.long, device=device)  # padding scores token 0, never read
+    for b, it in enumerate(batch):
+        ids[b, :len(it.ids)] = torch.tensor(it.ids, device=device)
+    logp = token_logps(logits, ids)
     out = []
     for b, it in enumerate(batch):
-        n = len(it.ids) - 1
-        target = torch.tensor(it.ids[1:], device=device)
-        lp = logp[b, :n].gather(-1, target[:, None])[:, 0]
+        lp = logp[b, :len(it.ids) - 1]
         like = torch.tensor(it.like, dtype=torch.bool, device=device)
         unlike = torch.tensor(it.unlike, dtype=torch.bool, device=device)
         total = -lp[like].sum() - torch.log1p(-lp[unlike].exp().clamp(max=1 - 1e-6)).sum()
