@@ -71,7 +71,7 @@ def test_every_method_and_data_kind_trains(cli, tmp_path, method, kind, sets):
 
 def test_align_run_resumes_exactly(cli, tmp_path):
     full = align(cli, tmp_path / "a", "dpo", "paired", "--set", "checkpoint_every=2", "--set", "save=true", steps=4)
-    ckpt = next((tmp_path / "a").glob("*/artifacts/0_dpo/checkpoints/step_2.pt"))
+    ckpt = next((tmp_path / "a").glob("*/artifacts/0_dpo/checkpoints/step_2"))
     resumed = align(cli, tmp_path / "b", "dpo", "paired", "--set", f"resume={ckpt}", "--set", "save=true", steps=4)
     a = load_file(f"{full['model_dir']}/model.safetensors")
     b = load_file(f"{resumed['model_dir']}/model.safetensors")

@@ -133,7 +133,7 @@ def test_packing_is_refused_where_the_model_ignores_position_ids():
         check_packing(mamba, len(tok))
 
 
-def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path):
+def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path, capsys):
     import pickle
 
     from llmx.core.train import checkpoint
@@ -150,9 +150,24 @@ def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path):
     model, _ = tiny()
     named = dict(model.named_parameters())
     opt = torch.optim.AdamW(named.values())
+    named["model.norm.weight"].grad = torch.ones_like(named["model.norm.weight"])
+    opt.step()
     saved = checkpoint.save(tmp_path / "ok", 3, named, opt)
-    state = checkpoint.load(saved)
-    assert state["step"] == 3 and set(state["params"]) == set(named)
+    assert saved.name == "step_3" and checkpoint.describe(saved)["step"] == 3
+    fresh, _ = tiny()
+    with torch.no_grad():
+        fresh.model.norm.weight.fill_(0)
+    again = dict(fresh.named_parameters())
+    opt2 = torch.optim.AdamW(again.values())
+    assert checkpoint.restore(tmp_path / "ok", again, opt2) == 3
+    assert all(torch.equal(again[k], v) for k, v in named.items())
+    moments = opt2.state[again["model.norm.weight"]]
+    assert torch.equal(moments["exp_avg"], opt.state[named["model.norm.weight"]]["exp_avg"])
+    index = saved / checkpoint.DCP_INDEX  # DCP's index is a pickle: only its own classes are admitted
+    index.write_bytes(pickle.dumps(Boom(), protocol=2))
+    with pytest.raises(UsageError, match="not a loadable llmx checkpoint"):
+        checkpoint.restore(saved, again, opt2)
+    assert "ran code" not in capsys.readouterr().out
 
 
 def test_bf16_mixed_keeps_fp32_master_weights_and_computes_in_bf16():

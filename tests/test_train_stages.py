@@ -73,11 +73,11 @@ def test_resume_from_a_checkpoint_kept_anywhere_and_configs_keep_their_cache(cli
     import shutil
 
     cut = lm(cli, tmp_path / "b", corpus, "--set", "stop_after=4", "--set", "gradient_checkpointing=true")
-    step = Path(cut["model_dir"]).parent / "checkpoints" / "step_4.pt"
-    shutil.copy(step, tmp_path / "ck.pt")
+    step = Path(cut["model_dir"]).parent / "checkpoints" / "step_4"
+    shutil.copytree(step, tmp_path / "ck")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "foreign": true}\n')
     monkeypatch.chdir(tmp_path)
-    resumed = lm(cli, tmp_path / "c", corpus, "--set", "resume=ck.pt", "--set", "gradient_checkpointing=true")
+    resumed = lm(cli, tmp_path / "c", corpus, "--set", "resume=ck", "--set", "gradient_checkpointing=true")
     assert resumed["resumed_from"] == 4 and resumed["steps"] == 8
     lines = (Path(resumed["model_dir"]).parent / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [5, 6, 7, 8]  # no history to copy, and none made up
@@ -286,7 +286,7 @@ def test_a_model_with_real_widths_gqa_and_biases_trains(cli, tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_run(cli, tmp_path, corpus, monkeypatch):
     cut = lm(cli, tmp_path / "a", corpus, "--set", "stop_after=4")
-    step = Path(cut["model_dir"]).parent / "checkpoints" / "step_4.pt"
+    step = Path(cut["model_dir"]).parent / "checkpoints" / "step_4"
     def resume(model: str, *sets: str):
         return cli("train", "--method", "lm", "--model", model, "--data", corpus, *LM, "--set", f"resume={step}", *sets,
                    "-o", tmp_path / "b")

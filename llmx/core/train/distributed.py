@@ -1,4 +1,4 @@
-"""Data parallelism under ``torchrun``: the process group, each rank's device, and gradient averaging."""
+"""The process group under ``torchrun``: joining it, each rank's device, and the few collectives the loop's own figures need."""
 
 from __future__ import annotations
 
@@ -43,11 +43,24 @@ def init(device: str = "auto") -> int:
 
 
 def all_sum(values: list) -> None:
-    """Sum each tensor across ranks in place (callers pre-scale their shares)."""
+    """Sum each tensor across ranks in place, in one collective (the loop's per-step figures; gradients are the
+    engine's, ``core/train/parallel.py``)."""
     import torch
 
-    for v in values:
-        torch.distributed.all_reduce(v)
+    if not values:
+        return
+    flat = torch.stack([v.reshape(()) for v in values])
+    torch.distributed.all_reduce(flat)
+    for v, total in zip(values, flat, strict=True):
+        v.copy_(total)
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing outside ``torch.distributed``)."""
+    import torch
+
+    if world()[1] > 1:
+        torch.distributed.barrier()
 
 
 def gather_shards(mine: list) -> list:

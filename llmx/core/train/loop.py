@@ -3,14 +3,17 @@
 AdamW with a warmup + cosine / linear / constant / WSD schedule (``core.train.schedule``), gradient accumulation and
 clipping, bf16 autocast over fp32 master weights, optional periodic evaluation with early stopping (the best state is
 restored), per-step metrics to ``metrics.jsonl`` (loss, rate, gradient norm before clipping and the loss's own
-figures), checkpoints with exact resume, and data parallelism under ``torchrun`` (gloo or NCCL).
+figures), checkpoints with exact resume (``core/train/checkpoint.py``: torch's distributed checkpoint), and data
+parallelism under ``torchrun`` on torch's engines (DDP or FSDP2, ``core/train/parallel.py``).
 
 Exact resume and data parallelism rest on one contract: ``loss(i)`` is a pure function of the global micro-batch
 index ``i`` (the batch is chosen by its number, not by a stateful sampler). Optimizer step ``s`` consumes indices
 ``s * n .. s * n + n - 1`` with ``n = grad_accum * world_size``; rank ``r`` takes ``s * n + m * world_size + r`` for
 ``m < grad_accum`` and the gradients are averaged, so ``w`` processes with ``grad_accum = k`` equal one process with
-``grad_accum = w * k``, and no two ranks ever see the same micro-batch. A checkpoint then only needs the trained
-tensors, the optimiser, the step and the RNG states.
+``grad_accum = w * k``, and no two ranks ever see the same micro-batch. The global RNG is seeded from the run's seed
+and ``i`` before each micro-batch, so dropout masks (and any other draw of the loss) depend on the micro-batch, not
+on the rank or the world size that ran it. A checkpoint then only needs the trained tensors, the optimiser and the
+step.
 
 Each micro-batch's loss is a mean. With ``weight(i)`` (its number of target tokens, say) the step's gradient is the
 weighted mean over all of the step's micro-batches on every rank, so a step is the mean over its tokens whatever the
@@ -33,6 +36,7 @@ import torch
 from llmx.core import atomic, runs
 from llmx.core.train import checkpoint
 from llmx.core.train.distributed import all_sum, world
+from llmx.core.train.parallel import Engine, full
 from llmx.core.train.schedule import DecayShape, Schedule, lr_at
 from llmx.errors import UsageError
 
@@ -58,6 +62,7 @@ class TrainConfig:
     checkpoint_every: int | None = None
     keep_checkpoints: int | None = None
     stop_after: int | None = None  # end the run after this many steps (a preemption), checkpointing first
+    seed: int = 0  # with the micro-batch index, the global RNG's seed for that micro-batch
 
     def lr_at(self, step: int) -> float:
         return lr_at(step, lr=self.lr, steps=self.steps, warmup=self.warmup, schedule=self.schedule,
@@ -105,6 +110,17 @@ def micro_index(step: int, micro: int, c: TrainConfig, rank: int, size: int) -> 
     return step * c.micro_batches(size) + micro * size + rank
 
 
+def micro_seed(seed: int, index: int) -> int:
+    """The global RNG's seed for micro-batch ``index`` of a run seeded ``seed``."""
+    return (seed * 1_000_003 + index) % (2**63 - 1)
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    """Bytes this process holds of ``t`` (its shard of a sharded one)."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    return t.numel() * t.element_size()
+
+
 def _metrics_log(path: Path | None, start: int, resume: Path | None):
     """Open ``metrics.jsonl`` for appending. A resumed run first writes the history up to its step, from this file
     or else from the run it resumes (its stage folder's ``metrics.jsonl``), so the file is the whole curve and never
@@ -135,11 +151,13 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
           after_step: Callable[[StepState], None] | None = None,
           weight: Callable[[int], float] | None = None, identity: dict[str, Any] | None = None,
           verify_resume: bool = True, lr_scale: Callable[[str], float] | None = None,
-          optimizer: OptimizerFactory = adamw) -> TrainResult:
+          optimizer: OptimizerFactory = adamw, engine: Engine | None = None) -> TrainResult:
     """Optimise ``params`` on ``loss(i)`` (see the module docstring for its contract). ``identity`` goes into every
     checkpoint; with ``verify_resume``, a ``resume`` checkpoint carrying another one is refused. ``lr_scale(name)``
     multiplies the schedule's rate for that tensor (a separate projector rate, say). ``optimizer(groups, c)`` builds
-    the optimiser (default AdamW); each group carries its tensors' ``names`` and rate ``scale``."""
+    the optimiser (default AdamW); each group carries its tensors' ``names`` and rate ``scale``. ``engine``: the data
+    parallelism ``model`` (and any module trained beside it) is under (``parallel.wrap``); required with more than
+    one process, since gradients are the engine's to reduce."""
     named = dict(params) if isinstance(params, dict) else {str(i): p for i, p in enumerate(params)}
     named = {k: p for k, p in named.items() if p.requires_grad}
     trained = list(named.values())
@@ -149,15 +167,18 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
                          "(load the model in float32; precision: bf16-mixed runs the forward in bfloat16)")
     opt = optimizer(_groups(named, lr_scale), c)
     rank, size = world()
+    engine = engine or Engine()
+    if size > 1 and not (engine.ddp or engine.sharded):
+        raise UsageError("training under torchrun needs its model under a data-parallel engine (parallel.wrap)")
     start = 0
     if resume is not None:
-        state = checkpoint.load(resume)
         if verify_resume:
-            checkpoint.check_identity(state, identity, resume)
-        start = checkpoint.restore(state, named, opt, resume)
+            checkpoint.check_identity(checkpoint.describe(resume), identity, resume)
+        start = checkpoint.restore(resume, named, opt)
     if start > c.steps:
         raise UsageError(f"the checkpoint is at step {start}, past this run's {c.steps} steps")
     device_type = trained[0].device.type
+    spread = size if engine.averages else 1  # the engine divides the summed gradients by the world size
     bf16 = c.precision == "bf16-mixed"
     best = (float("inf"), 0, None)
     stale, t0, step, loss_value = 0, time.perf_counter(), start - 1, float("nan")
@@ -175,22 +196,21 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
             for micro in range(c.grad_accum):
                 i = micro_index(step, micro, c, rank, size)
                 share = (weight(i) if weight is not None else 1) / max(whole, 1e-12)
-                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
-                    out = loss(i)
-                value, stats = out if isinstance(out, tuple) else (out, {})
-                (value.float() * share).backward()
+                torch.manual_seed(micro_seed(c.seed, i))
+                with engine.sync(micro == c.grad_accum - 1):
+                    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+                        out = loss(i)
+                    value, stats = out if isinstance(out, tuple) else (out, {})
+                    (value.float() * (share * spread)).backward()
                 for k, v in {"loss": value, **stats}.items():
                     v = torch.as_tensor(v, dtype=torch.float32, device=value.device).detach().mean()
                     totals[k] = totals.get(k, 0.0) + v * share
             if size > 1:
-                for p in trained:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                all_sum([p.grad for p in trained] + list(totals.values()))
+                all_sum(list(totals.values()))
             norm = torch.nn.utils.clip_grad_norm_(trained, c.grad_clip or float("inf"))
             opt.step()
             figures = {k: float(v) for k, v in totals.items()}
-            figures["grad_norm"] = float(norm)
+            figures["grad_norm"] = float(full(norm))
             loss_value = figures["loss"]
             record = {"step": step + 1, "lr": lr, **figures}
             if evaluate is not None and c.eval_every and ((step + 1) % c.eval_every == 0 or step + 1 == c.steps):
@@ -208,7 +228,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
             done = step + 1
             if after_step is not None:
                 after_step(StepState(done, lr, named, opt, identity))
-            if checkpoint_dir is not None and rank == 0 and (
+            if checkpoint_dir is not None and (
                     (c.checkpoint_every and done % c.checkpoint_every == 0) or done == c.stop_after):
                 checkpoint.save(checkpoint_dir, done, named, opt, keep=c.keep_checkpoints, identity=identity)
             if (c.patience is not None and stale >= c.patience) or done == c.stop_after:
@@ -219,7 +239,6 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
     if best[2] is not None:
         model.load_state_dict(best[2])
     model.eval()
-    state_bytes = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
-                      if isinstance(t, torch.Tensor))
+    state_bytes = sum(_local_bytes(t) for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor))
     return TrainResult(steps=step + 1, best_step=best[1], best_eval=best[0], seconds=time.perf_counter() - t0,
                        last_loss=loss_value, resumed_from=start, optimizer_bytes=state_bytes)

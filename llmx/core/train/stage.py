@@ -15,6 +15,7 @@ from llmx.core.train import adapters
 from llmx.core.train.distributed import is_main
 from llmx.core.train.loop import OptimizerFactory, StepState, TrainConfig, TrainResult, adamw, train
 from llmx.core.train.params import LoopParams, TrainParams
+from llmx.errors import UsageError
 
 
 def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.Module:
@@ -23,8 +24,6 @@ def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.
     it trains, with a warning: a LoRA adapter's frozen base stays as loaded; bf16-mixed autocasts the compute)."""
     if p.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
-            from llmx.errors import UsageError
-
             raise UsageError(f"{type(model).__name__} does not support gradient checkpointing")
         model._llmx_use_cache = model.config.use_cache
         model.config.use_cache = False
@@ -48,7 +47,6 @@ def continue_adapter(ctx: RunContext, folder: Path, p: TrainParams) -> str:
     import json
 
     from llmx.core import models
-    from llmx.errors import UsageError
 
     if not adapters.is_adapter_folder(folder):
         raise UsageError(f"{folder} is not a LoRA adapter folder (no {adapters.ADAPTER_CONFIG}) to continue")
@@ -91,22 +89,46 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
         params: dict[str, torch.nn.Parameter] | None = None, resume: str | None = None,
         after_step: Callable[[StepState], None] | None = None,
         weight: Callable[[int], float] | None = None,
-        lr_scale: Callable[[str], float] | None = None, optimizer: OptimizerFactory = adamw) -> TrainResult:
-    """The shared loop with this stage's metrics file, checkpoint folder and resume point. A ``p.resume`` checkpoint
-    must come from a run of the same model and params (a cooldown branch, ``resume`` passed here, changes the
-    schedule by design and is not checked)."""
+        lr_scale: Callable[[str], float] | None = None, optimizer: OptimizerFactory = adamw,
+        extras: dict[str, torch.nn.Module] | None = None,
+        frozen: list[torch.nn.Module] | None = None) -> TrainResult:
+    """The shared loop with this stage's metrics file, checkpoint folder and resume point, under the data-parallel
+    engine of ``p.strategy`` (``core/train/parallel.py``): ``extras`` are modules trained beside the model (their
+    tensors named ``<key>.<name>`` in ``params``), ``frozen`` models that only score (sharded with the policy under
+    fsdp). A ``p.resume`` checkpoint must come from a run of the same model and params (a cooldown branch,
+    ``resume`` passed here, changes the schedule by design and is not checked)."""
+    import dataclasses
+
+    from llmx.core.train import parallel
+    from llmx.core.train.distributed import world
+
     checked = p.resume is not None and resume in (None, p.resume)
     resume = resume or p.resume
     identity = {"model": model_identity(ctx.config.model), "params": _identity_params(p)}
-    return train(model, params if params is not None else trainable(model), loss, config or p.loop_config(),
-                 evaluate=evaluate, progress=ctx.progress, metrics_file=ctx.artifact("metrics.jsonl"),
-                 checkpoint_dir=ctx.artifact("checkpoints"), resume=Path(resume) if resume else None,
-                 after_step=after_step, weight=weight, identity=identity, verify_resume=checked,
-                 lr_scale=lr_scale, optimizer=optimizer)
+    named = params if params is not None else trainable(model)
+    if world()[1] > 1:
+        held = {id(t) for m in [model, *(extras or {}).values()] for t in m.parameters()}
+        outside = [k for k, t in named.items() if id(t) not in held]
+        if outside:
+            raise UsageError(f"{outside[0]} trains outside the model, so no data-parallel engine reduces its "
+                             "gradients; this stage runs in one process")
+    engine = parallel.wrap(model, p.strategy, p.precision, p.offload, extras, frozen)
+    if engine.sharded:
+        named = parallel.resolve(named, model, extras)
+    c = dataclasses.replace(config or p.loop_config(), seed=ctx.config.seed)
+    try:
+        return train(model, named, loss, c, evaluate=evaluate, progress=ctx.progress,
+                     metrics_file=ctx.artifact("metrics.jsonl"), checkpoint_dir=ctx.artifact("checkpoints"),
+                     resume=Path(resume) if resume else None, after_step=after_step, weight=weight,
+                     identity=identity, verify_resume=checked, lr_scale=lr_scale, optimizer=optimizer,
+                     engine=engine)
+    finally:
+        engine.release()
 
 
 RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "checkpoint_every", "eval_every",
-             "eval_windows", "save_at_tokens", "gradient_checkpointing", "merge")  # may change on resume: same maths
+             "eval_windows", "save_at_tokens", "gradient_checkpointing", "merge", "strategy",
+             "offload")  # may change on resume: same maths
 
 
 def _identity_params(p: LoopParams) -> dict[str, Any]:

@@ -1,0 +1,150 @@
+"""Data parallelism on torch's own engines, chosen by a stage's ``strategy``:
+
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (gradients all-reduced in buckets, overlapped with the
+  backward). A stage's loss calls the model itself, so the engine is put *inside* the model's call: the model's
+  ``forward`` is, for the run, the DDP wrapper's (which runs the class's forward on the model), and ``release``
+  takes it off again, leaving the plain model for the stages that follow.
+- ``fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``), one unit per decoder block and one for the rest; with
+  ``precision: bf16-mixed`` parameters are gathered in bfloat16 and gradients reduced in float32
+  (``MixedPrecisionPolicy``), with ``offload`` the shards live in CPU memory (``CPUOffloadPolicy``). FSDP2 works in
+  place, so the model's own call is the engine's.
+
+Both average gradients over the processes; the loop pre-scales each micro-batch's share by the world size so a
+step stays the weighted mean of its micro-batches (``core/train/loop.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from llmx.core.train.distributed import world
+from llmx.errors import UsageError
+
+
+class _Forward(torch.nn.Module):
+    """The model's class forward run on the model: what DDP wraps (the model's own ``forward`` attribute becomes the
+    DDP wrapper, so calling the model runs DDP, which runs this, which runs the class's forward)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self._forward = type(model).forward
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(self.model, *args, **kwargs)
+
+
+@dataclass
+class Engine:
+    """What wrapping did, for the loop (gradient sync per micro-batch) and for ``release``."""
+
+    strategy: str = "none"
+    ddp: list[torch.nn.parallel.DistributedDataParallel] = field(default_factory=list)
+    sharded: list[torch.nn.Module] = field(default_factory=list)  # fully_shard roots
+    wrapped: list[torch.nn.Module] = field(default_factory=list)  # models whose forward is a DDP wrapper
+
+    @property
+    def averages(self) -> bool:
+        """Whether the engine divides the summed gradients by the world size."""
+        return bool(self.ddp or self.sharded) and world()[1] > 1
+
+    @contextmanager
+    def sync(self, on: bool) -> Iterator[None]:
+        """Gradients of the backward inside are reduced (``on``) or only accumulated locally (all micro-batches of a
+        step but its last)."""
+        with ExitStack() as stack:
+            if not on:
+                for d in self.ddp:
+                    stack.enter_context(d.no_sync())
+            for m in self.sharded:
+                m.set_requires_gradient_sync(on)
+            yield
+
+    def release(self) -> None:
+        """Take DDP off the models (their class forward again); FSDP2's shards stay (the stage hands on a reloaded
+        model)."""
+        for m in self.wrapped:
+            m.__dict__.pop("forward", None)
+        self.wrapped.clear()
+        self.ddp.clear()
+
+
+def decoder_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder blocks FSDP shards one unit each (``core.models.blocks``)."""
+    from llmx.core.models.blocks import decoder_blocks
+
+    try:
+        return list(decoder_blocks(model))
+    except (ValueError, AttributeError) as exc:
+        raise UsageError(f"strategy fsdp: {exc}; FSDP shards one unit per decoder block") from exc
+
+
+def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload: bool = False,
+         extras: dict[str, torch.nn.Module] | None = None, frozen: list[torch.nn.Module] | None = None) -> Engine:
+    """Put ``model`` (and ``extras``, trained modules beside it such as PIPA's g head) under the engine, in place.
+    ``frozen``: models that only score (a DPO reference copy), sharded like the policy under fsdp."""
+    rank, size = world()
+    engine = Engine(strategy)
+    trains = [model, *(extras or {}).values()]
+    if strategy == "ddp":
+        if size == 1:
+            return engine
+        for m in trains:
+            if not any(p.requires_grad for p in m.parameters()):
+                continue
+            device = next(m.parameters()).device
+            ids = [device.index] if device.type == "cuda" else None
+            ddp = torch.nn.parallel.DistributedDataParallel(_Forward(m), device_ids=ids)
+            m.__dict__["forward"] = ddp  # not a submodule: calling the model runs DDP (``release`` deletes it)
+            engine.ddp.append(ddp)
+            engine.wrapped.append(m)
+        return engine
+    if strategy != "fsdp":
+        raise UsageError(f"unknown strategy {strategy!r} (ddp or fsdp)")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if not torch.distributed.is_initialized():
+        raise UsageError("strategy fsdp runs under torchrun (a process group), even for one process: "
+                         "torchrun --nproc-per-node 1 -m llmx ...")
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (size,))
+    mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if precision == "bf16-mixed" else MixedPrecisionPolicy()
+    options = dict(mesh=mesh, mp_policy=mixed, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
+    for m in [model, *(frozen or [])]:
+        for unit in decoder_units(m):
+            fully_shard(unit, **options)
+        fully_shard(m, **options)
+    engine.sharded.append(model)
+    for m in (extras or {}).values():
+        fully_shard(m, **options)
+        engine.sharded.append(m)
+    return engine
+
+
+def resolve(named: dict[str, torch.nn.Parameter], model: torch.nn.Module,
+            extras: dict[str, torch.nn.Module] | None = None) -> dict[str, torch.nn.Parameter]:
+    """The trained tensors by the same names after wrapping (FSDP2 replaces each parameter with its sharded one):
+    a name is the model's parameter name, or an extra module's prefixed by its key."""
+    current = dict(model.named_parameters())
+    for prefix, m in (extras or {}).items():
+        current.update({f"{prefix}.{k}": v for k, v in m.named_parameters()})
+    lost = [k for k in named if k not in current]
+    if lost:
+        raise UsageError(f"strategy fsdp: the trained tensor {lost[0]} is not a parameter of the model; this stage "
+                         "cannot shard (use strategy: ddp)")
+    return {k: current[k] for k in named}
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A tensor whole: a sharded (DTensor) one gathered from every rank (a collective: every rank calls it)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
