@@ -52,7 +52,8 @@ def _global(
     json_: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
     verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More logging; tracebacks on error.")] = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors on stderr; no progress bars.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and validate, print the config, run nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Resolve and validate, print the config and the training "
+                                          "stages' memory plan (llmx plan), run nothing.")] = False,
     plugins_dir: Annotated[
         Optional[list[Path]], typer.Option("--plugins-dir", help="Also load loose *.py plugins from this folder.")
     ] = None,
@@ -98,9 +99,9 @@ def _logging(verbose: int, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from llmx.cli import config_cmd, env_cmd, export_cmd, methods_cmd, report_cmd, run_cmd, tasks_cmd, zoo_cmd
+    from llmx.cli import config_cmd, env_cmd, export_cmd, methods_cmd, plan_cmd, report_cmd, run_cmd, tasks_cmd, zoo_cmd
 
-    for module in (run_cmd, export_cmd, methods_cmd, tasks_cmd, config_cmd, report_cmd, zoo_cmd, env_cmd):
+    for module in (run_cmd, plan_cmd, export_cmd, methods_cmd, tasks_cmd, config_cmd, report_cmd, zoo_cmd, env_cmd):
         module.register(app)
 
 

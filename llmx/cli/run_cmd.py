@@ -17,7 +17,9 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
     "quantize": ("Quantize a model's weights (and activations).",
                      ("llmx quantize --method rtn --bits w4a16 --model tiny:llama --eval perplexity",
                       "llmx quantize --method quamba2 --bits w4a8 --model ref:mamba2 --eval perplexity",
-                      "llmx quantize --method blockdialect --bits w4a4 --model ref:llama --eval perplexity")),
+                      "llmx quantize --method blockdialect --bits w4a4 --model ref:llama --eval perplexity",
+                      "llmx quantize --method gptq --bits w4a16 --model MODEL --device cuda --onload cpu "
+                      "--dtype bfloat16 --eval perplexity")),
     "prune": ("Prune a model (heads, channels, weights).", ("llmx prune --method clover --model ref:llama --set ratio=0.5",)),
     "train": ("Train or fine-tune a model (--data is the method's data where it takes one: sft's rows, lm's corpus).",
                   ("llmx train --method lm --model tiny:llama --set init=scratch --set save_at_tokens=[8192,16384]",
@@ -41,6 +43,7 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
                                                                 "llmx decode --method pasta --model PASTA_SFT_MODEL "
                                                                 "--data validation.jsonl --set positions=oracle")),
     "eval": ("Evaluate a model.", ("llmx eval --method perplexity --model tiny:llama --data stdlib",
+                                   "llmx eval --method perplexity --model MODEL --device cuda --onload cpu",
                                    "llmx eval --method task --set task=humaneval --set limit=10 --model ref:llama",
                                    "llmx eval --method scenes-vqa --model ref:llava --set format=open",
                                    "llmx eval --method backdoor --model ADAPTER --data runs/RUN/artifacts/0_backdoor",
@@ -59,10 +62,17 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
 def execute(run: ResolvedRun) -> None:
     """Run (or, with --dry-run, only print) a resolved pipeline and show its metrics."""
     if state.dry_run:
+        from llmx.cli.plan_cmd import dry_run_plans, render
         from llmx.core.pipeline import check_references
 
         check_references(run)
-        emit({"dry_run": True, "config": run.to_dict()}, lambda: stdout().print(run.to_yaml(), highlight=False))
+        plans = dry_run_plans(run)  # the training stages' memory per rank, as `llmx plan` prints it
+
+        def show() -> None:
+            stdout().print(run.to_yaml(), highlight=False)
+            render(plans)
+
+        emit({"dry_run": True, "config": run.to_dict(), **({"plan": plans} if plans else {})}, show)
         return
     from llmx.core.pipeline import execute as run_pipeline
 
@@ -108,16 +118,16 @@ def _render(result: dict[str, Any]) -> None:
 
 def run(
     configs: Annotated[list[str], typer.Argument(help="Run config YAML file(s), merged in order.", show_default=False)],
-    sets: o.Sets = None, model: o.Model = None, seed: o.Seed = None, device: o.Device = None, dtype: o.Dtype = None,
-    data: o.Data = None, name: o.Name = None, output_dir: o.OutputDir = None,
+    sets: o.Sets = None, model: o.Model = None, seed: o.Seed = None, device: o.Device = None, onload: o.Onload = None,
+    dtype: o.Dtype = None, data: o.Data = None, name: o.Name = None, output_dir: o.OutputDir = None,
 ) -> None:
     """Run a pipeline from config files."""
     from pathlib import Path
 
     from llmx.cli.build import apply_flags, merged_files, resolve_cli
 
-    raw = apply_flags(merged_files([Path(c) for c in configs]), model=model, seed=seed, device=device, dtype=dtype,
-                      data=data, name=name, output_dir=output_dir)
+    raw = apply_flags(merged_files([Path(c) for c in configs]), model=model, seed=seed, device=device, onload=onload,
+                      dtype=dtype, data=data, name=name, output_dir=output_dir)
     execute(resolve_cli(raw, sets, None, source=", ".join(configs), files=[Path(c) for c in configs]))
 
 
@@ -125,7 +135,8 @@ def _stage_command(stage_name: str):
     def command(
         method: o.Method = None, model: o.Model = None, configs: o.Configs = None, sets: o.Sets = None,
         bits: o.Bits = None, evals: o.Evals = None, seed: o.Seed = None, device: o.Device = None,
-        dtype: o.Dtype = None, data: o.Data = None, name: o.Name = None, output_dir: o.OutputDir = None,
+        onload: o.Onload = None, dtype: o.Dtype = None, data: o.Data = None, name: o.Name = None,
+        output_dir: o.OutputDir = None,
     ) -> None:
         from llmx.cli.build import apply_flags, merged_files, resolve_cli, stage_pipeline
         from llmx.core.spec import Stage
@@ -134,7 +145,7 @@ def _stage_command(stage_name: str):
         stage = Stage(stage_name)
         if bits is not None and stage is not Stage.QUANTIZE:
             raise UsageError("--bits applies to quantize only; use --set for this stage's params")
-        raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, dtype=dtype,
+        raw = apply_flags(merged_files(configs), model=model, seed=seed, device=device, onload=onload, dtype=dtype,
                           name=name or stage.value, output_dir=output_dir)
         params = {"bits": bits} if bits is not None else {}
         raw = stage_pipeline(raw, stage, method, params, evals if stage is not Stage.EVAL else None)
