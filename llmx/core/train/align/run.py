@@ -123,15 +123,20 @@ class Reference:
 class Precomputed:
     """Reference log-probs of every sequence of ``rows`` computed once, before training, by ``score`` (the starting
     policy), so no copy of the weights is kept: TRL's ``precompute_ref_log_probs``, and the held-out drift baseline
-    of reference-free methods. Looked up by row, so any batch of those rows can be assembled."""
+    of reference-free methods. Looked up by row, so any batch of those rows can be assembled. ``bf16``: scored under
+    the bfloat16 autocast the policy's forward it is compared with runs under (the loop's, with precision
+    bf16-mixed): at the starting weights the two then agree as far as the batches' padding allows (exactly for
+    batches of the same shape), where fp32 scores differ by bf16's rounding. The held-out baseline stays fp32, as
+    ``evaluate`` runs the policy."""
 
-    def __init__(self, score: Reference, rows: Batcher, batch_size: int):
+    def __init__(self, score: Reference, rows: Batcher, batch_size: int, bf16: bool = False):
         device = next(score.policy.parameters()).device
         self.per_item: list[list[torch.Tensor]] = []
         for s in range(0, len(rows.rows), batch_size):
             idx = list(range(s, min(s + batch_size, len(rows.rows))))
             t, items = rows.tensors(idx, device)
-            ref = score(t)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                ref = score(t)
             sides = len(items) // len(idx)
             for k in range(len(idx)):
                 self.per_item.append([ref[k + j * len(idx), :len(items[k + j * len(idx)].ids) - 1]
@@ -211,7 +216,8 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     if objective.needs_reference and not p.precompute_ref_log_probs:
         reference = held_reference = Reference(policy)  # the loss's p0 and the drift baseline
     else:  # precomputed, or reference-free: no copy of the weights, the starting policy's log-probs
-        reference = Precomputed(start, train_b, p.batch_size) if objective.needs_reference else None
+        mixed = p.precision == "bf16-mixed"  # the loss runs under the loop's autocast; evaluate() under none
+        reference = Precomputed(start, train_b, p.batch_size, bf16=mixed) if objective.needs_reference else None
         held_reference = Precomputed(start, held_b, p.batch_size) if held_b else None
     order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(ctx.config.seed)).tolist()
 
