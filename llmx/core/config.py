@@ -63,6 +63,9 @@ class RunConfig(_Strict):
     seed: int = 0
     device: str = Field("cpu", pattern=r"^(cpu|auto|mps|cuda(:\d+)?)$")
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    onload: Literal["none", "cpu"] = Field(
+        "none", description="Where the decoder blocks' weights stay: none (all on the device), cpu (in CPU memory; "
+        "each block moves to the device for its forward, then back: models larger than the device).")
     threads: int | None = Field(None, ge=1, description="torch threads; unset keeps torch's default.")
     output_dir: str = "runs"
     model: ModelRef | None = Field(None, description="HF id, local path, tiny:NAME or ref:NAME.")
@@ -240,6 +243,8 @@ def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = N
             problems += _problems(exc, spec.config, prefix + ("params",))
             continue
         stages.append(ResolvedStage(i, stage_cfg.stage or spec.stages[0], spec, params))
+    if config is not None and config.onload != "none":
+        problems += _onload_problems(config.onload, stages)
     zoo = _zoo_request(raw.get("zoo"), problems)
     if zoo is not None and config is not None and config.model != f"ref:{zoo.name}":
         problems.append(Problem("model", f"the zoo section builds ref:{zoo.name}; load it with model: ref:{zoo.name}"))
@@ -252,6 +257,19 @@ def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = N
 
         rebase_run(run, folder)
     return run
+
+
+def _onload_problems(onload: str, stages: list[ResolvedStage]) -> list[Problem]:
+    """A stage runs onloaded only where its params say it can (``onload_problem()`` returns None): others read or
+    change weights outside a block's forward."""
+    out = []
+    for s in stages:
+        check = getattr(s.params, "onload_problem", None)
+        why = check() if check else "it works on the whole model's weights, not block by block"
+        if why:
+            out.append(Problem(f"pipeline.{s.index}.method", f"{s.spec.name} cannot run with onload {onload}: {why}; "
+                               "use onload none"))
+    return out
 
 
 def _zoo_request(raw: Any, problems: list[Problem]) -> Any:

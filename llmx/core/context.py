@@ -44,8 +44,10 @@ class RunContext:
             if not self.config.model:
                 raise models.no_model_error()
             self.log.info("loading model %s", self.config.model)
-            model, tok = models.load(self.config.model, dtype=self.config.dtype, device=self.device)
-            self.state.update(model=model, tokenizer=tok)
+            onloaded = self.config.onload != "none"
+            model, tok = models.load(self.config.model, dtype=self.config.dtype,
+                                     device="cpu" if onloaded else self.device)
+            self.set_model(model, tok)
 
     @property
     def model(self) -> Any:
@@ -58,7 +60,11 @@ class RunContext:
         return self.state["tokenizer"]
 
     def set_model(self, model: Any, tokenizer: Any | None = None) -> None:
-        """Hand a transformed model to the following stages."""
+        """Hand a transformed model to the following stages (with ``onload``, its blocks kept in CPU memory)."""
+        if self.config.onload != "none":
+            from llmx.core.models import onload
+
+            onload.attach(model, self.device)
         self.state["model"] = model
         if tokenizer is not None:
             self.state["tokenizer"] = tokenizer

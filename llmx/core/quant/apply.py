@@ -41,7 +41,14 @@ def calibration(ctx: RunContext, p: WeightQuantParams) -> torch.Tensor:
 
 def finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, Any]) -> dict[str, Any]:
     """Size figures of the quantized layers as stored (whatever runtime layout a forward switched them to), and the
-    saved model (stored bytes measured from its files)."""
+    saved model (stored bytes measured from its files). Onloaded blocks are read from their CPU store."""
+    from llmx.core.models.onload import resident
+
+    with resident(ctx.model):
+        return _finish(ctx, p, method, extra)
+
+
+def _finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str, Any]) -> dict[str, Any]:
     qlayers = [m for m in ctx.model.modules() if isinstance(m, QuantLinear)]
     params = sum(m.in_features * m.out_features for m in qlayers)
     packed = sum(t.numel() * t.element_size() for m in qlayers for k, t in m.state_dict().items() if k != "bias")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llmx.core.models import onload
 from llmx.core.quant.cpu_kernels import exact
 
 _BLOCK = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
@@ -90,7 +91,9 @@ def block_inputs(model: torch.nn.Module, blocks: torch.nn.ModuleList, first: int
                  batch_size: int = 8) -> dict[int, list[tuple[tuple, dict]]]:
     """``(args, kwargs)`` of every call blocks ``first..last`` receive, one per chunk of windows, from one pass that
     stops before block ``last`` runs. Each block keeps its own arguments (a sliding-window layer gets another mask than
-    a global one), the hidden states only for ``first``: later blocks get theirs from the block before."""
+    a global one), the hidden states only for ``first``: later blocks get theirs from the block before. Onloaded
+    blocks (:mod:`~llmx.core.models.onload`) come to the device one at a time, ``last`` never: the hook that stops
+    the pass runs before its forward."""
     device = next(model.parameters()).device
     calls: dict[int, list[tuple[tuple, dict]]] = {i: [] for i in range(first, last + 1)}
 
@@ -202,6 +205,10 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
     (``quantized``) or at the start (``fp``). Quantized layers compute on the exact path meanwhile; in a block's
     re-forward each packed weight is dequantized once for all chunks (:func:`dequantized_once`). ``make_stats``
     builds each layer's statistics (GuidedQuant's saliency-weighted Hessians); blocks only then.
+
+    A model under :mod:`~llmx.core.models.onload` keeps each block on the execution device for its statistics,
+    quantization and re-forward (statistics and packed layers are made there), and writes it back to the CPU store
+    after; the capture pass and the whole-model passes onload one block at a time.
     """
     groups: dict[int | None, dict[str, torch.nn.Module]] = {}
     for name, module in layers.items():
@@ -224,12 +231,13 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
                 mine = calls.pop(idx)
                 if hidden is not None:
                     mine = [_with_hidden(c, h) for c, h in zip(mine, hidden, strict=True)]
-                hidden, stats = _run_block(block, mine, targets, with_hessian, make_stats)
-                if targets:
-                    quantize_block(targets, stats)
-                    if propagate == "quantized":
-                        with dequantized_once(block):  # exact, and each packed weight unpacked once, not per chunk
-                            hidden, _ = _run_block(block, mine)
+                with onload.held(block, write_back=bool(targets)):  # on the device for all three, then back
+                    hidden, stats = _run_block(block, mine, targets, with_hessian, make_stats)
+                    if targets:
+                        quantize_block(targets, stats)
+                        if propagate == "quantized":
+                            with dequantized_once(block):  # exact, and each packed weight unpacked once, not per chunk
+                                hidden, _ = _run_block(block, mine)
                 del stats, targets, mine
         if outside:
             quantize_block(outside, collect(model, outside, batches, with_hessian))

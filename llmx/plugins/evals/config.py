@@ -14,6 +14,10 @@ class PerplexityParams(Params):
     max_tokens: int = Field(16384, gt=1, description="Tokens of the split to score.")
     batch_size: int = Field(8, gt=0)
 
+    def onload_problem(self) -> str | None:
+        """None: forward passes only, so it runs with ``onload``."""
+        return None
+
     @model_validator(mode="after")
     def _stride(self) -> PerplexityParams:
         if self.stride and self.seq_len and self.stride > self.seq_len:
@@ -39,3 +43,7 @@ class GenerateParams(Params):
     samples: int = Field(1, gt=0)
     temperature: float = Field(0.0, ge=0, description="0 means greedy.")
     top_p: float = Field(0.95, gt=0, le=1)
+
+    def onload_problem(self) -> str | None:
+        """None: forward passes only, so it runs with ``onload``."""
+        return None

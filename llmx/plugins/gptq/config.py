@@ -18,3 +18,7 @@ class GPTQParams(WeightQuantParams):
                                  "products per layer, so off by default.")
     propagate: Literal["quantized", "fp"] = Field("quantized", description="Hessians from inputs that pass through the "
                                                   "already-quantized blocks (GPTQ, Quamba) or through the FP model.")
+
+    def onload_problem(self) -> str | None:
+        """None: GPTQ calibrates and quantizes block by block, so it runs with ``onload`` (see RunConfig)."""
+        return None

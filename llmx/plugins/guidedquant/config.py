@@ -35,6 +35,13 @@ class GuidedQuantParams(WeightQuantParams):
     def resolved_propagate(self) -> str:
         return self.propagate or ("quantized" if self.backend == "gptq" else "fp")
 
+    def onload_problem(self) -> str | None:
+        """Plain Hessians are built block by block (``onload`` works); saliency needs a backward pass through the
+        whole model."""
+        if self.guided or self.backend != "gptq":
+            return "its saliency is a backward pass through the whole model (onload takes backend gptq, guided false)"
+        return None
+
     @model_validator(mode="after")
     def _per_tensor(self) -> GuidedQuantParams:
         if self.backend == "gptq" and self.group_size == 0:
