@@ -17,9 +17,10 @@ def merged_files(files: list[Path] | None) -> dict[str, Any]:
     return raw
 
 
-def apply_flags(raw: dict[str, Any], *, model=None, seed=None, device=None, dtype=None, data=None, name=None,
-                output_dir=None) -> dict[str, Any]:
-    flags = {"model": model, "seed": seed, "device": device, "dtype": dtype, "name": name, "output_dir": output_dir}
+def apply_flags(raw: dict[str, Any], *, model=None, seed=None, device=None, onload=None, dtype=None, data=None,
+                name=None, output_dir=None) -> dict[str, Any]:
+    flags = {"model": model, "seed": seed, "device": device, "onload": onload, "dtype": dtype, "name": name,
+             "output_dir": output_dir}
     out = deep_merge(raw, {k: v for k, v in flags.items() if v is not None})
     if data is not None:
         out = deep_merge(out, {"data": {"source": data}})

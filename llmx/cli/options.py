@@ -13,6 +13,9 @@ Method = Annotated[Optional[str], typer.Option("--method", "-m", help="Method na
 Model = Annotated[Optional[str], typer.Option("--model", help="Local folder, HF id, tiny:NAME or ref:NAME.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed.")]
 Device = Annotated[Optional[str], typer.Option("--device", help="cpu, cuda, cuda:N or auto.")]
+Onload = Annotated[Optional[str], typer.Option(
+    "--onload", help="none or cpu: keep the decoder blocks' weights in CPU memory and move one block at a time to "
+    "--device (a model larger than the GPU), e.g. --device cuda --onload cpu --dtype bfloat16.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32, float16 or bfloat16.")]
 Data = Annotated[Optional[str], typer.Option("--data", help="Text source: stdlib or a .txt/.jsonl file.")]
 Name = Annotated[Optional[str], typer.Option("--name", help="Run name (part of the run folder's name).")]
