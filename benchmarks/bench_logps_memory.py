@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_model, publish  # noqa: E402
 
-from llmx.core.logprobs import selective_log_softmax  # noqa: E402
+from llmx.core.logprobs import CHUNK_ELEMENTS, selective_log_softmax  # noqa: E402
 from llmx.core.memory import PeakMemory  # noqa: E402
 
 
@@ -70,10 +70,11 @@ def main() -> None:
     shape = (args.batch, args.seq, args.vocab)
     unit = args.batch * args.seq * args.vocab * 4  # one float32 [B, T, V]
     cpu = cpu_model()
+    default = CHUNK_ELEMENTS // args.vocab
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         _, _, want, want_grad = measure(full, shape, dtype)
-        arms = [("full log_softmax", full)] + [(f"chunked ({r or 'default'} rows)", chunked(r or None))
+        arms = [("full log_softmax", full)] + [(f"chunked ({r or f'{default}, the default,'} rows)", chunked(r or None))
                                                for r in args.rows]
         for name, fn in arms:
             peak, saved, out, grad = measure(fn, shape, dtype)
