@@ -177,9 +177,11 @@ def mark_llmx_only(config_file: Path) -> None:
 
 
 def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] | None = None,
-         files: dict[str, bytes] | None = None) -> Path:
+         files: dict[str, bytes] | None = None, weights: Any = None) -> Path:
     """``save_pretrained`` (safetensors) into ``path`` atomically, with the tokenizer, ``llmx.json`` (llmx version
-    and what produced the model), any extra ``files`` (name -> bytes) beside it, and a SHA-256 manifest of it all."""
+    and what produced the model), any extra ``files`` (name -> bytes) beside it, and a SHA-256 manifest of it all.
+    ``weights(folder)``, when given, writes what ``save_pretrained`` would (a sharded model's config and weight files,
+    ``core/models/shards.py``; an adapter from gathered tensors)."""
     import json
 
     from llmx import __version__
@@ -198,6 +200,8 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
             model.config.save_pretrained(tmp)
             mark_llmx_only(tmp / "config.json")
             save_model(model, str(tmp / "model.safetensors"))
+        elif weights is not None:
+            weights(tmp)
         else:
             model.save_pretrained(tmp)
         if tokenizer is not None:

@@ -55,6 +55,17 @@ def all_sum(values: list) -> None:
         v.copy_(total)
 
 
+def from_main(value):
+    """Rank 0's ``value`` on every rank (a path only rank 0 wrote, say)."""
+    import torch
+
+    if world()[1] == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     """Wait for every rank (nothing outside ``torch.distributed``)."""
     import torch

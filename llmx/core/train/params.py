@@ -97,6 +97,9 @@ class TrainParams(LoopParams):
         if self.adapter == "lora" and self.lora.init == "pissa" and self.save and not self.lora.merge:
             raise ValueError("a PiSSA adapter rewrites its base weights, so its folder does not load on the original "
                              "base: set lora.merge=true (or save=false)")
+        if self.strategy == "fsdp" and not self.save:
+            raise ValueError("strategy fsdp hands the trained model to the stages that follow through its saved "
+                             "folder: set save: true")
         return self
 
     def requirements(self) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from llmx.core.context import RunContext
-from llmx.core.train import adapters
+from llmx.core.train import adapters, parallel
 from llmx.core.train.distributed import is_main
 from llmx.core.train.loop import OptimizerFactory, StepState, TrainConfig, TrainResult, adamw, train
 from llmx.core.train.params import LoopParams, TrainParams
@@ -100,7 +100,7 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
     import dataclasses
 
     from llmx.core.train import parallel
-    from llmx.core.train.distributed import world
+    from llmx.core.train.distributed import from_main, world
 
     checked = p.resume is not None and resume in (None, p.resume)
     resume = resume or p.resume
@@ -118,7 +118,8 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
     c = dataclasses.replace(config or p.loop_config(), seed=ctx.config.seed)
     try:
         return train(model, named, loss, c, evaluate=evaluate, progress=ctx.progress,
-                     metrics_file=ctx.artifact("metrics.jsonl"), checkpoint_dir=ctx.artifact("checkpoints"),
+                     metrics_file=ctx.artifact("metrics.jsonl"),
+                     checkpoint_dir=Path(from_main(str(ctx.artifact("checkpoints")))),  # every rank writes there
                      resume=Path(resume) if resume else None, after_step=after_step, weight=weight,
                      identity=identity, verify_resume=checked, lr_scale=lr_scale, optimizer=optimizer,
                      engine=engine)
@@ -133,15 +134,17 @@ RESUMABLE = ("resume", "steps", "stop_after", "save", "keep_checkpoints", "check
 
 def _identity_params(p: LoopParams) -> dict[str, Any]:
     """The params a resumed run must share with its checkpoint: all but those a resume may change, with paths
-    resolved (``./corpus.txt`` and ``corpus.txt`` are one file)."""
+    resolved (``./corpus.txt`` and ``corpus.txt`` are one file). ``grad_accum`` counts as the micro-batches of a
+    step over all processes, so a resume at another world size with the same global batch is the same run."""
     from llmx.core.refs import absolute
+    from llmx.core.train.distributed import world
 
     def norm(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: norm(x) for k, x in v.items() if k not in RESUMABLE}
         return absolute(v) if isinstance(v, str) else v
 
-    return norm(p.model_dump(mode="json"))
+    return norm(p.model_dump(mode="json") | {"grad_accum": p.grad_accum * world()[1]})
 
 
 def model_identity(name: str | None) -> str:
@@ -159,7 +162,7 @@ def model_identity(name: str | None) -> str:
 
 
 def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainParams, method: str,
-                 files: dict[str, bytes] | None = None, source: str | None = None) -> Path:
+                 files: dict[str, bytes] | None = None, source: str | None = None, weights: Any = None) -> Path:
     """The model folder, or the adapter folder for a model with a LoRA adapter (its ``save_pretrained``);
     ``source`` (default: the run's model) is the base an adapter folder loads on."""
     from llmx.core import models
@@ -173,7 +176,7 @@ def save_trained(ctx: RunContext, model: torch.nn.Module, path: Path, p: TrainPa
     if cache is not None:
         model.config.use_cache = cache
     try:
-        return models.save(model, ctx.tokenizer, path, meta, files)
+        return models.save(model, ctx.tokenizer, path, meta, files, weights=weights)
     finally:
         if cache is not None:
             model.config.use_cache = False
@@ -189,6 +192,9 @@ def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str,
     if result.resumed_from:
         out["resumed_from"] = result.resumed_from
     release(model, p)
+    if parallel.is_sharded(model):
+        out.update(_finish_sharded(ctx, model, p, method, source))
+        return out
     if p.adapter == "lora":
         if p.save and not p.lora.merge and is_main():
             out["adapter_dir"] = str(save_trained(ctx, model, ctx.artifact("adapter"), p, method, source=source))
@@ -196,4 +202,45 @@ def finish(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str,
     if p.save and is_main() and (p.adapter == "none" or p.lora.merge):
         out["model_dir"] = str(save_trained(ctx, model, ctx.artifact("model"), p, method, source=source))
     ctx.set_model(model.eval())
+    return out
+
+
+def _finish_sharded(ctx: RunContext, model: torch.nn.Module, p: TrainParams, method: str,
+                    source: str | None) -> dict[str, Any]:
+    """``finish`` under fsdp: every rank takes part in the save (each tensor gathered in turn, rank 0 writes it into
+    sharded safetensors: ``core/models/shards.py``), and the stages that follow get the saved model, loaded whole
+    by every rank (as the training began: the shards stay with the training)."""
+    from llmx.core import models
+    from llmx.core.models import shards
+    from llmx.core.train.distributed import from_main
+
+    main, out = is_main(), {}
+    if p.adapter == "lora":  # the adapter's tensors only: small, gathered whole
+        state = {k: parallel.full(v).detach().cpu() for k, v in model.state_dict().items() if "lora_" in k}
+        folder = ctx.artifact("adapter") if not p.lora.merge else ctx.artifact("adapter.partial")
+        if main:
+            save_trained(ctx, model, folder, p, method, source=source,
+                         weights=lambda tmp: model.save_pretrained(tmp, state_dict=state))
+            if p.lora.merge:
+                merged, _ = adapters.load(folder, source or ctx.config.model, ctx.config.dtype, "cpu")
+                out["model_dir"] = str(save_trained(ctx, merged, ctx.artifact("model"), p, method, source=source))
+                import shutil
+
+                shutil.rmtree(folder)
+            else:
+                out["adapter_dir"] = str(folder)
+    else:
+        def weights(tmp: Path) -> None:
+            model.config.save_pretrained(tmp)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(tmp)
+            shards.write(model.state_dict().items(), tmp, gather=parallel.full)
+
+        if main:
+            out["model_dir"] = str(save_trained(ctx, model, ctx.artifact("model"), p, method, source=source,
+                                                weights=weights))
+        else:
+            shards.write(model.state_dict().items(), None, gather=parallel.full)
+    saved = from_main(out.get("model_dir") or out.get("adapter_dir"))  # rank 0's run folder
+    ctx.set_model(models.load(str(saved), dtype=ctx.config.dtype, device=ctx.device)[0].eval())
     return out
