@@ -142,26 +142,26 @@ def test_help_shows_the_flag_with_an_example(cli):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gptq_on_cuda_holds_about_one_block():
-    """Weights on the CPU, execution on CUDA: the stage's peak CUDA memory is a few blocks' worth (one block, its
-    Hessians, GPTQ's work and the activations), far below the 16-block model; the codes and the perplexity match
-    the resident CUDA run."""
+    """Weights on the CPU, execution on CUDA: the stage's peak CUDA memory (above what was held before it) is a few
+    blocks' worth (one block, its Hessians, GPTQ's work, the dequantized re-forward and the activations), far below
+    the 32-block model the resident run holds; the codes and the perplexity match the resident CUDA run."""
     pytest.importorskip("cupy")  # GPTQ's CUDA path
-    model, tok = tiny_llama(layers=16, hidden=512)
+    model, tok = tiny_llama(layers=32, hidden=512)
     block_bytes = sum(t.numel() * t.element_size() for t in model.model.layers[0].state_dict().values())
     model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     peaks, results = {}, {}
     for mode in ("none", "cpu"):
         m = copy.deepcopy(model)
-        if mode == "none":
-            m = m.to("cuda")
         torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        results[mode] = run(mode, m, tok, [GPTQ, PPL], device="cuda")
+        results[mode] = run(mode, m.to("cuda") if mode == "none" else m, tok, [GPTQ, PPL], device="cuda")
         torch.cuda.synchronize()
-        peaks[mode] = torch.cuda.max_memory_allocated()
+        peaks[mode] = torch.cuda.max_memory_allocated() - base
         del m
-    assert peaks["none"] >= model_bytes
-    assert peaks["cpu"] < 6 * block_bytes < model_bytes / 2, (peaks, block_bytes, model_bytes)
+    figures = {"peaks": peaks, "block_bytes": block_bytes, "model_bytes": model_bytes}
+    assert peaks["none"] >= model_bytes, figures
+    assert peaks["cpu"] < 8 * block_bytes < model_bytes / 4, figures
     a, b = state(results["none"].model), state(results["cpu"].model)
     codes = [k for k in a if k.endswith("qweight")]
     assert codes and all((a[k] != b[k]).float().mean() <= 0.01 for k in codes)
