@@ -235,3 +235,12 @@ def test_a_folder_without_a_config_or_with_a_broken_one_is_exit_2(cli, tmp_path)
     broken = folder(tmp_path, {"model_type": "no-such-architecture"}, "broken")
     r = cli("plan", "--method", "sft", "--model", broken)
     assert r.code == 2 and "not a model config" in r.err
+
+
+def test_frozen_linears_keep_no_input(llama):
+    """A LoRA policy on q and v: o_proj, gate/up and down_proj are frozen, so their inputs are not saved."""
+    config = model_config(str(llama))
+    full = plan_stage(config, sft(), 1).part("activations").device
+    lora = plan_stage(config, sft(adapter="lora", lora={"r": 16, "target_modules": ["q_proj", "v_proj"]}), 1)
+    d, f = 4096, 14336  # o_proj's input (q = d wide), the post-attention norm's output, down_proj's input; float32
+    assert full - lora.part("activations").device == 2048 * 32 * 4 * (d + d + f)

@@ -242,32 +242,56 @@ def activation_bytes(config: Any, model: Any, sequences: int, length: int, preci
     f = (getattr(config, "moe_intermediate_size", None) if experts > 1 else None) or \
         getattr(config, "intermediate_size", None) or getattr(config, "ffn_dim", None) or \
         getattr(config, "n_inner", None) or 4 * d
-    block = dict(decoder_blocks(model)[0].named_parameters())
-    ffn = sum(t.numel() for n, t in block.items() if t.dim() >= 2 and "attn" not in n and "attention" not in n)
+    block = decoder_blocks(model)[0]
+    ffn = sum(t.numel() for n, t in block.named_parameters() if t.dim() >= 2 and "attn" not in n
+              and "attention" not in n and "lora_" not in n)
     gated = ffn >= 2.5 * d * f * experts
+    attn_in, attn_out, mlp_in, mlp_out = _training_linears(block)
+    experts_train = experts > 1 and any(t.requires_grad for n, t in block.named_parameters() if "experts" in n)
 
     mixed = precision == "bf16-mixed"
     r = 2 if mixed and strategy == "fsdp" else 4  # the residual stream: bfloat16 only where FSDP gathers bf16
     c = 2 if mixed else 4  # matmul inputs and outputs
     casts = mixed and strategy != "fsdp"  # autocast: each linear saves its own bf16 copy of a float32 input
 
-    def norm(linears: int) -> int:  # RMSNorm: float32 input and normalised copy, its cast, what the linears save
-        return 8 * d + (r * d if r != 4 else 0) + (linears * c * d if casts else r * d)
+    def norm(training: int) -> int:  # RMSNorm: float32 input and normalised copy, its cast, what the linears save
+        saved = (training * c * d if casts else r * d) if training else 0
+        return 8 * d + (r * d if r != 4 else 0) + saved
 
+    qkv = c * (q + 2 * kv) + c * q * attn_out  # the rotated q and k, v, and o_proj's input where o_proj trains
     if getattr(config, "_attn_implementation", "sdpa") == "eager":
-        scores = 4 * heads * length + (c * heads * length if c != 4 else 0)  # float32 softmax, its cast
-        attention = c * (q + 2 * kv) + scores + c * q
+        attention = qkv + 4 * heads * length + (c * heads * length if c != 4 else 0)  # float32 softmax, its cast
     else:
-        attention = c * (q + 2 * kv) + c * q + 4 * heads + c * q  # q, k, v, output, log-sum-exp, o_proj input
-    if experts > 1:
-        mlp = norm(1) + top_k * c * (2 * d + 4 * f) + 12 * experts  # routed copy, gate|up, SiLU, product, output
-    else:
-        mlp = norm(2 if gated else 1) + (4 if gated else 2) * c * f
-    layer = norm(3) + attention + mlp
+        attention = qkv + c * q + 4 * heads  # SDPA's output and log-sum-exp
+    if experts > 1:  # per routed token: its copy, gate|up, SiLU, product (where the experts train), output
+        routed = c * (2 * d + 4 * f) if experts_train else c * (d + 3 * f)
+        mlp = norm(1 + mlp_in) + top_k * routed + 12 * experts
+    else:  # gate and up (SwiGLU), the activation, the product where down_proj trains
+        mlp = norm(mlp_in) + (3 * c * f if gated else c * f) + c * f * mlp_out
+    layer = norm(attn_in) + attention + mlp
     tokens = sequences * length
     kept = layers * r * d + layer if checkpointing else layers * layer
     mask = sequences * length * length  # the boolean [B, 1, T, T] padding mask, once per forward
     return tokens * (kept + norm(1)) + mask
+
+
+def _training_linears(block: Any) -> tuple[int, int, int, int]:
+    """How many linears train (a weight or a LoRA adapter with a gradient) among a decoder layer's attention inputs,
+    attention output, MLP inputs and MLP output: autograd keeps a linear's input only for its weight's gradient. A
+    role's last linear (in registration order: o_proj, down_proj, fc2) is its output."""
+    roles: dict[bool, list[bool]] = {True: [], False: []}
+    for name, m in block.named_modules():
+        if "lora_" in name or name.endswith("base_layer") or not (hasattr(m, "base_layer") or _linear(m)):
+            continue
+        roles["attn" in name or "attention" in name].append(any(t.requires_grad for t in m.parameters()))
+    (*a_in, a_out), (*m_in, m_out) = roles[True] or [False], roles[False] or [False]
+    return sum(a_in), int(a_out), sum(m_in), int(m_out)
+
+
+def _linear(m: Any) -> bool:
+    import torch
+
+    return isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"  # GPT-2's transposed linear
 
 
 def plan_run(run: Any, world_size: int = 1) -> list[tuple[Any, Plan]]:
