@@ -203,6 +203,7 @@ def plan_stage(config: Any, params: Any, world_size: int = 1, method: str | None
         casts = 2 * sum(t.numel() for t in tensors.values()
                         if t.dim() >= 2 and (tied or t is not embed) and (t.requires_grad or loaded == 4))
     parts.append(Part("casts", casts, 0, "forward", "autocast bfloat16 weight copies" if casts else "none"))
+    foreach = foreach and not offload  # an offloaded step runs on the CPU, per tensor
     step = 4 * (sum(shard(t) for t in trained.values()) if foreach
                 else sum(sorted((shard(t) for t in trained.values()), reverse=True)[:2]))
     parts.append(Part("step", *place(step), "step", "AdamW " + ("foreach" if foreach else "per-tensor")
