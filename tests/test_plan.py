@@ -78,14 +78,15 @@ def test_fsdp_divides_by_the_world_size_and_offload_moves_the_shards_to_cpu(llam
     assert eight.part("activations").device == one.part("activations").device  # batch_size is per process
     gathered = eight.part("collectives").device
     layer = 4 * (hand_count({**LLAMA3_8B, "num_hidden_layers": 1}) - hand_count({**LLAMA3_8B, "num_hidden_layers": 0}))
-    root = 4 * hand_count({**LLAMA3_8B, "num_hidden_layers": 0})
-    assert gathered == root + root + 2 * layer + layer  # root params and grads, two layers, one layer's grads
+    embed, root = 4 * 128256 * 4096, 4 * (128256 * 4096 + 4096)  # the embeddings' unit; the root: head, final norm
+    assert embed > layer
+    assert gathered == root + root + (embed + layer) + embed  # root and its grads, two largest units, one's grads
     off = plan_stage(config, sft(strategy="fsdp", offload=True), 8)
     for name in ("weights", "gradients", "optimizer"):
         assert off.part(name).device == 0 and off.part(name).cpu == eight.part(name).device
     assert off.part("collectives").device == gathered  # the gathered units still compute on the device
     mixed = plan_stage(config, sft(strategy="fsdp", precision="bf16-mixed"), 8)
-    assert mixed.part("collectives").device == (root + 2 * layer) // 2 + root // 2 + layer  # gathered in bf16
+    assert mixed.part("collectives").device == (root + embed + layer) // 2 + root // 2 + embed  # gathered in bf16
     assert mixed.part("weights").device == eight.part("weights").device  # float32 master shards either way
 
 

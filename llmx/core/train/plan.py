@@ -19,9 +19,10 @@ Parts, each in device or CPU bytes (``offload``: FSDP's shards live in CPU memor
 * logits: ``[B, T, V]`` in the compute dtype and its gradient, plus one float32 chunk for align's chunked
   selective log-softmax (``llmx.core.logprobs``); transformers' causal-LM loss (lm, sft and the stages built on
   them) keeps a float32 log-softmax of ``[B, T, V]``, its gradient and the gradient of its input.
-* collectives: ``fsdp``: the root unit (embeddings, head) gathered for the whole step with its unsharded
-  gradients, two decoder layers gathered (the current one and the prefetched one) in the param dtype, and one
-  layer's unsharded float32 gradients before the reduce-scatter; ``ddp`` over several processes: DDP's gradient
+* collectives: ``fsdp`` (``llmx.core.train.parallel``: a unit per decoder layer, one for untied input embeddings,
+  the root for the rest): the root (head, final norm) gathered for the whole step with its unsharded gradients, the
+  two largest other units gathered (the current one and the prefetched one) in the param dtype, and one unit's
+  unsharded float32 gradients before the reduce-scatter; ``ddp`` over several processes: DDP's gradient
   buckets (a second float32 copy of the gradients, torch's default ``gradient_as_bucket_view=False``).
 * casts: ``bf16-mixed`` under ``ddp`` (autocast over float32 weights): the bfloat16 copy of every matmul weight,
   saved for the backward. ``fsdp`` gathers in bfloat16 instead.
@@ -43,7 +44,6 @@ from typing import Any
 from llmx.errors import UsageError
 
 GIB = 1 << 30
-CHUNK_ELEMENTS = 1 << 24  # llmx.core.logprobs: a chunk's float32 copy in the selective log-softmax
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # Align objectives as their classes declare them (tests/test_plan.py checks this table against them): sequences per
@@ -156,9 +156,11 @@ def plan_stage(config: Any, params: Any, world_size: int = 1, method: str | None
 
     tensors = dict(model.named_parameters())
     trained = {n: t for n, t in tensors.items() if t.requires_grad}
-    blocks = [dict(b.named_parameters()) for b in decoder_blocks(model)]
-    in_block = {id(t) for b in blocks for t in b.values()}
-    root = [t for t in tensors.values() if id(t) not in in_block]
+    embed = model.get_input_embeddings().weight
+    tied = embed is model.get_output_embeddings().weight
+    units = [list(b.parameters()) for b in decoder_blocks(model)] + ([] if tied else [[embed]])  # FSDP units
+    in_unit = {id(t) for u in units for t in u}
+    root = [t for t in tensors.values() if id(t) not in in_unit]
 
     weights = sum(shard(t) * (4 if t.requires_grad else loaded) for t in tensors.values())
     grads = 4 * sum(shard(t) for t in trained.values())
@@ -175,6 +177,8 @@ def plan_stage(config: Any, params: Any, world_size: int = 1, method: str | None
     compute = 2 if mixed else 4
     tokens, vocab = sequences * length, config.vocab_size
     if loss == "selective":
+        from llmx.core.logprobs import CHUNK_ELEMENTS
+
         logits = 2 * compute * tokens * vocab + 4 * min(tokens * vocab, CHUNK_ELEMENTS)
         logits_note = "logits and their gradient, one float32 chunk"
     else:
@@ -186,11 +190,11 @@ def plan_stage(config: Any, params: Any, world_size: int = 1, method: str | None
 
     root_trained = 4 * sum(t.numel() for t in root if t.requires_grad)
     if fsdp:
-        layer = max(sum(gathered(t) for t in b.values()) for b in blocks)
-        layer_grads = max(4 * sum(t.numel() for t in b.values() if t.requires_grad) for b in blocks)
+        two = sum(sorted((sum(gathered(t) for t in u) for u in units), reverse=True)[:2])
+        unit_grads = max(4 * sum(t.numel() for t in u if t.requires_grad) for u in units)
         root_bytes = sum(gathered(t) for t in root)
-        comm = root_bytes + root_trained * compute // 4 + 2 * layer + layer_grads
-        parts.append(Part("collectives", comm, 0, "forward", "FSDP all-gathers: root unit, two decoder layers"))
+        comm = root_bytes + root_trained * compute // 4 + two + unit_grads
+        parts.append(Part("collectives", comm, 0, "forward", "FSDP all-gathers: root unit, two largest units"))
         early = (0, 0)
     else:
         buckets = grads if world_size > 1 else 0
@@ -198,8 +202,6 @@ def plan_stage(config: Any, params: Any, world_size: int = 1, method: str | None
         early = place(root_trained)
     casts = 0
     if mixed and not fsdp:
-        embed = model.get_input_embeddings().weight
-        tied = embed is model.get_output_embeddings().weight
         casts = 2 * sum(t.numel() for t in tensors.values()
                         if t.dim() >= 2 and (tied or t is not embed) and (t.requires_grad or loaded == 4))
     parts.append(Part("casts", casts, 0, "forward", "autocast bfloat16 weight copies" if casts else "none"))
