@@ -65,6 +65,12 @@ class MissingRequirement(LlmxError):
     exit_code = 3
 
 
+class CannotRun(LlmxError):
+    """A method cannot run as asked: a training strategy it cannot shard under, say (exit 3, before any work)."""
+
+    exit_code = 3
+
+
 class RunFailed(LlmxError):
     """A stage raised while running (exit 1)."""
 

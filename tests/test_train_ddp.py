@@ -111,7 +111,10 @@ def test_two_gloo_processes_see_disjoint_batches_and_match_one_with_twice_the_ac
         assert sorted(a | b) == sorted(one[name]) == list(range(STEPS * 4)), name
         left, right = load_file(str(folders[name] / "model.safetensors")), load_file(str(single[name] / "model.safetensors"))
         for key, value in right.items():
-            assert torch.allclose(left[key], value, atol=1e-5), f"{name}: {key}"
+            # two micro-batches a rank sum in another order than four in one process; Adam scales the rounding up
+            # where gradients are small (a missing reduction moves weights by ~lr = 1e-2; test_train_sharded checks
+            # bit-equality where the orders agree)
+            assert torch.allclose(left[key], value, atol=1e-4), f"{name}: {key} {(left[key] - value).abs().max()}"
         if name != "lm":  # the stages that start from tiny:llama moved away from it
             fresh = dict(build_random("llama")[0].state_dict())
             assert any(not torch.equal(fresh[k], v) for k, v in right.items() if k in fresh), name

@@ -33,7 +33,8 @@ def specs(data: Path, strategy: str) -> dict[str, dict]:
     }
 
 
-def run(runs: dict[str, dict], out: Path, accum: int) -> dict[str, str]:
+def run(runs: dict[str, dict], out: Path, accum: int, model: str = "tiny:llama",
+        device: str = "cpu") -> dict[str, str]:
     from llmx.core.config import resolve
     from llmx.core.pipeline import execute
     from llmx.core.plugins import host
@@ -42,36 +43,41 @@ def run(runs: dict[str, dict], out: Path, accum: int) -> dict[str, str]:
     for name, stage in runs.items():
         stage = json.loads(json.dumps(stage))
         stage["params"].setdefault("grad_accum", accum)
-        raw = {"model": "tiny:llama", "output_dir": str(out / name), "seed": 3, "threads": 1,
+        raw = {"model": model, "output_dir": str(out / name), "seed": 3, "threads": 1, "device": device,
                "pipeline": [stage]}
         metrics = execute(resolve(raw, host().methods), show_progress=False).stages[0]["metrics"]
         folders[name] = metrics.get("model_dir", "")
+        folders[name + ".metrics"] = metrics
         folders[name + ".checkpoints"] = str(Path(metrics.get("model_dir") or ".").parent / "checkpoints")
     return folders
 
 
-def _worker(rank: int, size: int, init: str, runs: str, out: str) -> None:
+def _worker(rank: int, size: int, init: str, runs: str, out: str, model: str, device: str) -> None:
     import os
 
     os.environ.update(WORLD_SIZE=str(size), RANK=str(rank), LOCAL_RANK=str(rank))
-    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=size)
+    torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=rank,
+                                         world_size=size)
     torch.set_num_threads(1)
     from llmx.core import plugins
 
     plugins.configure([])
     try:
-        folders = run(json.loads(runs), Path(out), accum=1)
+        folders = run(json.loads(runs), Path(out), accum=1, model=model, device=device)
+        if device == "cuda":
+            folders["peak_bytes"] = torch.cuda.max_memory_allocated()
         if rank == 0:
             (Path(out) / "folders.json").write_text(json.dumps(folders))
     finally:
         torch.distributed.destroy_process_group()
 
 
-def two_processes(tmp_path: Path, runs: dict[str, dict], name: str) -> dict[str, str]:
+def two_processes(tmp_path: Path, runs: dict[str, dict], name: str, size: int = 2, model: str = "tiny:llama",
+                  device: str = "cpu") -> dict:
     out = tmp_path / name
     out.mkdir()
-    torch.multiprocessing.spawn(_worker, args=(2, f"file://{tmp_path / (name + '.store')}", json.dumps(runs),
-                                               str(out)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_worker, args=(size, f"file://{tmp_path / (name + '.store')}", json.dumps(runs),
+                                               str(out), model, device), nprocs=size, join=True)
     return json.loads((out / "folders.json").read_text())
 
 
@@ -156,3 +162,49 @@ def test_sharded_safetensors_stream_one_shard_at_a_time_and_load_in_transformers
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
     assert shards.write(model.state_dict().items(), None, gather=gather) == {}  # a rank that only gathers
+
+
+def real_width_model(folder: Path) -> str:
+    """A Llama with real widths (hidden 2048, GQA 16/4 heads, attention biases as Qwen2), random, saved with the tiny
+    model's tokenizer: what a 1B user trains."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llmx.core import models
+    from llmx.core.models.archs import build_random
+
+    _, tok = build_random("llama")
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=2048, intermediate_size=5632, num_hidden_layers=4,
+                         num_attention_heads=16, num_key_value_heads=4, attention_bias=True, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    models.save(LlamaForCausalLM(config), tok, folder, {"source": "test"})
+    return str(folder)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_on_one_gpu_with_bf16_gathers_and_offload(tmp_path, data):
+    """One GPU, world size 1 (as under ``torchrun --nproc-per-node 1``): fsdp with bf16-mixed, with and without
+    offload, on a real-width model; offload holds less on the device; the planner's estimate beside the peaks."""
+    import os
+
+    from llmx.core.models.meta import model_config
+    from llmx.core.train.plan import plan_stage
+    from llmx.core.train.sft.params import SFTParams
+
+    model = real_width_model(tmp_path / "model")
+    peaks, plans = {}, {}
+    for offload in (False, True):
+        runs = {"sft": specs(data, "fsdp")["sft"]}
+        runs["sft"]["params"].update(precision="bf16-mixed", gradient_checkpointing=True, offload=offload, steps=2)
+        done = two_processes(tmp_path, runs, f"offload_{offload}", size=1, model=model, device="cuda")
+        peaks[offload] = done["peak_bytes"]
+        assert done["sft.metrics"]["final_loss"] == done["sft.metrics"]["final_loss"]  # finite, not NaN
+        weights(done["sft"])
+        config = model_config(model)
+        plans[offload] = plan_stage(config, SFTParams(**runs["sft"]["params"]), 1, method="sft").as_dict()
+    assert peaks[True] < peaks[False], peaks
+    if os.environ.get("GPU_CHECK_REPORT"):
+        with open(os.environ["GPU_CHECK_REPORT"], "a") as f:
+            f.write(json.dumps({"memory": "fsdp one GPU", "model": "Llama 4 layers, hidden 2048, GQA 16/4, biases",
+                                "peak_bytes": {"offload": peaks[True], "resident": peaks[False]},
+                                "plan": plans, "device": torch.cuda.get_device_name()}) + "\n")

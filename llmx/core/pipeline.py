@@ -15,7 +15,7 @@ from typing import Any
 from llmx.core import atomic, runs
 from llmx.core.config import ResolvedRun
 from llmx.core.context import RunContext
-from llmx.errors import ConfigError, LlmxError, MissingRequirement, RunFailed, UsageError
+from llmx.errors import CannotRun, ConfigError, LlmxError, MissingRequirement, RunFailed, UsageError
 
 
 @dataclass
@@ -39,6 +39,9 @@ def check_requirements(run: ResolvedRun) -> None:
     check_device(run.config.device)
     cuda = run.config.device.startswith("cuda")
     for stage in run.stages:
+        why = getattr(stage.params, "unsupported", lambda: None)()
+        if why:
+            raise CannotRun(f"method '{stage.spec.name}' {why}")
         extra = getattr(stage.params, "requirements", lambda: ())()
         for req in (*stage.spec.requires, *extra):
             if req == "cupy" and not cuda:

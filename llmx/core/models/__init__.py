@@ -194,14 +194,16 @@ def save(model: Any, tokenizer: Any, path: str | Path, metadata: dict[str, Any] 
     if specs:
         meta[KEY] = specs
     with atomic.folder(path) as tmp:
-        if specs:  # packed layers: write the tensors exactly as they are (save_pretrained may recast them)
+        if weights is not None:
+            weights(tmp)
+            if specs:
+                mark_llmx_only(tmp / "config.json")
+        elif specs:  # packed layers: write the tensors exactly as they are (save_pretrained may recast them)
             from safetensors.torch import save_model
 
             model.config.save_pretrained(tmp)
             mark_llmx_only(tmp / "config.json")
             save_model(model, str(tmp / "model.safetensors"))
-        elif weights is not None:
-            weights(tmp)
         else:
             model.save_pretrained(tmp)
         if tokenizer is not None:

@@ -36,7 +36,7 @@ import torch
 from llmx.core import atomic, runs
 from llmx.core.train import checkpoint
 from llmx.core.train.distributed import all_sum, world
-from llmx.core.train.parallel import Engine, full
+from llmx.core.train.parallel import Engine, full, wrap
 from llmx.core.train.schedule import DecayShape, Schedule, lr_at
 from llmx.errors import UsageError
 
@@ -156,8 +156,8 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
     checkpoint; with ``verify_resume``, a ``resume`` checkpoint carrying another one is refused. ``lr_scale(name)``
     multiplies the schedule's rate for that tensor (a separate projector rate, say). ``optimizer(groups, c)`` builds
     the optimiser (default AdamW); each group carries its tensors' ``names`` and rate ``scale``. ``engine``: the data
-    parallelism ``model`` (and any module trained beside it) is under (``parallel.wrap``); required with more than
-    one process, since gradients are the engine's to reduce."""
+    parallelism ``model`` (and any module trained beside it) is under (``parallel.wrap``); without one, under
+    torchrun the loop puts ``model`` under DDP for the run."""
     named = dict(params) if isinstance(params, dict) else {str(i): p for i, p in enumerate(params)}
     named = {k: p for k, p in named.items() if p.requires_grad}
     trained = list(named.values())
@@ -167,9 +167,6 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
                          "(load the model in float32; precision: bf16-mixed runs the forward in bfloat16)")
     opt = optimizer(_groups(named, lr_scale), c)
     rank, size = world()
-    engine = engine or Engine()
-    if size > 1 and not (engine.ddp or engine.sharded):
-        raise UsageError("training under torchrun needs its model under a data-parallel engine (parallel.wrap)")
     start = 0
     if resume is not None:
         if verify_resume:
@@ -178,13 +175,17 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
     if start > c.steps:
         raise UsageError(f"the checkpoint is at step {start}, past this run's {c.steps} steps")
     device_type = trained[0].device.type
-    spread = size if engine.averages else 1  # the engine divides the summed gradients by the world size
     bf16 = c.precision == "bf16-mixed"
     best = (float("inf"), 0, None)
     stale, t0, step, loss_value = 0, time.perf_counter(), start - 1, float("nan")
     log = _metrics_log(metrics_file, start, resume) if rank == 0 else None
+    own = engine is None
+    engine = wrap(model, "ddp") if own else engine
+    spread = size if engine.averages else 1  # the engine divides the summed gradients by the world size
     model.train()
     try:
+        if size > 1:
+            engine.check(named)
         for step in (progress or (lambda r, **_: r))(range(start, c.steps), description="training"):
             lr = c.lr_at(step)
             for group in opt.param_groups:
@@ -236,6 +237,8 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
     finally:
         if log:
             log.close()
+        if own:
+            engine.release()
     if best[2] is not None:
         model.load_state_dict(best[2])
     model.eval()

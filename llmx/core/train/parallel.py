@@ -4,7 +4,8 @@
   backward). A stage's loss calls the model itself, so the engine is put *inside* the model's call: the model's
   ``forward`` is, for the run, the DDP wrapper's (which runs the class's forward on the model), and ``release``
   takes it off again, leaving the plain model for the stages that follow.
-- ``fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``), one unit per decoder block and one for the rest; with
+- ``fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``), one unit per decoder block, one for the input
+  embeddings (untied) and one for the rest; with
   ``precision: bf16-mixed`` parameters are gathered in bfloat16 and gradients reduced in float32
   (``MixedPrecisionPolicy``), with ``offload`` the shards live in CPU memory (``CPUOffloadPolicy``). FSDP2 works in
   place, so the model's own call is the engine's.
@@ -46,6 +47,15 @@ class Engine:
     ddp: list[torch.nn.parallel.DistributedDataParallel] = field(default_factory=list)
     sharded: list[torch.nn.Module] = field(default_factory=list)  # fully_shard roots
     wrapped: list[torch.nn.Module] = field(default_factory=list)  # models whose forward is a DDP wrapper
+    trains: list[torch.nn.Module] = field(default_factory=list)  # every module whose gradients the engine reduces
+
+    def check(self, named: dict[str, torch.nn.Parameter]) -> None:
+        """Every trained tensor belongs to a module under the engine (else no process would reduce its gradient)."""
+        held = {id(t) for m in self.trains for t in m.parameters()}
+        outside = [k for k, t in named.items() if id(t) not in held]
+        if outside:
+            raise UsageError(f"{outside[0]} trains outside the model, so no data-parallel engine reduces its "
+                             "gradients; this stage runs in one process")
 
     @property
     def averages(self) -> bool:
@@ -73,14 +83,19 @@ class Engine:
         self.ddp.clear()
 
 
-def decoder_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder blocks FSDP shards one unit each (``core.models.blocks``)."""
-    from llmx.core.models.blocks import decoder_blocks
-
-    try:
-        return list(decoder_blocks(model))
-    except (ValueError, AttributeError) as exc:
-        raise UsageError(f"strategy fsdp: {exc}; FSDP shards one unit per decoder block") from exc
+def units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """What FSDP shards one unit each, the root aside: every decoder block (of the text model, for a multimodal
+    one) and, when not tied to the output head, the input embeddings (so a loss may call them directly, as CROW's
+    does)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    n = getattr(config, "num_hidden_layers", None)
+    blocks = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+    if blocks is None:
+        raise UsageError(f"strategy fsdp: {type(model).__name__} has no list of {n} decoder blocks to shard")
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = embed is not None and head is not None and head.weight is embed.weight
+    return [*blocks, *([embed] if embed is not None and not tied else [])]
 
 
 def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload: bool = False,
@@ -88,8 +103,8 @@ def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload
     """Put ``model`` (and ``extras``, trained modules beside it such as PIPA's g head) under the engine, in place.
     ``frozen``: models that only score (a DPO reference copy), sharded like the policy under fsdp."""
     rank, size = world()
-    engine = Engine(strategy)
     trains = [model, *(extras or {}).values()]
+    engine = Engine(strategy, trains=trains)
     if strategy == "ddp":
         if size == 1:
             return engine
@@ -117,9 +132,12 @@ def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload
         if precision == "bf16-mixed" else MixedPrecisionPolicy()
     options = dict(mesh=mesh, mp_policy=mixed, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
     for m in [model, *(frozen or [])]:
-        for unit in decoder_units(m):
+        for unit in units(m):
             fully_shard(unit, **options)
         fully_shard(m, **options)
+        # the root is whichever unit runs first: settle it now, so a loss that calls the embeddings before the
+        # model (CROW) does not make them the root (FSDP2 has no public call for this)
+        fully_shard.state(m)._lazy_init()
     engine.sharded.append(model)
     for m in (extras or {}).values():
         fully_shard(m, **options)

@@ -72,6 +72,10 @@ class LoopParams(Params):
             raise ValueError("offload keeps FSDP's shards in CPU memory: set strategy: fsdp")
         return self
 
+    def unsupported(self) -> str | None:
+        """Why this stage cannot run as configured (checked before any work: exit 3); None when it can."""
+        return None
+
     def loop_config(self, **overrides: Any):
         """The loop's ``TrainConfig`` for these params (``overrides`` win)."""
         from llmx.core.train.loop import TrainConfig
@@ -97,9 +101,6 @@ class TrainParams(LoopParams):
         if self.adapter == "lora" and self.lora.init == "pissa" and self.save and not self.lora.merge:
             raise ValueError("a PiSSA adapter rewrites its base weights, so its folder does not load on the original "
                              "base: set lora.merge=true (or save=false)")
-        if self.strategy == "fsdp" and not self.save:
-            raise ValueError("strategy fsdp hands the trained model to the stages that follow through its saved "
-                             "folder: set save: true")
         return self
 
     def requirements(self) -> tuple[str, ...]:

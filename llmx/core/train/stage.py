@@ -100,18 +100,12 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
     import dataclasses
 
     from llmx.core.train import parallel
-    from llmx.core.train.distributed import from_main, world
+    from llmx.core.train.distributed import from_main
 
     checked = p.resume is not None and resume in (None, p.resume)
     resume = resume or p.resume
     identity = {"model": model_identity(ctx.config.model), "params": _identity_params(p)}
     named = params if params is not None else trainable(model)
-    if world()[1] > 1:
-        held = {id(t) for m in [model, *(extras or {}).values()] for t in m.parameters()}
-        outside = [k for k, t in named.items() if id(t) not in held]
-        if outside:
-            raise UsageError(f"{outside[0]} trains outside the model, so no data-parallel engine reduces its "
-                             "gradients; this stage runs in one process")
     engine = parallel.wrap(model, p.strategy, p.precision, p.offload, extras, frozen)
     if engine.sharded:
         named = parallel.resolve(named, model, extras)
@@ -209,26 +203,27 @@ def _finish_sharded(ctx: RunContext, model: torch.nn.Module, p: TrainParams, met
                     source: str | None) -> dict[str, Any]:
     """``finish`` under fsdp: every rank takes part in the save (each tensor gathered in turn, rank 0 writes it into
     sharded safetensors: ``core/models/shards.py``), and the stages that follow get the saved model, loaded whole
-    by every rank (as the training began: the shards stay with the training)."""
+    by every rank (as the training began: the shards stay with the training). With ``save: false`` the folder is
+    a scratch one, removed once loaded."""
+    import shutil
+
     from llmx.core import models
     from llmx.core.models import shards
-    from llmx.core.train.distributed import from_main
+    from llmx.core.train.distributed import barrier, from_main
 
     main, out = is_main(), {}
+    kept = {"adapter": p.save and p.adapter == "lora" and not p.lora.merge,
+            "model": p.save and (p.adapter == "none" or p.lora.merge)}
+    folder = {k: ctx.artifact(k if kept[k] else f"handoff/{k}") for k in ("adapter", "model")}
     if p.adapter == "lora":  # the adapter's tensors only: small, gathered whole
         state = {k: parallel.full(v).detach().cpu() for k, v in model.state_dict().items() if "lora_" in k}
-        folder = ctx.artifact("adapter") if not p.lora.merge else ctx.artifact("adapter.partial")
         if main:
-            save_trained(ctx, model, folder, p, method, source=source,
+            save_trained(ctx, model, folder["adapter"], p, method, source=source,
                          weights=lambda tmp: model.save_pretrained(tmp, state_dict=state))
             if p.lora.merge:
-                merged, _ = adapters.load(folder, source or ctx.config.model, ctx.config.dtype, "cpu")
-                out["model_dir"] = str(save_trained(ctx, merged, ctx.artifact("model"), p, method, source=source))
-                import shutil
-
-                shutil.rmtree(folder)
-            else:
-                out["adapter_dir"] = str(folder)
+                merged, _ = adapters.load(folder["adapter"], source or ctx.config.model, ctx.config.dtype, "cpu")
+                save_trained(ctx, merged, folder["model"], p, method, source=source)
+        saved = folder["model"] if p.lora.merge else folder["adapter"]
     else:
         def weights(tmp: Path) -> None:
             model.config.save_pretrained(tmp)
@@ -237,10 +232,16 @@ def _finish_sharded(ctx: RunContext, model: torch.nn.Module, p: TrainParams, met
             shards.write(model.state_dict().items(), tmp, gather=parallel.full)
 
         if main:
-            out["model_dir"] = str(save_trained(ctx, model, ctx.artifact("model"), p, method, source=source,
-                                                weights=weights))
+            save_trained(ctx, model, folder["model"], p, method, source=source, weights=weights)
         else:
             shards.write(model.state_dict().items(), None, gather=parallel.full)
-    saved = from_main(out.get("model_dir") or out.get("adapter_dir"))  # rank 0's run folder
+        saved = folder["model"]
+    for k, keep in kept.items():
+        if keep:
+            out[f"{k}_dir"] = str(folder[k])
+    saved = Path(from_main(str(saved)))  # rank 0's run folder
     ctx.set_model(models.load(str(saved), dtype=ctx.config.dtype, device=ctx.device)[0].eval())
+    barrier()
+    if main:
+        shutil.rmtree(ctx.artifact("handoff"), ignore_errors=True)
     return out

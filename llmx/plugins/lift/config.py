@@ -46,3 +46,10 @@ class LiftParams(SFTParams):
 
     def requirements(self) -> tuple[str, ...]:
         return ("peft",) if self.shira else ()
+
+    def unsupported(self) -> str | None:
+        if self.strategy == "fsdp":
+            return ("cannot train under strategy fsdp: LIFT's optimiser selects the top entries of each whole weight "
+                    "matrix's low-rank approximation, and FSDP holds a shard of it on each process (use strategy: "
+                    "ddp)")
+        return super().unsupported()

@@ -31,6 +31,12 @@ class ParrotTrainParams(LlavaTrainParams):
             raise ValueError("routing_scenes: 0 (skip) or at least 2 (half fit the centroids, half test them)")
         return self
 
+    def unsupported(self) -> str | None:
+        if self.strategy == "fsdp":
+            return ("cannot train under strategy fsdp: its MoE adapter is grafted onto the model in memory and its "
+                    "routing report calls the vision path outside the model's forward (use strategy: ddp)")
+        return super().unsupported()
+
 
 class MmmbParams(Params):
     """MMMB-format multiple choice (VLMEvalKit's TSV), scored per language and category."""

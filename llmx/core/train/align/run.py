@@ -229,7 +229,9 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     params = trainable(policy)
     if g_head is not None:
         params.update({f"g_head.{k}": v for k, v in g_head.named_parameters()})
-    result = fit(ctx, policy, loss, p, params=params)
+    copy = reference.copy if isinstance(reference, Reference) else None  # sharded with the policy under fsdp
+    result = fit(ctx, policy, loss, p, params=params, extras={"g_head": g_head} if g_head is not None else None,
+                 frozen=[copy] if copy is not None else None)
     out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held), "prompts_truncated": cut_prompts,
            "responses_truncated": cut_responses}
     if held:
@@ -237,10 +239,14 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     else:
         ctx.log.warning("no held-out rows (pass eval_data): held-out figures are not measured")
     out.update(finish(ctx, policy, p, name, result))
-    if p.save and g_head is not None and is_main():
+    if p.save and g_head is not None:
         from safetensors.torch import save_file
 
-        save_file(g_head.state_dict(), str(ctx.artifact("g_head.safetensors")))
+        from llmx.core.train.parallel import full
+
+        head = {k: full(v).detach().cpu() for k, v in g_head.state_dict().items()}  # every rank: fsdp gathers
+        if is_main():
+            save_file(head, str(ctx.artifact("g_head.safetensors")))
     return out
 
 

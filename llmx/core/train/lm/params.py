@@ -33,6 +33,12 @@ class LMParams(TrainParams):
     cooldown_fraction: float = Field(0.2, gt=0, le=1, description="Cooldown length as a fraction of the "
                                      "checkpoint's steps.")
 
+    def unsupported(self) -> str | None:
+        if self.strategy == "fsdp" and (self.save_at_tokens or self.cooldown_from):
+            return ("cannot keep a checkpoint series under strategy fsdp: a series checkpoint is one whole-tensor "
+                    "file (use strategy: ddp)")
+        return super().unsupported()
+
     @model_validator(mode="after")
     def _series(self) -> LMParams:
         if any(t <= 0 for t in self.save_at_tokens):
