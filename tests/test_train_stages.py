@@ -293,6 +293,8 @@ def test_resume_refuses_a_checkpoint_of_another_run(cli, tmp_path, corpus, monke
 
     r = resume("tiny:llama", "--set", "lr=0.01")
     assert r.code == 2 and "belongs to a run with other settings (lr 0.001 -> 0.01)" in r.err, r.err
+    r = resume("tiny:llama", "--set", "grad_accum=2")  # another global batch (grad_accum x processes)
+    assert r.code == 2 and "(grad_accum 1 -> 2)" in r.err, r.err
     r = resume("tiny:qwen2")
     assert r.code == 2 and "was trained on model 'tiny:llama'" in r.err, r.err
     r = resume("tiny:llama", "--set", "steps=3", "--set", "save_at_tokens=[]")
@@ -302,3 +304,20 @@ def test_resume_refuses_a_checkpoint_of_another_run(cli, tmp_path, corpus, monke
     r = cli("train", "--method", "lm", "--model", "tiny:llama", "--data", f"./{corpus.name}", *LM,
             "--set", f"resume={step}", "-o", tmp_path / "e")
     assert r.code == 0, r.err
+
+
+def test_a_strategy_the_method_or_launch_cannot_use_is_refused_before_any_work(cli, tmp_path, corpus, monkeypatch):
+    r = cli("train", "--method", "sft", "--model", "tiny:llama", "--data", rows(tmp_path), "--set", "strategy=fsdp",
+            "-o", tmp_path / "a")
+    assert r.code == 3 and "only inside torchrun" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    r = cli("train", "--method", "lm", "--model", "tiny:llama", "--data", corpus, *LM, "--set", "strategy=fsdp",
+            "-o", tmp_path / "d")
+    assert r.code == 3 and "cannot keep a checkpoint series" in r.err, r.err
+    r = cli("train", "--method", "lift", "--model", "tiny:llama", "--data", rows(tmp_path), "--set", "strategy=fsdp",
+            "-o", tmp_path / "b")
+    assert r.code == 3 and "cannot train under strategy fsdp" in r.err, r.err
+    r = cli("train", "--method", "sft", "--model", "tiny:llama", "--data", rows(tmp_path), "--set", "offload=true",
+            "-o", tmp_path / "c")
+    assert r.code == 2 and "set strategy: fsdp" in r.err, r.err
+    assert not any((tmp_path / n).exists() for n in "abcd")  # nothing written

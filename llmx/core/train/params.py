@@ -74,6 +74,11 @@ class LoopParams(Params):
 
     def unsupported(self) -> str | None:
         """Why this stage cannot run as configured (checked before any work: exit 3); None when it can."""
+        import os
+
+        if self.strategy == "fsdp" and "WORLD_SIZE" not in os.environ:
+            return ("trains under strategy fsdp only inside torchrun (one process too: torchrun --nproc-per-node 1 "
+                    "-m llmx ...)")
         return None
 
     def loop_config(self, **overrides: Any):
