@@ -109,6 +109,8 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
     engine = parallel.wrap(model, p.strategy, p.precision, p.offload, extras, frozen)
     if engine.sharded:
         named = parallel.resolve(named, model, extras)
+        if params is not None:  # the caller's dict too, else it keeps every unsharded original alive
+            params.update(named)
     c = dataclasses.replace(config or p.loop_config(), seed=ctx.config.seed)
     try:
         return train(model, named, loss, c, evaluate=evaluate, progress=ctx.progress,

@@ -108,7 +108,10 @@ class Reference:
     @torch.no_grad()
     def __call__(self, t: B.Tensors, idx: list[int] | None = None) -> torch.Tensor:
         if self.copy is not None:
-            return B.forward(self.copy, t)[0]
+            out = B.forward(self.copy, t)[0]
+            if hasattr(self.copy, "reshard"):  # a sharded copy: FSDP keeps a root gathered after its forward
+                self.copy.reshard()
+            return out
         if self.adapter:
             with self.policy.disable_adapter():
                 return B.forward(self.policy, t)[0]
