@@ -62,8 +62,24 @@ def _worker(rank: int, size: int, init: str, runs: str, out: str, model: str, de
     from llmx.core import plugins
 
     plugins.configure([])
+    whole: list[int] = []
+    if device == "cpu":  # what the loop starts with: no unsharded trained tensor may outlive the sharding
+        import gc
+
+        from llmx.core.train import stage
+
+        train = stage.train
+
+        def counting(*args, **kwargs):
+            gc.collect()
+            whole.append(sum(1 for o in gc.get_objects() if isinstance(o, torch.nn.Parameter) and o.requires_grad
+                             and not hasattr(o, "device_mesh")))
+            return train(*args, **kwargs)
+
+        stage.train = counting
     try:
         folders = run(json.loads(runs), Path(out), accum=1, model=model, device=device)
+        folders["unsharded_trained"] = whole
         if device == "cuda":
             folders["peak_bytes"] = torch.cuda.max_memory_allocated()
         if rank == 0:
@@ -112,6 +128,8 @@ def test_two_processes_end_with_the_weights_of_one(tmp_path, data, strategy):
     sharded = two_processes(tmp_path, runs, "two")
     single = run(specs(data, "ddp"), tmp_path / "one", accum=2)
     fresh = build_random("llama")[0].state_dict()
+    if strategy == "fsdp":  # the trained tensors the loop began with were all shards
+        assert sharded["unsharded_trained"] == [0] * len(runs), sharded["unsharded_trained"]
     for name in runs:
         worst = compare(sharded[name], single[name], exact=strategy == "ddp")
         assert worst < 1e-6, (name, worst)
