@@ -133,7 +133,7 @@ def test_packing_is_refused_where_the_model_ignores_position_ids():
         check_packing(mamba, len(tok))
 
 
-def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path, capsys):
+def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path, capfd):
     import pickle
 
     from llmx.core.train import checkpoint
@@ -164,10 +164,21 @@ def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path, capsys)
     moments = opt2.state[again["model.norm.weight"]]
     assert torch.equal(moments["exp_avg"], opt.state[named["model.norm.weight"]]["exp_avg"])
     index = saved / checkpoint.DCP_INDEX  # DCP's index is a pickle: only its own classes are admitted
+    good = index.read_bytes()
+    checkpoint.restore(saved, again, opt2)  # the real index loads through the allowlist
     index.write_bytes(pickle.dumps(Boom(), protocol=2))
     with pytest.raises(UsageError, match="not a loadable llmx checkpoint"):
         checkpoint.restore(saved, again, opt2)
-    assert "ran code" not in capsys.readouterr().out
+    for module in ("pathlib", "torch.distributed.checkpoint.metadata", "torch"):  # protocol 4 resolves dotted names
+        def text(b: bytes) -> bytes:
+            return b"\x8c" + bytes([len(b)]) + b
+
+        hostile = b"\x80\x04" + text(module.encode()) + text(b"os.system") + b"\x93" + text(b"echo ran code") + b"\x85R."
+        index.write_bytes(hostile)
+        with pytest.raises(UsageError, match="not a loadable llmx checkpoint"):
+            checkpoint.restore(saved, again, opt2)
+    assert "ran code" not in capfd.readouterr().out
+    index.write_bytes(good)
 
 
 def test_bf16_mixed_keeps_fp32_master_weights_and_computes_in_bf16():

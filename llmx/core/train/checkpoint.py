@@ -208,15 +208,19 @@ def describe(path: Path) -> dict[str, Any]:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's index, with only the classes DCP writes into it."""
+    """DCP's index, with only the classes DCP writes into it, each named exactly (no dotted names: protocol 4 would
+    resolve ``pathlib`` + ``os.system``)."""
 
-    MODULES = {"torch.distributed.checkpoint.metadata", "pathlib"}
-    NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"),
-             ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("collections", "OrderedDict")}
+    NAMES = {("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "MetadataIndex", "StorageMeta",
+        "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")} | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+        ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict")}
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in self.MODULES or (module, name) in self.NAMES or (
-                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        dtype = module == "torch" and "." not in name and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) in self.NAMES or dtype:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint index")
 
