@@ -3,8 +3,9 @@
 - ``strategy: ddp`` ends with the same weights bit for bit (two ranks' gradients summed are the one process's
   two-term sum; the engine's division by 2 is exact), for sft, dpo and a LoRA adapter with dropout 0.3 (each
   micro-batch's masks are seeded by its global index, not by the rank that ran it);
-- ``strategy: fsdp`` ends within 1e-6 (the gradient norm is summed from per-shard norms in another order, and the
-  reduce-scatter rounds as the all-reduce does not), and writes sharded safetensors that plain transformers loads;
+- ``strategy: fsdp``, with two micro-batches a rank (reduce-scattered one by one, accumulated as shards) against
+  four in one process, ends within 1e-4 (sums in another order, which Adam scales up where gradients are small; a
+  missing reduction moves weights by ~lr = 1e-2), and writes sharded safetensors that plain transformers loads;
 - a fsdp run killed at step 2 and resumed in one process (another world size, no process group) from its
   distributed checkpoint ends where the uninterrupted run does.
 """
@@ -124,15 +125,18 @@ def data(tmp_path_factory) -> Path:
 def test_two_processes_end_with_the_weights_of_one(tmp_path, data, strategy):
     from llmx.core.models.archs import build_random
 
+    accum = 1 if strategy == "ddp" else 2
     runs = specs(data, strategy)
+    for stage in runs.values():
+        stage["params"]["grad_accum"] = accum
     sharded = two_processes(tmp_path, runs, "two")
-    single = run(specs(data, "ddp"), tmp_path / "one", accum=2)
+    single = run(specs(data, "ddp"), tmp_path / "one", accum=2 * accum)
     fresh = build_random("llama")[0].state_dict()
     if strategy == "fsdp":  # the trained tensors the loop began with were all shards
         assert sharded["unsharded_trained"] == [0] * len(runs), sharded["unsharded_trained"]
     for name in runs:
         worst = compare(sharded[name], single[name], exact=strategy == "ddp")
-        assert worst < 1e-6, (name, worst)
+        assert worst < 1e-4, (name, worst)
         trained = weights(single[name])
         assert any(not torch.equal(fresh[k], v) for k, v in trained.items() if k in fresh), name
 

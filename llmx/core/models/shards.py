@@ -19,8 +19,8 @@ SHARD_BYTES = 5 * 2**30  # transformers' default max_shard_size
 def write(tensors: Iterable[tuple[str, torch.Tensor]], folder: Path | None, shard_bytes: int = SHARD_BYTES,
           gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict[str, str]:
     """Write ``tensors`` (name, tensor) through ``gather`` (which every rank calls for every tensor) into ``folder``
-    (the writing rank; None elsewhere); returns the weight map (name -> file). A tensor seen twice (tied weights)
-    is written once, as ``save_pretrained`` does."""
+    (the writing rank; None elsewhere); returns the weight map (name -> file). A tensor whose storage was seen
+    under an earlier name (tied weights) is written once, as ``save_pretrained`` does."""
     from safetensors.torch import save_file
 
     shard: dict[str, torch.Tensor] = {}
@@ -35,9 +35,12 @@ def write(tensors: Iterable[tuple[str, torch.Tensor]], folder: Path | None, shar
         shard, held = {}, 0
 
     for name, t in tensors:
-        if id(t) in seen:
+        local = t.to_local() if hasattr(t, "to_local") else t  # a state dict's tied entries share their storage
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(t.shape)) if local.numel() else None
+        if key in seen:
             continue
-        seen.add(id(t))
+        if key is not None:
+            seen.add(key)
         whole = gather(t)
         if folder is None:
             continue

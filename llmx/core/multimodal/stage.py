@@ -45,7 +45,8 @@ def run(ctx: RunContext, p: LlavaTrainParams, method: str) -> dict[str, Any]:
     before = T.heldout_loss(model, held, pad, p.batch_size) if held else None
     result = fit(ctx, model, T.loss_fn(model, items, p.batch_size, ctx.config.seed, pad), p,
                  p.llava_loop(), params=params,
-                 weight=T.weights(items, p.batch_size, ctx.config.seed), lr_scale=T.lr_scale(p.rate, p.mm_projector_lr))
+                 weight=T.weights(items, p.batch_size, ctx.config.seed), lr_scale=T.lr_scale(p.rate, p.mm_projector_lr),
+                 unused=True)  # a text-only micro-batch leaves the projector without a gradient
     out: dict[str, Any] = {"stage": p.stage, "lr": p.rate, "mm_projector_lr": p.mm_projector_lr or p.rate,
                            "train_rows": len(items), "eval_rows": len(held), "image_tokens": n,
                            "responses_cut": cut,

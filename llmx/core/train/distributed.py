@@ -28,9 +28,11 @@ def local_device(device: str) -> str:
 
 
 def init(device: str = "auto") -> int:
-    """Under ``torchrun`` (``WORLD_SIZE`` > 1) join the process group (NCCL for a CUDA run, gloo otherwise) and pin
-    this process's GPU; return the rank."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    """Under ``torchrun`` (``WORLD_SIZE`` set, one process too: fsdp needs the group) join the process group and pin
+    this process's GPU; return the rank. A CUDA run's group is NCCL for CUDA tensors and gloo for CPU ones (the
+    shards of ``offload``), gloo alone otherwise."""
+    size = int(os.environ.get("WORLD_SIZE", "0"))
+    if size < 1 or (size == 1 and "MASTER_ADDR" not in os.environ):  # not under torchrun
         return world()[0]
     import torch
 
@@ -38,7 +40,7 @@ def init(device: str = "auto") -> int:
         cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+        torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
     return torch.distributed.get_rank()
 
 

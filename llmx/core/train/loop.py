@@ -35,7 +35,7 @@ import torch
 
 from llmx.core import atomic, runs
 from llmx.core.train import checkpoint
-from llmx.core.train.distributed import all_sum, world
+from llmx.core.train.distributed import all_sum, from_main, world
 from llmx.core.train.parallel import Engine, full, wrap
 from llmx.core.train.schedule import DecayShape, Schedule, lr_at
 from llmx.errors import UsageError
@@ -232,7 +232,10 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
             if checkpoint_dir is not None and (
                     (c.checkpoint_every and done % c.checkpoint_every == 0) or done == c.stop_after):
                 checkpoint.save(checkpoint_dir, done, named, opt, keep=c.keep_checkpoints, identity=identity)
-            if (c.patience is not None and stale >= c.patience) or done == c.stop_after:
+            halt = c.patience is not None and stale >= c.patience
+            if "eval" in record and size > 1:
+                halt = from_main(halt)  # every rank stops at rank 0's decision, whatever its own score rounded to
+            if halt or done == c.stop_after:
                 break
     finally:
         if log:

@@ -64,14 +64,13 @@ class Engine:
 
     @contextmanager
     def sync(self, on: bool) -> Iterator[None]:
-        """Gradients of the backward inside are reduced (``on``) or only accumulated locally (all micro-batches of a
-        step but its last)."""
+        """Under DDP, gradients of the backward inside are all-reduced (``on``) or only accumulated locally (all
+        micro-batches of a step but its last). FSDP reduce-scatters every micro-batch: its gradients then accumulate
+        as shards (skipping the sync would hold every parameter's whole gradient between micro-batches)."""
         with ExitStack() as stack:
             if not on:
                 for d in self.ddp:
                     stack.enter_context(d.no_sync())
-            for m in self.sharded:
-                m.set_requires_gradient_sync(on)
             yield
 
     def release(self) -> None:
@@ -99,9 +98,12 @@ def units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload: bool = False,
-         extras: dict[str, torch.nn.Module] | None = None, frozen: list[torch.nn.Module] | None = None) -> Engine:
-    """Put ``model`` (and ``extras``, trained modules beside it such as PIPA's g head) under the engine, in place.
-    ``frozen``: models that only score (a DPO reference copy), sharded like the policy under fsdp."""
+         extras: dict[str, torch.nn.Module] | None = None, frozen: list[torch.nn.Module] | None = None,
+         unused: bool = False) -> Engine:
+    """Put ``model`` (and ``extras``, trained modules beside it such as PIPA's g head, kept in float32) under the
+    engine, in place. ``frozen``: models that only score (a DPO reference copy), sharded like the policy under fsdp.
+    ``unused``: a micro-batch may leave some trained tensors without a gradient (DDP then looks for them: LLaVA's
+    projector on a text-only batch)."""
     rank, size = world()
     trains = [model, *(extras or {}).values()]
     engine = Engine(strategy, trains=trains)
@@ -113,7 +115,8 @@ def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload
                 continue
             device = next(m.parameters()).device
             ids = [device.index] if device.type == "cuda" else None
-            ddp = torch.nn.parallel.DistributedDataParallel(_Forward(m), device_ids=ids)
+            ddp = torch.nn.parallel.DistributedDataParallel(_Forward(m), device_ids=ids, broadcast_buffers=False,
+                                                            find_unused_parameters=unused)
             m.__dict__["forward"] = ddp  # not a submodule: calling the model runs DDP (``release`` deletes it)
             engine.ddp.append(ddp)
             engine.wrapped.append(m)
@@ -139,8 +142,8 @@ def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload
         # model (CROW) does not make them the root (FSDP2 has no public call for this)
         fully_shard.state(m)._lazy_init()
     engine.sharded.append(model)
-    for m in (extras or {}).values():
-        fully_shard(m, **options)
+    for m in (extras or {}).values():  # small heads the stage computes in float32
+        fully_shard(m, **{**options, "mp_policy": MixedPrecisionPolicy()})
         engine.sharded.append(m)
     return engine
 

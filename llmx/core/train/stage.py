@@ -91,12 +91,13 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
         weight: Callable[[int], float] | None = None,
         lr_scale: Callable[[str], float] | None = None, optimizer: OptimizerFactory = adamw,
         extras: dict[str, torch.nn.Module] | None = None,
-        frozen: list[torch.nn.Module] | None = None) -> TrainResult:
+        frozen: list[torch.nn.Module] | None = None, unused: bool = False) -> TrainResult:
     """The shared loop with this stage's metrics file, checkpoint folder and resume point, under the data-parallel
     engine of ``p.strategy`` (``core/train/parallel.py``): ``extras`` are modules trained beside the model (their
     tensors named ``<key>.<name>`` in ``params``), ``frozen`` models that only score (sharded with the policy under
-    fsdp). A ``p.resume`` checkpoint must come from a run of the same model and params (a cooldown branch,
-    ``resume`` passed here, changes the schedule by design and is not checked)."""
+    fsdp); ``unused``: a micro-batch may leave some trained tensors without a gradient. A ``p.resume`` checkpoint
+    must come from a run of the same model and params (a cooldown branch, ``resume`` passed here, changes the
+    schedule by design and is not checked)."""
     import dataclasses
 
     from llmx.core.train import parallel
@@ -106,7 +107,7 @@ def fit(ctx: RunContext, model: torch.nn.Module, loss: Callable[[int], Any], p: 
     resume = resume or p.resume
     identity = {"model": model_identity(ctx.config.model), "params": _identity_params(p)}
     named = params if params is not None else trainable(model)
-    engine = parallel.wrap(model, p.strategy, p.precision, p.offload, extras, frozen)
+    engine = parallel.wrap(model, p.strategy, p.precision, p.offload, extras, frozen, unused)
     if engine.sharded:
         named = parallel.resolve(named, model, extras)
         if params is not None:  # the caller's dict too, else it keeps every unsharded original alive

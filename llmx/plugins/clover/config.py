@@ -72,5 +72,11 @@ class CloverTrainParams(LoopParams):
             raise ValueError("rank is the lora / pissa rank; CLOVER's cores are head_dim x head_dim")
         return self
 
+    def unsupported(self) -> str | None:
+        if self.strategy == "fsdp":
+            return ("cannot train under strategy fsdp: it merges its trained cores into the whole projection weights "
+                    "after training, which FSDP holds as shards (use strategy: ddp)")
+        return super().unsupported()
+
     def requirements(self) -> tuple[str, ...]:
         return ("peft",) if self.tuner != "clover" else ()

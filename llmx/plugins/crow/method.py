@@ -13,6 +13,14 @@ from llmx.plugins.crow.loss import crow_loss
 
 
 def run(ctx: RunContext, p: CrowParams) -> dict[str, Any]:
+    model = ctx.model
+    head = model.get_output_embeddings()
+    if p.strategy == "fsdp" and head is not None and head.weight is model.get_input_embeddings().weight:
+        from llmx.errors import CannotRun
+
+        raise CannotRun("crow cannot train this model under strategy fsdp: its loss calls the input embeddings "
+                        "outside the model's forward, and tied to the output head they cannot be their own FSDP "
+                        "unit (use strategy: ddp)")
     objective = partial(crow_loss, eps=p.eps, alpha=p.alpha, mask_padding=p.mask_padding)
     out = sft(ctx, p, "crow", objective=objective)
     out.update(forwards_per_step=3, backwards_per_step=2, seconds_per_step=out["train_seconds"] / max(out["steps"], 1))
