@@ -64,20 +64,25 @@ def _worker(rank: int, size: int, init: str, runs: str, out: str, model: str, de
 
     plugins.configure([])
     whole: list[int] = []
-    if device == "cpu":  # what the loop starts with: no unsharded trained tensor may outlive the sharding
+    if device == "cpu":  # what the loop starts with: no tensor FSDP replaced by its shard may still be alive
         import gc
+        import weakref
 
-        from llmx.core.train import stage
+        from llmx.core.train import parallel, stage
 
-        train = stage.train
+        train, shard, originals = stage.train, parallel.shard, []
+
+        def sharding(model, *args, **kwargs):
+            originals.extend(weakref.ref(p) for p in model.parameters())
+            return shard(model, *args, **kwargs)
 
         def counting(*args, **kwargs):
             gc.collect()
-            whole.append(sum(1 for o in gc.get_objects() if isinstance(o, torch.nn.Parameter) and o.requires_grad
-                             and not hasattr(o, "device_mesh")))
+            whole.append(sum(r() is not None for r in originals))
+            originals.clear()
             return train(*args, **kwargs)
 
-        stage.train = counting
+        stage.train, parallel.shard = counting, sharding
     try:
         folders = run(json.loads(runs), Path(out), accum=1, model=model, device=device)
         folders["unsharded_trained"] = whole

@@ -45,8 +45,9 @@ class RunContext:
                 raise models.no_model_error()
             self.log.info("loading model %s", self.config.model)
             onloaded = self.config.onload != "none"
-            model, tok = models.load(self.config.model, dtype=self.config.dtype,
-                                     device="cpu" if onloaded else self.device)
+            sharded = self.stage is not None and getattr(self.stage.params, "strategy", None) == "fsdp"
+            model, tok = models.load(self.config.model, dtype=self.config.dtype,  # fsdp: onto the device by shards
+                                     device="cpu" if onloaded or sharded else self.device)
             self.set_model(model, tok)
 
     @property

@@ -216,7 +216,8 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
             record = {"step": step + 1, "lr": lr, **figures}
             if evaluate is not None and c.eval_every and ((step + 1) % c.eval_every == 0 or step + 1 == c.steps):
                 model.eval()
-                record["eval"] = score = evaluate()
+                with torch.no_grad():  # no graph (under FSDP a forward with one waits for its backward)
+                    record["eval"] = score = evaluate()
                 model.train()
                 if score < best[0]:
                     keep = copy.deepcopy(model.state_dict()) if c.patience is not None else None

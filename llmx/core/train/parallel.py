@@ -123,29 +123,64 @@ def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload
         return engine
     if strategy != "fsdp":
         raise UsageError(f"unknown strategy {strategy!r} (ddp or fsdp)")
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device = next(model.parameters()).device  # a sharded model's: the mesh's
+    for m in [model, *(frozen or [])]:
+        if not is_sharded(m):  # a frozen copy in float32 as its policy, so both score alike at the start
+            shard(m, device, precision, offload, every=m is not model)
+    engine.sharded.append(model)
+    for m in (extras or {}).values():  # small heads the stage computes in float32
+        fully_shard(m, **{**_options(device, precision, offload), "mp_policy": MixedPrecisionPolicy()})
+        engine.sharded.append(m)
+    return engine
+
+
+def _options(device: torch.device | str, precision: str, offload: bool) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     if not torch.distributed.is_initialized():
         raise UsageError("strategy fsdp runs under torchrun (a process group), even for one process: "
                          "torchrun --nproc-per-node 1 -m llmx ...")
-    device = next(model.parameters()).device
-    mesh = init_device_mesh(device.type, (size,))
+    mesh = init_device_mesh(torch.device(device).type, (world()[1],))
     mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16-mixed" else MixedPrecisionPolicy()
-    options = dict(mesh=mesh, mp_policy=mixed, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
-    for m in [model, *(frozen or [])]:
-        for unit in units(m):
-            fully_shard(unit, **options)
-        fully_shard(m, **options)
-        # the root is whichever unit runs first: settle it now, so a loss that calls the embeddings before the
-        # model (CROW) does not make them the root (FSDP2 has no public call for this)
-        fully_shard.state(m)._lazy_init()
-    engine.sharded.append(model)
-    for m in (extras or {}).values():  # small heads the stage computes in float32
-        fully_shard(m, **{**options, "mp_policy": MixedPrecisionPolicy()})
-        engine.sharded.append(m)
-    return engine
+    return dict(mesh=mesh, mp_policy=mixed, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
+
+
+def shard(model: torch.nn.Module, device: torch.device | str, precision: str = "fp32", offload: bool = False,
+          every: bool = False) -> None:
+    """FSDP2 on ``model``, unit by unit (``units``, then the root): each unit's trained tensors (``every``: all its
+    floating tensors) become float32 master weights and its tensors move to ``device`` as they are sharded, so a
+    model loaded in CPU memory reaches the device one unit at a time and never whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    options = _options(device, precision, offload)
+
+    def master(m: torch.nn.Module) -> None:
+        for p in m.parameters():
+            if (p.requires_grad or every) and p.is_floating_point() and p.dtype != torch.float32 \
+                    and not hasattr(p, "device_mesh"):
+                p.data = p.data.float()
+
+    for unit in units(model):
+        master(unit)
+        fully_shard(unit, **options)
+    master(model)
+    fully_shard(model, **options)
+    # the root is whichever unit runs first: settle it now, so a loss that calls the embeddings before the model
+    # (CROW) does not make them the root (FSDP2 has no public call for this)
+    fully_shard.state(model)._lazy_init()
+    model.register_forward_hook(_reshard_unless_training)
+
+
+def _reshard_unless_training(module: torch.nn.Module, args: Any, output: Any) -> None:
+    """FSDP2 keeps the root gathered after its forward, for the backward that follows; a forward without a graph
+    (an evaluation, a reference's scores) has none, and a root left gathered from it would meet the next training
+    forward without its gradient hooks (its tensors would get no gradient): reshard it."""
+    if not torch.is_grad_enabled():
+        module.reshard()
 
 
 def resolve(named: dict[str, torch.nn.Parameter], model: torch.nn.Module,

@@ -21,7 +21,8 @@ from llmx.errors import UsageError
 def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.Module:
     """The model to train: gradient checkpointing when asked, the LoRA adapter when asked (a model that already
     carries one keeps it), and float32 master weights for the trained tensors (a half-precision model is upcast where
-    it trains, with a warning: a LoRA adapter's frozen base stays as loaded; bf16-mixed autocasts the compute)."""
+    it trains, with a warning: a LoRA adapter's frozen base stays as loaded; bf16-mixed autocasts the compute).
+    Under fsdp the model comes sharded (``parallel.shard``): it never sits whole on the device."""
     if p.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise UsageError(f"{type(model).__name__} does not support gradient checkpointing")
@@ -36,8 +37,11 @@ def prepare(ctx: RunContext, model: torch.nn.Module, p: LoopParams) -> torch.nn.
     if low:
         ctx.log.warning("training keeps float32 master weights: upcasting the %s trained tensors (precision: "
                         "bf16-mixed runs the compute in bfloat16)", ", ".join(sorted({str(t.dtype) for t in low})))
-        for t in low:
-            t.data = t.data.float()
+    if p.strategy == "fsdp":  # loaded in CPU memory (RunContext): sharded onto the device unit by unit, upcast there
+        parallel.shard(model, ctx.device, p.precision, p.offload)
+        return model
+    for t in low:
+        t.data = t.data.float()
     return model
 
 

@@ -98,20 +98,20 @@ class Reference:
     the policy itself with the adapter disabled (no second copy of the weights, as TRL does). ``frozen=False``
     scores with the policy as it is now (used once, before training)."""
 
-    def __init__(self, policy, frozen: bool = True):
+    def __init__(self, policy, frozen: bool = True, held: torch.nn.Module | None = None):
         from llmx.core.train.adapters import is_peft
 
         self.policy = policy
-        self.copy = copy.deepcopy(policy).eval().requires_grad_(False) if frozen and not is_peft(policy) else None
+        if held is not None:  # a copy taken before the policy was sharded (fsdp)
+            self.copy = held.eval().requires_grad_(False)
+        else:
+            self.copy = copy.deepcopy(policy).eval().requires_grad_(False) if frozen and not is_peft(policy) else None
         self.adapter = frozen and is_peft(policy)
 
     @torch.no_grad()
     def __call__(self, t: B.Tensors, idx: list[int] | None = None) -> torch.Tensor:
         if self.copy is not None:
-            out = B.forward(self.copy, t)[0]
-            if hasattr(self.copy, "reshard"):  # a sharded copy: FSDP keeps a root gathered after its forward
-                self.copy.reshard()
-            return out
+            return B.forward(self.copy, t)[0]
         if self.adapter:
             with self.policy.disable_adapter():
                 return B.forward(self.policy, t)[0]
@@ -184,6 +184,7 @@ def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int]
 
 
 def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dict[str, Any]:
+    from llmx.core.train.adapters import is_peft
     from llmx.core.train.stage import finish, fit, prepare, trainable
 
     kind, rows = D.load(p.data)
@@ -203,6 +204,10 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
         ctx.log.warning("%d prompts appear in both %s and %s: held-out figures are not clean", len(shared), p.data,
                         p.eval_data)
     tok = ctx.tokenizer
+    unsharded = None
+    if p.strategy == "fsdp" and objective.needs_reference and not p.precompute_ref_log_probs and \
+            p.adapter != "lora" and not is_peft(ctx.model):  # copied in CPU memory, sharded with the policy in fit
+        unsharded = copy.deepcopy(ctx.model)
     policy = prepare(ctx, ctx.model, p)
     if p.disable_dropout:
         no_dropout(policy)
@@ -217,7 +222,7 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
                         cut_responses, p.max_len)
     start = Reference(policy, frozen=False)  # the policy as it is before training
     if objective.needs_reference and not p.precompute_ref_log_probs:
-        reference = held_reference = Reference(policy)  # the loss's p0 and the drift baseline
+        reference = held_reference = Reference(policy, held=unsharded)  # the loss's p0 and the drift baseline
     else:  # precomputed, or reference-free: no copy of the weights, the starting policy's log-probs
         mixed = p.precision == "bf16-mixed"  # the loss runs under the loop's autocast; evaluate() under none
         reference = Precomputed(start, train_b, p.batch_size, bf16=mixed) if objective.needs_reference else None
@@ -232,9 +237,9 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     params = trainable(policy)
     if g_head is not None:
         params.update({f"g_head.{k}": v for k, v in g_head.named_parameters()})
-    copy = reference.copy if isinstance(reference, Reference) else None  # sharded with the policy under fsdp
+    ref_copy = reference.copy if isinstance(reference, Reference) else None  # sharded with the policy under fsdp
     result = fit(ctx, policy, loss, p, params=params, extras={"g_head": g_head} if g_head is not None else None,
-                 frozen=[copy] if copy is not None else None)
+                 frozen=[ref_copy] if ref_copy is not None else None)
     out = {"data_kind": kind, "train_rows": len(train_rows), "eval_rows": len(held), "prompts_truncated": cut_prompts,
            "responses_truncated": cut_responses}
     if held:

@@ -63,6 +63,7 @@ def packed(packs: list[Pack], pad_id: int, width: int, device) -> dict[str, torc
 
 
 @torch.no_grad()
+@torch.no_grad()  # an evaluation: no graph (under FSDP a forward with one would wait for its backward)
 def labelled_nll(model, batches) -> float:
     """Mean NLL per labelled token over ``batches`` (model inputs with ``labels``, passed on: a model may read which
     tokens are answers, as Parrot's router does), the model in eval mode."""
