@@ -186,8 +186,12 @@ def test_plan_json_document(cli, llama):
     (stage,) = doc["stages"]
     assert stage["method"] == "dpo" and stage["stage"] == "align" and stage["strategy"] == "fsdp"
     assert list(stage["parts"]) == ["weights", "gradients", "optimizer", "reference", "activations", "logits",
-                                    "collectives", "casts", "step"]
+                                    "collectives", "casts", "step", "loading"]
     assert stage["parameters"] == hand_count(LLAMA3_8B) and stage["length"] == 2048
+    # fsdp loads the policy and the reference's copy in CPU memory (float32 here) before sharding them
+    assert stage["parts"]["loading"] == {"device": 0, "cpu": 2 * 4 * hand_count(LLAMA3_8B), "phase": "load",
+                                         "note": "the model in float32 in CPU memory until sharded"}
+    assert stage["peak"]["cpu"] == 2 * 4 * hand_count(LLAMA3_8B)
     assert stage["parts"]["weights"]["device"] == 4 * hand_count(LLAMA3_8B) // 8
     assert stage["total"]["device"] == sum(v["device"] for v in stage["parts"].values())
     assert stage["peak"]["device"] <= stage["total"]["device"]

@@ -55,7 +55,7 @@ ALIGN: dict[str, tuple[int, Callable[[Any], bool]]] = {
     "prosec": (2, lambda p: p.loss == "dpo"),
 }
 LENGTH_FIELDS = ("max_len", "max_length", "seq_len", "train_len")  # the stage's tokens per sequence, first set wins
-PHASES = ("static", "forward", "gradients", "step")
+PHASES = ("static", "forward", "gradients", "step", "load")
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ class Part:
     name: str
     device: int
     cpu: int
-    phase: str  # static: held through the step; forward: one micro-batch; gradients; step: the optimizer step
+    phase: str  # static: held through the step; forward: one micro-batch; gradients; step: the optimizer step;
+    # load: before training only (fsdp: the model in CPU memory until it is sharded)
     note: str
 
 
@@ -95,7 +96,7 @@ class Plan:
         def at(where: int) -> int:
             phase = {ph: sum((p.device, p.cpu)[where] for p in self.parts if p.phase == ph) for ph in PHASES}
             backward = phase["forward"] + self.early_gradients[where]
-            return phase["static"] + max(backward, phase["gradients"] + phase["step"])
+            return max(phase["load"], phase["static"] + max(backward, phase["gradients"] + phase["step"]))
 
         return at(0), at(1)
 
@@ -211,6 +212,9 @@ def plan_stage(config: Any, params: Any, world_size: int = 1, method: str | None
     parts.append(Part("step", *place(step), "step", "AdamW " + ("foreach" if foreach else "per-tensor")
                       + " temporaries"))
 
+    if fsdp:  # parallel.shard: each process loads the model (and a reference's copy) in CPU memory, then shards it
+        whole = sum(t.numel() for t in tensors.values()) * loaded * (2 if reference else 1)
+        parts.append(Part("loading", 0, whole, "load", f"the model in {dtype} in CPU memory until sharded"))
     notes = []
     if method not in ALIGN and per_example == 2:
         notes.append(f"{method}: planned as paired data with a frozen reference")
