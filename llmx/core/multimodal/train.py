@@ -10,6 +10,7 @@ import torch
 
 from llmx.core.data.sampling import EpochOrder
 from llmx.core.multimodal.batch import Example, collate
+from llmx.core.train.parallel import device_of
 from llmx.core.train.sft.batch import labelled_nll
 
 PROJECTOR = "multi_modal_projector"
@@ -48,7 +49,7 @@ def lr_scale(lr: float, projector_lr: float | None) -> Callable[[str], float] | 
 def loss_fn(model, items: list[Example], batch_size: int, seed: int, pad_id: int) -> Callable[[int], torch.Tensor]:
     """Micro-batch ``i``'s mean response-token loss, a pure function of ``i`` (exact resume, disjoint DDP shards)."""
     order = EpochOrder(len(items), seed)
-    device = next(model.parameters()).device
+    device = device_of(model)
 
     def loss(i: int) -> torch.Tensor:
         return model(**collate([items[k] for k in order.batch(i, batch_size)], pad_id, device)).loss
@@ -65,6 +66,6 @@ def weights(items: list[Example], batch_size: int, seed: int) -> Callable[[int],
 
 def heldout_loss(model, items: list[Example], pad_id: int, batch_size: int = 16) -> float:
     """Mean NLL per response token over ``items``."""
-    device = next(model.parameters()).device
+    device = device_of(model)
     return labelled_nll(model, (collate(items[s:s + batch_size], pad_id, device)
                                 for s in range(0, len(items), batch_size)))

@@ -274,8 +274,12 @@ def restore(path: Path, named: dict[str, torch.nn.Parameter], opt: torch.optim.O
             raise UsageError(f"checkpoint {path} does not match the optimiser (it has state for tensor {index})")
         like = p.detach()  # a moment shaped like its tensor (sharded the same way); a step count on the CPU (torch's
         # AdamW keeps it there unless capturable, and load_state_dict moves it where the optimiser wants it)
-        dest[key] = torch.zeros_like(like, dtype=md.properties.dtype) if tuple(md.size) == tuple(p.shape) else \
-            torch.zeros(md.size, dtype=md.properties.dtype, device="cpu" if not len(md.size) else _local_device(p))
+        if name == "step":
+            dest[key] = torch.zeros(md.size, dtype=md.properties.dtype, device="cpu")
+        elif tuple(md.size) == tuple(p.shape):
+            dest[key] = torch.zeros_like(like, dtype=md.properties.dtype)
+        else:
+            dest[key] = torch.zeros(md.size, dtype=md.properties.dtype, device=_local_device(p))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*(single process|process group|ProcessGroup).*")
         dcp.load(dest, storage_reader=reader)

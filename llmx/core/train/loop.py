@@ -36,7 +36,7 @@ import torch
 from llmx.core import atomic, runs
 from llmx.core.train import checkpoint
 from llmx.core.train.distributed import all_sum, from_main, world
-from llmx.core.train.parallel import Engine, full, wrap
+from llmx.core.train.parallel import Engine, device_of, full, wrap
 from llmx.core.train.schedule import DecayShape, Schedule, lr_at
 from llmx.errors import UsageError
 
@@ -174,7 +174,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
         start = checkpoint.restore(resume, named, opt)
     if start > c.steps:
         raise UsageError(f"the checkpoint is at step {start}, past this run's {c.steps} steps")
-    device_type = trained[0].device.type
+    device_type = device_of(model).type  # where it computes (offloaded shards sit in CPU memory)
     bf16 = c.precision == "bf16-mixed"
     best = (float("inf"), 0, None)
     stale, t0, step, loss_value = 0, time.perf_counter(), start - 1, float("nan")
@@ -217,7 +217,8 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
             if evaluate is not None and c.eval_every and ((step + 1) % c.eval_every == 0 or step + 1 == c.steps):
                 model.eval()
                 with torch.no_grad():  # no graph (under FSDP a forward with one waits for its backward)
-                    record["eval"] = score = evaluate()
+                    score = evaluate()
+                record["eval"] = score = from_main(score) if size > 1 else score  # one best step on every rank
                 model.train()
                 if score < best[0]:
                     keep = copy.deepcopy(model.state_dict()) if c.patience is not None else None
@@ -233,10 +234,7 @@ def train(model: torch.nn.Module, params: Iterable[torch.nn.Parameter] | dict[st
             if checkpoint_dir is not None and (
                     (c.checkpoint_every and done % c.checkpoint_every == 0) or done == c.stop_after):
                 checkpoint.save(checkpoint_dir, done, named, opt, keep=c.keep_checkpoints, identity=identity)
-            halt = c.patience is not None and stale >= c.patience
-            if "eval" in record and size > 1:
-                halt = from_main(halt)  # every rank stops at rank 0's decision, whatever its own score rounded to
-            if halt or done == c.stop_after:
+            if (c.patience is not None and stale >= c.patience) or done == c.stop_after:
                 break
     finally:
         if log:

@@ -125,13 +125,21 @@ def wrap(model: torch.nn.Module, strategy: str, precision: str = "fp32", offload
         raise UsageError(f"unknown strategy {strategy!r} (ddp or fsdp)")
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    device = next(model.parameters()).device  # a sharded model's: the mesh's
+    device = device_of(model)
     for m in [model, *(frozen or [])]:
         if not is_sharded(m):  # a frozen copy in float32 as its policy, so both score alike at the start
             shard(m, device, precision, offload, every=m is not model)
     engine.sharded.append(model)
+    if unused:  # a rank whose micro-batch leaves a tensor without a gradient still joins its reduce-scatter
+        for m in model.modules():
+            if hasattr(m, "set_reduce_scatter_unused_params"):
+                m.set_reduce_scatter_unused_params(True)
+            elif hasattr(m, "reshard") and hasattr(m, "set_requires_gradient_sync"):
+                raise UsageError("strategy fsdp: this torch cannot reduce-scatter unused gradients, which this stage "
+                                 "needs (use strategy: ddp, or a newer torch)")
     for m in (extras or {}).values():  # small heads the stage computes in float32
         fully_shard(m, **{**_options(device, precision, offload), "mp_policy": MixedPrecisionPolicy()})
+        m.__dict__["_llmx_device"] = device
         engine.sharded.append(m)
     return engine
 
@@ -169,6 +177,7 @@ def shard(model: torch.nn.Module, device: torch.device | str, precision: str = "
         fully_shard(unit, **options)
     master(model)
     fully_shard(model, **options)
+    model.__dict__["_llmx_device"] = torch.device(device)  # where it computes (``device_of``)
     # the root is whichever unit runs first: settle it now, so a loss that calls the embeddings before the model
     # (CROW) does not make them the root (FSDP2 has no public call for this)
     fully_shard.state(model)._lazy_init()
@@ -177,8 +186,8 @@ def shard(model: torch.nn.Module, device: torch.device | str, precision: str = "
 
 def _reshard_unless_training(module: torch.nn.Module, args: Any, output: Any) -> None:
     """FSDP2 keeps the root gathered after its forward, for the backward that follows; a forward without a graph
-    (an evaluation, a reference's scores) has none, and a root left gathered from it would meet the next training
-    forward without its gradient hooks (its tensors would get no gradient): reshard it."""
+    (an evaluation, a reference's scores, a generated token) has none: reshard it, so its whole tensors (the head)
+    are not held until the next step's backward."""
     if not torch.is_grad_enabled():
         module.reshard()
 
@@ -200,6 +209,12 @@ def resolve(named: dict[str, torch.nn.Parameter], model: torch.nn.Module,
 def full(t: torch.Tensor) -> torch.Tensor:
     """A tensor whole: a sharded (DTensor) one gathered from every rank (a collective: every rank calls it)."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def device_of(model: torch.nn.Module) -> torch.device:
+    """The device ``model`` computes on: the one it was sharded onto (under ``offload`` its shards sit in CPU memory
+    while its forward runs on the GPU), else its first tensor's."""
+    return model.__dict__.get("_llmx_device") or next(model.parameters()).device
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -92,3 +92,10 @@ class BonbonParams(TrainParams):
     max_new_tokens: int = Field(384, gt=0, description="Response tokens over every thread, per sample.")
     max_chunk_tokens: int = Field(256, ge=2)
     max_threads: int = Field(8, ge=1)
+
+    def unsupported(self) -> str | None:
+        if self.strategy == "fsdp":
+            return ("cannot train under strategy fsdp: each process samples its own prompts with the policy, a "
+                    "different number of forwards on each, which a sharded policy cannot run (use strategy: ddp)")
+        return super().unsupported()
+

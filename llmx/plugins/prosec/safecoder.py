@@ -17,6 +17,7 @@ import torch
 
 from llmx.core.context import RunContext
 from llmx.core.preference import token_logps
+from llmx.core.train.parallel import device_of
 from llmx.errors import UsageError
 from llmx.plugins.prosec.config import SafeCoderParams
 
@@ -116,7 +117,7 @@ def train(ctx: RunContext, p: SafeCoderParams) -> dict[str, Any]:
     model.train()
     order = EpochOrder(len(data), ctx.config.seed)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    device = next(model.parameters()).device
+    device = device_of(model)
 
     def batch(i: int) -> list[Item]:
         return [data[k] for k in order.batch(i, p.batch_size)]

@@ -13,6 +13,7 @@ from llmx.core import preference as P
 from llmx.core.data.sampling import EpochOrder
 from llmx.core.multimodal import train as T
 from llmx.core.multimodal.batch import Example, collate, examples
+from llmx.core.train.parallel import device_of
 from llmx.errors import UsageError
 from llmx.plugins.reper.config import RPLParams
 from llmx.plugins.reper.dialogues import Dialogue
@@ -21,7 +22,7 @@ from llmx.plugins.reper.pack import Packed, batch
 
 
 def _device(model) -> torch.device:
-    return next(model.parameters()).device
+    return device_of(model)
 
 
 def rpl_loss(model, packs: list[Packed], p: RPLParams, seed: int, pad: int, eos: int) -> Callable[[int], tuple]:

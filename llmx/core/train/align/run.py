@@ -17,6 +17,7 @@ from llmx.core.train.align import chat
 from llmx.core.train.align import data as D
 from llmx.core.train.align.params import AlignParams
 from llmx.core.train.distributed import is_main
+from llmx.core.train.parallel import device_of
 from llmx.errors import UsageError
 
 
@@ -133,7 +134,7 @@ class Precomputed:
     ``evaluate`` runs the policy."""
 
     def __init__(self, score: Reference, rows: Batcher, batch_size: int, bf16: bool = False):
-        device = next(score.policy.parameters()).device
+        device = device_of(score.policy)
         self.per_item: list[list[torch.Tensor]] = []
         for s in range(0, len(rows.rows), batch_size):
             idx = list(range(s, min(s + batch_size, len(rows.rows))))
@@ -155,7 +156,7 @@ class Precomputed:
 
 
 def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int], objective: Objective) -> LogpBatch:
-    device = next(policy.parameters()).device
+    device = device_of(policy)
     t, items = batcher.tensors(idx, device)
     pi, hidden = B.forward(policy, t, hidden=objective.g is not None)
     ref = reference(t, idx) if objective.needs_reference else None
@@ -211,7 +212,7 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     policy = prepare(ctx, ctx.model, p)
     if p.disable_dropout:
         no_dropout(policy)
-    device = next(policy.parameters()).device
+    device = device_of(policy)
     g_head = torch.nn.Linear(policy.config.hidden_size, 1).to(device) if objective.g else None
     train_b = Batcher(tok, kind, train_rows, p.max_len, p.max_prompt_length)
     held_b = Batcher(tok, kind, held, p.max_len, p.max_prompt_length) if held else None

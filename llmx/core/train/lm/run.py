@@ -17,6 +17,7 @@ from llmx.core.train.distributed import world
 from llmx.core.train.lm import series
 from llmx.core.train.lm.data import TokenWindows, fingerprint
 from llmx.core.train.lm.params import LMParams
+from llmx.core.train.parallel import device_of
 from llmx.core.train.stage import continue_adapter, finish, fit, prepare, save_trained
 from llmx.errors import UsageError
 
@@ -75,7 +76,7 @@ def run(ctx: RunContext, p: LMParams, method: str = "lm",
     at = series.budget_steps(p.save_at_tokens, tps, config.steps)
     moe = balance_loss_kwargs(model)  # before prepare wraps it
     model = prepare(ctx, model, p)
-    device = next(model.parameters()).device
+    device = device_of(model)
     before = mean_nll(model.eval(), held)
 
     def loss(i: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmx.core.train.parallel import device_of
 from llmx.core.train.sft.encode import Encoded
 from llmx.errors import UsageError
 
@@ -62,7 +63,6 @@ def packed(packs: list[Pack], pad_id: int, width: int, device) -> dict[str, torc
     return {"input_ids": ids.to(device), "position_ids": pos.to(device), "labels": labels.to(device), "use_cache": False}
 
 
-@torch.no_grad()
 @torch.no_grad()  # an evaluation: no graph (under FSDP a forward with one would wait for its backward)
 def labelled_nll(model, batches) -> float:
     """Mean NLL per labelled token over ``batches`` (model inputs with ``labels``, passed on: a model may read which
@@ -83,7 +83,7 @@ def labelled_nll(model, batches) -> float:
 @torch.no_grad()
 def check_packing(model, vocab: int) -> None:
     """Packing is only sound when the model honours restarting position ids; refuse it where it does not."""
-    device = next(model.parameters()).device
+    device = device_of(model)
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randint(3, vocab, (1, n), generator=gen).to(device) for n in (5, 7))
     was = model.training

@@ -16,6 +16,7 @@ from llmx.core.data import holdout
 from llmx.core.data.sampling import EpochOrder
 from llmx.core.train import adapters
 from llmx.core.train.loop import OptimizerFactory, adamw
+from llmx.core.train.parallel import device_of
 from llmx.core.train.sft import batch as B
 from llmx.core.train.sft import data as D
 from llmx.core.train.sft.encode import Encoded, encode
@@ -45,7 +46,7 @@ PLAIN = Codec(D.load, lambda tok, row, p: encode(tok, row, p.max_length, p.max_p
 
 def heldout_loss(model, items: list[Encoded], pad_id: int, batch_size: int, collate=B.padded) -> float:
     """Mean NLL per trained token over the held-out rows (each row padded on its own batch, no packing)."""
-    device = next(model.parameters()).device
+    device = device_of(model)
     return B.labelled_nll(model, (collate(items[s:s + batch_size], pad_id, device)
                                   for s in range(0, len(items), batch_size)))
 
@@ -118,7 +119,7 @@ def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise =
                         "right (max_length %d)", cut_prompt, len(items), p.max_prompt_length, cut_completion,
                         p.max_length)
     model = prepare(ctx, ctx.model, p)
-    device = next(model.parameters()).device
+    device = device_of(model)
     if p.packing:
         B.check_packing(model, len(tok))
         shuffled = EpochOrder(len(items), ctx.config.seed).perm(0)
