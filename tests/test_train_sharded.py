@@ -221,12 +221,15 @@ def test_fsdp_on_one_gpu_with_bf16_gathers_and_offload(tmp_path, data):
     model = real_width_model(tmp_path / "model")
     peaks, plans = {}, {}
     for offload in (False, True):
-        runs = {"sft": specs(data, "fsdp")["sft"]}
-        runs["sft"]["params"].update(precision="bf16-mixed", gradient_checkpointing=True, offload=offload, steps=2)
+        runs = {k: v for k, v in specs(data, "fsdp").items() if k in ("sft", "dpo")}  # dpo: a sharded reference
+        for stage in runs.values():
+            stage["params"].update(precision="bf16-mixed", gradient_checkpointing=True, offload=offload, steps=2)
         done = two_processes(tmp_path, runs, f"offload_{offload}", size=1, model=model, device="cuda")
         peaks[offload] = done["peak_bytes"]
-        assert done["sft.metrics"]["final_loss"] == done["sft.metrics"]["final_loss"]  # finite, not NaN
-        weights(done["sft"])
+        for name in runs:
+            loss = done[f"{name}.metrics"]["final_loss"]
+            assert loss == loss, name  # finite, not NaN
+            weights(done[name])
         config = model_config(model)
         plans[offload] = plan_stage(config, SFTParams(**runs["sft"]["params"]), 1, method="sft").as_dict()
     assert peaks[True] < peaks[False], peaks
