@@ -13,9 +13,9 @@ from llmx.plugins.crow.loss import crow_loss
 
 
 def run(ctx: RunContext, p: CrowParams) -> dict[str, Any]:
-    model = ctx.model
-    head = model.get_output_embeddings()
-    if p.strategy == "fsdp" and head is not None and head.weight is model.get_input_embeddings().weight:
+    model = ctx.model if p.strategy == "fsdp" else None  # (loading it here would merge a continued adapter)
+    head = model.get_output_embeddings() if model is not None else None
+    if head is not None and head.weight is model.get_input_embeddings().weight:
         from llmx.errors import CannotRun
 
         raise CannotRun("crow cannot train this model under strategy fsdp: its loss calls the input embeddings "
