@@ -123,27 +123,6 @@ class Probe:
         return out
 
 
-def _tensor_peak(pm) -> tuple[int, int]:
-    """(bytes held when the section began, the most held during it), all tensors allocated since the profiler
-    started: ``PeakMemory``'s own walk of the allocation log, keeping the base it subtracts."""
-    from llmx.core.memory import MARK
-
-    events = pm._prof.profiler.kineto_results.events()
-    mark = next(e for e in events if e.name() == MARK)
-    memory = sorted((e.start_ns(), -e.nbytes()) for e in events
-                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
-    held = base = peak = 0
-    for t, freed in memory:
-        if t > mark.end_ns():
-            break
-        held -= freed
-        if t < mark.start_ns():
-            base = peak = held
-        else:
-            peak = max(peak, held)
-    return base, peak
-
-
 def one_pass(model: str, spec: dict, out: str, memory: bool) -> dict:
     from llmx.core.config import resolve
     from llmx.core.memory import PeakMemory
@@ -164,7 +143,7 @@ def one_pass(model: str, spec: dict, out: str, memory: bool) -> dict:
     steps = [b - a for a, b in zip(probe.times, probe.times[1:], strict=False)]
     record = {"held": probe.held, "step_seconds": steps, "final_loss": metrics.get("final_loss")}
     if memory:
-        record["tensors_at_start"], record["tensors_peak"] = _tensor_peak(pm)
+        record["tensors_at_start"], record["tensors_peak"] = pm.base_bytes, pm.base_bytes + pm.peak_bytes
     return record
 
 

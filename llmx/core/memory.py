@@ -24,6 +24,7 @@ class PeakMemory:
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.peak_bytes = 0
+        self.base_bytes = 0  # what was held when the section began (CPU: tensors allocated since the block began)
 
     def __enter__(self) -> PeakMemory:
         if self.device.type != "cuda":
@@ -37,7 +38,7 @@ class PeakMemory:
     def section(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            start = torch.cuda.memory_allocated(self.device)
+            start = self.base_bytes = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             yield
             torch.cuda.synchronize(self.device)
@@ -66,7 +67,7 @@ class PeakMemory:
                 base = peak = held
             else:
                 peak = max(peak, held)
-        self.peak_bytes = max(peak - base, 0)
+        self.base_bytes, self.peak_bytes = base, max(peak - base, 0)
 
 
 def peak_rss_bytes() -> int:
