@@ -8,16 +8,53 @@
 
 CUDA: the caching allocator's statistics. CPU: PyTorch's profiler with memory profiling (every tensor allocation
 and free, summed in order; a tensor allocated before the profiler started has no recorded free, hence the setup
-inside the block); slower, so time work outside such a block.
+inside the block); slower, so time work outside such a block. Its start and stop are quiet: kineto logs a
+``USDT: ... profiler_start`` / ``profiler_stop`` line to the process's stderr at each, at a level no
+``KINETO_LOG_LEVEL`` short of silencing its errors too hides, so those two lines are filtered out of what the
+C++ side writes then (anything else it writes is passed on); a ``KINETO_LOG_LEVEL`` in the environment keeps
+them, as kineto's own setting.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import sys
+import tempfile
 
 import torch
 
 MARK = "llmx::peak_section"
+_KINETO_NOISE = re.compile(rb"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def _quiet_profiler_log():
+    """Filter kineto's ``profiler_start``/``profiler_stop`` lines out of what is written to fd 2 in the block;
+    everything else written there is written back when it ends. A ``KINETO_LOG_LEVEL`` set keeps them."""
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no fd 2 to redirect (an embedded interpreter): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True) if not _KINETO_NOISE.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 class PeakMemory:
@@ -31,7 +68,8 @@ class PeakMemory:
             from torch.profiler import ProfilerActivity, profile
 
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-            self._prof.__enter__()
+            with _quiet_profiler_log():
+                self._prof.__enter__()
         return self
 
     @contextlib.contextmanager
@@ -50,7 +88,8 @@ class PeakMemory:
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
             return
-        self._prof.__exit__(*exc)
+        with _quiet_profiler_log():
+            self._prof.__exit__(*exc)
         events = self._prof.profiler.kineto_results.events()
         marks = [e for e in events if e.name() == MARK]
         if not marks:

@@ -184,6 +184,9 @@ def logps(policy, reference: Reference, g_head, batcher: Batcher, idx: list[int]
     return b
 
 
+MIN_HELDOUT = 10  # fewer automatically held-out rows than this: the held-out figures get a warning
+
+
 def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dict[str, Any]:
     from llmx.core.train.adapters import is_peft
     from llmx.core.train.stage import finish, fit, prepare, trainable
@@ -201,6 +204,10 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     if not train_rows:
         raise UsageError(f"{p.data}: every row's prompt falls in the held-out split (10% of the prompts, by hash); "
                          "pass eval_data, or use more distinct prompts")
+    if not p.eval_data and len(held) < MIN_HELDOUT:
+        ctx.log.warning("held-out split of %s: %d of %d rows (10%% of the prompts, by hash), too few for the held-out "
+                        "figures to mean much; pass eval_data for a held-out set of its own", p.data, len(held),
+                        len(rows))
     if p.eval_data and (shared := {r.prompt for r in train_rows} & {r.prompt for r in held}):
         ctx.log.warning("%d prompts appear in both %s and %s: held-out figures are not clean", len(shared), p.data,
                         p.eval_data)

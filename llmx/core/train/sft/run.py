@@ -88,6 +88,9 @@ def _continued(ctx: RunContext, p: SFTParams) -> str | None:
     return continue_adapter(ctx, folder, p)
 
 
+MIN_HELDOUT = 10  # fewer automatically held-out rows than this: the held-out figures get a warning (as align's)
+
+
 def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise = dense,
         objective: Objective = lm_loss, codec: Codec = PLAIN) -> dict[str, Any]:
     """The stage; ``optimise(model)`` picks the trained tensors and their optimiser (a sparse fine-tuning method
@@ -98,6 +101,9 @@ def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise =
     source = _continued(ctx, p)
     rows = codec.load(p.data)
     train_rows, held_rows = (rows, codec.load(p.eval_data)) if p.eval_data else holdout(rows)
+    if not p.eval_data and len(held_rows) < MIN_HELDOUT:
+        ctx.log.warning("held-out split of %s: %d of %d rows (10%% of them, by hash), too few for the held-out figures "
+                        "to mean much; pass eval_data for a held-out set of its own", p.data, len(held_rows), len(rows))
     tok = ctx.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     left_out = 0
