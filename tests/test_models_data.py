@@ -176,9 +176,13 @@ def test_text_split_rule_checks_its_fields():
 
 
 def test_empty_or_missing_data_is_exit_2(cli, tmp_path):
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", empty, "-o", tmp_path / "runs")
-    assert r.code == 2 and "has no text" in r.err
+    for name, body in (("empty.txt", ""), ("blank.jsonl", " \n\n")):
+        empty = tmp_path / name
+        empty.write_text(body)
+        r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", empty, "-o", tmp_path / "runs")
+        assert r.code == 2 and f"{empty}: the file is empty" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+        with pytest.raises(UsageError, match="the file is empty"):  # the API, past the up-front check, too
+            data.documents(str(empty), "train")
+    assert not (tmp_path / "runs").exists()
     r = cli("eval", "--method", "perplexity", "--model", "tiny:llama", "--data", "stdlb", "-o", tmp_path / "runs")
     assert r.code == 2 and "Did you mean 'stdlib'?" in r.err

@@ -75,3 +75,10 @@ def test_a_quantizing_run_says_which_column_is_fp_and_which_quantized(cli, tmp_p
     head = " ".join(r.out.splitlines()[:4])
     assert "(FP)" in head and "(W4A16)" in head and "change" in head
     assert "%" in next(line for line in r.out.splitlines() if line.strip("│ ").startswith("perplexity"))
+
+
+def test_a_path_that_does_not_exist_says_so(cli, tmp_path):
+    r = cli("report", tmp_path / "typo")
+    assert r.code == 2 and f"{tmp_path / 'typo'}: does not exist" in r.err and len(r.err.strip().splitlines()) == 1
+    r = cli("report", tmp_path)
+    assert r.code == 2 and "not a run folder" in r.err  # there, but holds no runs

@@ -81,3 +81,66 @@ def test_a_run_holds_its_lock_while_it_runs(cli, tmp_path):
     assert r.code == 0, r.err
     (folder,) = (tmp_path / "runs").iterdir()
     FileLock(str(folder / runs.LOCK)).acquire(timeout=0)  # released at the end
+
+
+class _Payload:
+    """Unpickling it opens (creates) ``marker``: the stand-in for code a crafted pickle would run."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_weight_file_that_would_run_code_or_is_missing_is_exit_2_before_the_run_folder(cli, tmp_path):
+    import pickle
+
+    import torch
+
+    marker = tmp_path / "payload-ran"
+    folders = {}
+    for name, write in (("pytorch_model.bin", lambda f: torch.save({"w": torch.zeros(2), "x": _Payload(marker)}, f)),
+                        ("weights.pth", lambda f: f.write_bytes(pickle.dumps(_Payload(marker)))),
+                        ("model.safetensors.index.json",
+                         lambda f: f.write_text(json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}})))):
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / "config.json").write_text('{"model_type": "llama"}')
+        write(folder / name)
+        folders[name] = folder
+    for name, folder in folders.items():
+        r = cli("eval", "--method", "perplexity", "--model", folder, "-o", tmp_path / "runs")
+        assert r.code == 2 and name in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert "model-00001-of-00002.safetensors" in r.err
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+def test_plain_torch_weights_pass_the_check_and_trainer_state_is_not_read(tmp_path):
+    import torch
+
+    from llmx.core.models.storage import check_weight_files
+
+    torch.save({"w": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
+    torch.save({"w": torch.zeros(2)}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    torch.save(_Payload(tmp_path / "x"), tmp_path / "training_args.bin")  # the Trainer's pickle: nothing loads it
+    check_weight_files(tmp_path)
+
+
+def test_every_file_a_run_writes_follows_the_umask(cli, tmp_path):
+    import os
+
+    from llmx.core import atomic
+
+    old = os.umask(0o022)
+    atomic._umask.cache_clear()
+    try:
+        r = cli("--json", "quantize", "--method", "rtn", "--model", "tiny:llama", "--set", "save=true",
+                "-o", tmp_path / "q")
+    finally:
+        os.umask(old)
+        atomic._umask.cache_clear()
+    assert r.code == 0, r.err
+    modes = {p.relative_to(tmp_path): p.stat().st_mode & 0o777 for p in (tmp_path / "q").rglob("*")}
+    assert any(p.name == "model.safetensors" for p in modes)
+    assert modes == {p: 0o755 if (tmp_path / p).is_dir() else 0o644 for p in modes}

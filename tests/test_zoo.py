@@ -95,7 +95,8 @@ def test_bad_input_is_one_line_exit_2_and_leaves_no_entry(cli, cache, tmp_path):
     binary.write_bytes(bytes(range(256)) * 20)
     latin = tmp_path / "latin.txt"
     latin.write_bytes("caf\u00e9 au lait\n".encode("latin-1") * 50)
-    cases = {("--data", empty): "no text", ("--data", binary): "NUL byte", ("--data", latin): "latin.txt:1: not UTF-8",
+    cases = {("--data", empty): "empty.txt: the file is empty", ("--data", binary): "NUL byte",
+             ("--data", latin): "latin.txt:1: not UTF-8",
              ("--seq-len", "0"): "--seq-len must be at least 2", ("--heads", "3"): "3 heads do not divide hidden 64",
              ("--kv-heads", "3"): "do not divide 4 heads", ("--tokens", "100", "--steps", "3"): "give one",
              ("--tokenizer", "ref:me", "--name", "me"): "names the model being built",
@@ -258,6 +259,7 @@ def test_stale_and_shared_entries(cli, cache, notes, monkeypatch):
     atomic._umask.cache_clear()
     path = zoo.ensure(RefRequest("llama", "test", steps=5, data=str(notes)), show_progress=False)
     assert path.stat().st_mode & 0o777 == 0o755 and (path / "zoo.json").stat().st_mode & 0o044  # readable by others
+    assert {p.stat().st_mode & 0o777 for p in path.iterdir()} == {0o644}  # the weights too (safetensors writes 0600)
 
 
 def test_a_foreign_tokenizer_without_pad_keeps_eos_trainable():

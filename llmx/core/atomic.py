@@ -41,6 +41,16 @@ def _umask() -> int:
     return mask
 
 
+def conform(path: str | Path) -> Path:
+    """Give ``path`` (and, for a folder, everything in it) the one rule for what llmx writes: files
+    ``0666 & ~umask``, folders ``0777 & ~umask``, whatever wrote them (safetensors writes 0600 files)."""
+    path = Path(path)
+    for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~_umask())
+    return path
+
+
 def leftovers(path: str | Path) -> list[Path]:
     """Temporary files or folders an interrupted write of ``path`` left beside it."""
     path = Path(path)
@@ -68,9 +78,9 @@ def folder(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
+        conform(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

@@ -30,7 +30,16 @@ def problem(kind: str, value: str) -> str | None:
     path = Path(value).expanduser()
     if kind == "text":
         specs = host().datasets
-        if value in specs or value.startswith("hf:") or path.is_file():
+        if value in specs or value.startswith("hf:"):
+            return None
+        if path.is_file():
+            from llmx.core.data.files import check_not_empty
+            from llmx.errors import UsageError
+
+            try:
+                check_not_empty(path)
+            except UsageError as exc:
+                return exc.message
             return None
         return f"'{value}' is neither a dataset ({', '.join(specs)}) nor a file.{did_you_mean(value, specs)}"
     if kind == "file":

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from llmx.core import runs
+from llmx.errors import UsageError
 
 # The figures people compare, most telling first: a stage shows the first few it has.
 KEY_METRICS = (
@@ -53,6 +54,8 @@ def run_folders(paths: list[str]) -> list[Path]:
             folders.append(p)
         elif p.is_dir() and (inner := sorted(d for d in p.iterdir() if (d / runs.CONFIG).is_file())):
             folders.extend(inner)
+        elif not p.exists():
+            raise UsageError(f"{p}: does not exist")
         else:
             runs.read(p)  # raises the "not a run folder" error
     for root in dict.fromkeys(f.parent for f in folders):

@@ -77,6 +77,9 @@ def documents(source: str, split: str, splitting: TextSplit | None = None) -> li
             hint = did_you_mean(source, specs)
             raise UsageError(f"data source not found: '{source}' is neither a dataset ({', '.join(specs)}) "
                              f"nor a file.{hint}")
+        from llmx.core.data.files import check_not_empty
+
+        check_not_empty(path)
         docs, local = _split_file(path, split, splitting or TextSplit()), True
     if not any(d.strip() for d in docs):
         hint = (" (raise data.validation_percent or set data.text_split=legacy; in `llmx zoo build`: "

@@ -29,6 +29,16 @@ def read_text(path: str | Path) -> str:
                          f"{exc.start}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
 
 
+def check_not_empty(path: str | Path) -> None:
+    """A usage error when the file holds nothing but whitespace (read a chunk at a time, up to the first text)."""
+    p = Path(path)
+    with p.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            if chunk.strip():
+                return
+    raise UsageError(f"{p}: the file is empty" + (" (whitespace only)" if p.stat().st_size else ""))
+
+
 def _line(data: bytes, offset: int) -> int:
     return data.count(b"\n", 0, offset) + 1
 

@@ -60,17 +60,61 @@ def transformers_class(path: str) -> type:
     return cls
 
 
+TRAINER_STATE = ("training_args.bin", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state")  # not weights: unread
+
+
 def check_weight_files(path: str | Path) -> None:
-    """Every safetensors file of a model folder has a readable header covering the file (a truncated or damaged file
-    is a usage error naming it, before anything loads)."""
+    """Every weight file of a model folder reads, before anything loads: a safetensors header covering its file, a
+    torch pickle holding tensors only (read weights-only onto the meta device: a payload never runs, no tensor data
+    is read), every file a sharded index names present. A bad one is a usage error naming it."""
+    folder = Path(path)
+    for f in sorted(folder.glob("*.safetensors")):
+        _check_safetensors(f)
+    for f in sorted(p for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pth"} and p.is_file()):
+        if not f.name.startswith(TRAINER_STATE):
+            _check_pickle(f)
+    for f in sorted(folder.glob("*.index.json")):
+        _check_index(f)
+
+
+def _check_safetensors(f: Path) -> None:
     from safetensors import SafetensorError, safe_open
 
-    for f in sorted(Path(path).glob("*.safetensors")):
-        try:
-            with safe_open(str(f), "pt"):
-                pass
-        except (SafetensorError, OSError) as exc:
-            raise UsageError(f"{f}: not a readable safetensors file, truncated or damaged ({exc})") from exc
+    try:
+        with safe_open(str(f), "pt"):
+            pass
+    except (SafetensorError, OSError) as exc:
+        raise UsageError(f"{f}: not a readable safetensors file, truncated or damaged ({exc})") from exc
+
+
+def _check_pickle(f: Path) -> None:
+    import pickle
+    import warnings
+    import zipfile
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.load(f, weights_only=True, mmap=zipfile.is_zipfile(f), map_location="meta")
+    except pickle.UnpicklingError as exc:
+        found = [line for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line]
+        raise UsageError(f"{f}: not a weights-only torch file, loading it would run code or build objects other than "
+                         f"tensors ({found[0].strip().rstrip('.') if found else type(exc).__name__})") from exc
+    except Exception as exc:  # torch reports a damaged file as RuntimeError, EOFError, OSError, ValueError...
+        first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{f}: not a readable torch weights file, truncated or damaged ({first})") from exc
+
+
+def _check_index(f: Path) -> None:
+    import json
+
+    try:
+        names = set(json.loads(f.read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{f}: not a readable shard index (needs a weight_map of tensor -> file)") from exc
+    missing = sorted(str(n) for n in names if not isinstance(n, str) or not (f.parent / n).is_file())
+    if missing:
+        raise UsageError(f"{f}: names {', '.join(missing)}, not in the folder")
 
 
 def weight_file_bytes(path: str | Path) -> int:

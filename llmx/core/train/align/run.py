@@ -258,11 +258,14 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
     if p.save and g_head is not None:
         from safetensors.torch import save_file
 
+        from llmx.core import atomic
         from llmx.core.train.parallel import full
 
         head = {k: full(v).detach().cpu() for k, v in g_head.state_dict().items()}  # every rank: fsdp gathers
         if is_main():
-            save_file(head, str(ctx.artifact("g_head.safetensors")))
+            target = ctx.artifact("g_head.safetensors")
+            save_file(head, str(target))
+            atomic.conform(target)
     return out
 
 
