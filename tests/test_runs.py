@@ -24,8 +24,7 @@ def test_run_folder_contents_and_rerun(cli, tmp_path):
     assert r.code == 0, r.err
     run = only_run(out)
     assert re.fullmatch(r"\d{8}T\d{12}Z_analyze_[0-9a-f]{8}", run.name)
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "meta.json", "metrics.json", "log.txt", "artifacts",
-                                            ".running.lock"}
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "meta.json", "metrics.json", "log.txt", "artifacts"}
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "ok" and meta["seed"] == 3 and meta["device"] == "cpu"
     assert {"python", "llmx", "pydantic"} <= set(meta["versions"]) and "git_commit" in meta

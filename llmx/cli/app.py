@@ -131,9 +131,23 @@ def hoist_global_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: returns the exit code (0 ok, 1 failed, 2 usage, 3 missing requirement, 130 interrupted)."""
+    """Entry point: returns the exit code (0 ok, 1 failed, 2 usage, 3 missing requirement, 130 interrupted, 143
+    terminated by SIGTERM, which ends a run as Ctrl-C does)."""
+    from llmx.core.signals import EXIT_CODE, Terminated, terminating_raises
+
+    try:
+        with terminating_raises():
+            return _main(argv)
+    except Terminated:  # between the handler's install and _main's own handling: still one line
+        error(["interrupted (SIGTERM)"], EXIT_CODE)
+        return EXIT_CODE
+
+
+def _main(argv: list[str] | None) -> int:
     from typer import _click
     from typer.main import get_command
+
+    from llmx.core.signals import EXIT_CODE, Terminated
 
     command = get_command(app)
     args = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
@@ -159,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         error(["interrupted"], 130)
         return 130
+    except Terminated:
+        error(["interrupted (SIGTERM)"], EXIT_CODE)
+        return EXIT_CODE
     except LlmxError as exc:
         if state.verbose:
             traceback.print_exc()

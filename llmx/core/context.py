@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ class RunContext:
     show_progress: bool = True
     stage: ResolvedStage | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # the current stage's load_seconds, build_seconds
 
     @property
     def device(self) -> str:
@@ -46,9 +48,25 @@ class RunContext:
             self.log.info("loading model %s", self.config.model)
             onloaded = self.config.onload != "none"
             sharded = self.stage is not None and getattr(self.stage.params, "strategy", None) == "fsdp"
+            built = _zoo_build_seconds(self.config.model)
+            t0 = time.perf_counter()
             model, tok = models.load(self.config.model, dtype=self.config.dtype,  # fsdp: onto the device by shards
                                      device="cpu" if onloaded or sharded else self.device)
             self.set_model(model, tok)
+            self.record_load(time.perf_counter() - t0, _zoo_build_seconds(self.config.model) - built)
+
+    def record_load(self, seconds: float, built: float = 0.0) -> None:
+        """Count a model's load (``built``: of which a zoo build) apart from the stage's own time: the pipeline
+        reports them as the stage's ``load_seconds`` and ``build_seconds``, and on a line of their own."""
+        from llmx.core.progress import clock, note
+
+        load = max(0.0, seconds - built)
+        self.timings["load_seconds"] = self.timings.get("load_seconds", 0.0) + load
+        if built:
+            self.timings["build_seconds"] = self.timings.get("build_seconds", 0.0) + built
+        if built or load >= 1:
+            done = f"built in {clock(built)} (not counted in the stage's seconds), " if built else ""
+            note(f"model {self.config.model}: {done}loaded in {load:.1f}s")
 
     @property
     def model(self) -> Any:
@@ -82,3 +100,12 @@ class RunContext:
         from llmx.core.progress import track
 
         return track(items, total=total, description=description, enabled=self.show_progress)
+
+
+def _zoo_build_seconds(model: str) -> float:
+    """Seconds this process has spent building zoo entries so far (0 for a model that is not ``ref:``)."""
+    if not model.startswith("ref:"):
+        return 0.0
+    from llmx.core import zoo
+
+    return zoo.build_seconds()

@@ -15,6 +15,7 @@ from typing import Any
 from llmx.core import atomic, runs
 from llmx.core.config import ResolvedRun
 from llmx.core.context import RunContext
+from llmx.core.signals import Terminated
 from llmx.errors import CannotRun, ConfigError, LlmxError, MissingRequirement, RunFailed, UsageError
 
 
@@ -139,17 +140,21 @@ def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, A
         for stage in run.stages:
             ctx.stage = stage
             log.info("stage %s: %s %s", stage.index, stage.stage.value, stage.spec.name)
+            ctx.timings.clear()
             t0 = time.perf_counter()
             try:
                 metrics = dict(stage.spec.load()(ctx, stage.params) or {})
-            except (LlmxError, KeyboardInterrupt):
+            except (LlmxError, KeyboardInterrupt, Terminated):
                 raise
             except Exception as exc:
                 log.debug("stage %s failed:\n%s", stage.label, traceback.format_exc())
                 raise RunFailed(f"stage {stage.label} ({stage.stage.value}) failed: {type(exc).__name__}: {exc}",
                                 hint=f"Details in {path / runs.LOG}") from exc
+            # a model's load and a zoo build inside it are the stage's own figures, not its seconds
+            loads = {k: round(v, 3) for k, v in ctx.timings.items()}
+            seconds = time.perf_counter() - t0 - sum(ctx.timings.values())
             result.stages.append({"index": stage.index, "stage": stage.stage.value, "method": stage.spec.name,
-                                  "seconds": round(time.perf_counter() - t0, 3), "metrics": metrics})
+                                  "seconds": round(max(0.0, seconds), 3), **loads, "metrics": metrics})
             atomic.write_json(path / runs.METRICS, {"stages": result.stages})
         runs.finish_meta(path, meta, "ok")
         if "model" in ctx.state:
@@ -163,7 +168,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, A
             done = ", ".join(f"{s['index']}:{s['method']}" for s in result.stages)
             exc.hint = "\n".join(filter(None, [exc.hint, f"Run folder kept: {path} ({done} finished)."]))
         raise
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):  # Ctrl-C, or SIGTERM under the CLI
         runs.finish_meta(path, meta, "interrupted")
         raise
     except LlmxError as exc:
@@ -172,4 +177,4 @@ def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, A
     finally:
         log.removeHandler(handler)
         handler.close()
-        lock.release()
+        runs.drop(lock)  # the lock file goes with its holder

@@ -106,29 +106,78 @@ def write_meta(path: Path, meta: dict[str, Any]) -> None:
 
 
 def hold(folder: Path) -> Any:
-    """Take the run's lock (``.running.lock``) for as long as it runs (release it at the end): a lock, unlike a
-    pid, is seen across containers that share a host name but not a process table, and the kernel drops it however
-    the process ends."""
+    """Take the run's lock (``.running.lock``) for as long as it runs (``drop`` it at the end, which removes the
+    file): a lock, unlike a pid, is seen across containers that share a host name but not a process table, and the
+    kernel drops it however the process ends (a killed run leaves the file, which is how ``sweep`` finds it)."""
+    return take(folder / LOCK)
+
+
+def _fd(lock: Any) -> int | None:
+    """The descriptor a held ``FileLock`` locks (None where filelock fell back to a soft lock or keeps it elsewhere:
+    then the file is left in place, as before)."""
+    context = getattr(lock, "_context", None)
+    if context is None or getattr(context, "soft_fallback", False):
+        return None
+    fd = getattr(context, "lock_file_fd", None)
+    return fd if isinstance(fd, int) else None
+
+
+def _current(lock: Any) -> bool:
+    """Whether the held lock's file is still the one at its path (its last holder may have removed it while we
+    waited on the old file: then holding it excludes no one)."""
+    fd = _fd(lock)
+    if fd is None:
+        return True
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(lock.lock_file))
+    except OSError:
+        return False
+
+
+def take(path: Path, timeout: float = -1) -> Any:
+    """A held ``filelock.FileLock`` on ``path`` (``timeout=0``: raise ``filelock.Timeout`` at once if another
+    process holds it). Lock files are removed by their last holder (``drop``), so a waiter may wake holding a file
+    no longer at the path: it lets go and takes the path's current file again, so two processes never both hold it."""
     from filelock import FileLock
 
-    lock = FileLock(str(folder / LOCK))
-    lock.acquire()
-    return lock
+    while True:
+        lock = FileLock(str(path))
+        lock.acquire(timeout=timeout)
+        if _current(lock):
+            return lock
+        lock.release()
+
+
+def drop(lock: Any) -> None:
+    """Release ``lock`` and remove its file. The file is unlinked while still held, never after release: a process
+    that takes the path afterwards creates a fresh file, and one that waited on the old file sees it gone (``take``)
+    and retries; unlinking after release could remove a file another process had just locked."""
+    if lock.is_locked and _fd(lock) is not None and _current(lock):
+        try:
+            os.unlink(lock.lock_file)
+        except OSError:
+            pass
+    lock.release()
 
 
 def _dead(folder: Path) -> bool:
-    """Whether no process holds the run's lock (a run without one, from before locks, counts as alive)."""
-    from filelock import FileLock, Timeout
+    """Whether no process holds the run's lock (a run without one, from before locks, counts as alive). A dead
+    run's lock file is removed on the way."""
+    from filelock import Timeout
 
     if not (folder / LOCK).is_file():
         return False
-    lock = FileLock(str(folder / LOCK))
     try:
-        lock.acquire(timeout=0)
+        lock = take(folder / LOCK, timeout=0)
     except Timeout:
         return False
-    lock.release()
-    return True
+    try:
+        meta = json.loads((folder / META).read_text())  # again, holding the lock: the run may have just finished
+        return meta.get("status") == "running"
+    except (OSError, json.JSONDecodeError):
+        return False
+    finally:
+        drop(lock)
 
 
 def sweep(root: Path) -> list[Path]:

@@ -77,13 +77,28 @@ def _check_environment(path: Path) -> None:
                     "(to other bits)", path.name, changed)
 
 
+_SPENT = [0.0]  # seconds this process has spent in builds
+
+
+def build_seconds() -> float:
+    """Seconds this process has spent building entries so far: a run tells a build inside a model's load apart
+    from the load (``RunContext``) and from its stage's own time."""
+    return _SPENT[0]
+
+
 def _build(req: RefRequest, corp: Corpus, tok: Any, path: Path, show_progress: bool | None) -> None:
+    import time
+
     import torch
 
     from llmx.core.zoo.build import build
 
-    with torch.inference_mode(False), torch.enable_grad():  # a caller may be inside inference mode
-        build(req, corp, tok, path, show_progress)
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode(False), torch.enable_grad():  # a caller may be inside inference mode
+            build(req, corp, tok, path, show_progress)
+    finally:
+        _SPENT[0] += time.perf_counter() - t0
 
 
 def ensure(req: RefRequest, force: bool = False, show_progress: bool | None = None) -> Path:

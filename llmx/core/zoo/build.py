@@ -84,13 +84,14 @@ def _causal(req: RefRequest, corp: Corpus, tok, show: bool):
     model = AutoModelForCausalLM.from_config(config(req.arch, len(tok), spec.hidden, spec.layers,
                                                     max_positions=max(1024, 2 * spec.seq_len), heads=spec.heads,
                                                     kv_heads=spec.kv_heads, special_ids=special_ids(tok)))
-    if show:
+    scored = val_ids[: 40_000 if spec.corpus_chars is None else 8_000]
+    if show:  # after the checks (a bad input is one line), timed on the machine at hand
+        seconds = estimate_seconds(step_seconds(model, train_ids, spec), spec, req.max_steps, len(scored))
         note(f"building {req.ref_name or req.arch} ({req.preset} preset), once: it is cached after; "
-             f"{req.max_steps} steps of {spec.batch}x{spec.seq_len} tokens, about "
-             f"{clock(estimate_seconds(model, spec, req.max_steps))} on one CPU thread")
+             f"{req.max_steps} steps of {spec.batch}x{spec.seq_len} tokens, at most about {clock(seconds)} here "
+             "(timed on a few steps, one CPU thread; early stopping may end it sooner)")
     result = pretrain(model, train_ids, val_ids, spec, req.seed, req.max_steps,
                       progress=lambda r, **kw: track(r, enabled=show, **kw))
-    scored = val_ids[: 40_000 if spec.corpus_chars is None else 8_000]
     total, count = sequence_nll(model, scored, spec.seq_len, spec.seq_len // 2, batch_size=16)
     figures = {"train_tokens": len(train_ids), "val_tokens": len(val_ids),
                "steps_run": result.steps, "best_step": result.best_step,
@@ -123,11 +124,35 @@ def environment() -> dict:
             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-CPU_FLOPS = 6e10  # one modern x86 thread on these shapes, measured on the presets (7.6e10 alone, 4.9e10 loaded)
+WARMUP_STEPS = 3  # the first is not timed: it allocates
 
 
-def estimate_seconds(model, spec, steps: int) -> float:
-    """Training time from FLOPs: 6 per weight per token (the input embedding is a lookup) plus causal attention."""
-    weights = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-    per_token = 6 * weights + 6 * spec.layers * spec.seq_len * spec.hidden
-    return per_token * steps * spec.batch * spec.seq_len / CPU_FLOPS
+def step_seconds(model, train_ids, spec, steps: int = WARMUP_STEPS) -> float:
+    """Seconds of one training step (forward and backward on a ``spec.batch`` x ``spec.seq_len`` batch) on this
+    machine, now: timed on a copy of ``model``, under a forked RNG, so that the build's bits do not change. The
+    fastest of the timed steps (the others met a busier machine or a cold cache)."""
+    import copy
+
+    import torch
+
+    probe = copy.deepcopy(model)
+    span = max(1, len(train_ids) - spec.seq_len - 1)
+    x = torch.stack([train_ids[(i * 7919) % span:(i * 7919) % span + spec.seq_len] for i in range(spec.batch)])
+    times = []
+    with torch.random.fork_rng(devices=[]):
+        for _ in range(max(2, steps)):
+            t0 = time.perf_counter()
+            probe(input_ids=x, labels=x).loss.backward()
+            probe.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t0)
+    return min(times[1:])
+
+
+def estimate_seconds(step: float, spec, steps: int, scored_tokens: int) -> float:
+    """A build's remaining time from one measured step: the steps, the held-out evaluations (forward only: about a
+    third of a step per batch of windows) and the final scoring of ``scored_tokens`` at half-window strides. At
+    least one second: a build is never "about 0s"."""
+    forward_window = step / 3 / spec.batch
+    evals = (steps // spec.eval_every + 1) * spec.eval_windows if spec.eval_every else 0
+    scoring = 2 * scored_tokens / spec.seq_len
+    return max(1.0, steps * step + (evals + scoring) * forward_window)

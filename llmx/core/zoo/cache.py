@@ -29,22 +29,24 @@ def info(entry: Path) -> dict:
 @contextlib.contextmanager
 def locked(entry: Path) -> Iterator[None]:
     """Hold the entry's lock (``.locks/ENTRY.lock`` beside it); a second builder waits, then finds it built.
-    An unwritable cache fails here, before any training."""
-    from filelock import FileLock, Timeout
+    An unwritable cache fails here, before any training. The lock file goes with its holder
+    (``.locks`` stays: removing it could fail another builder between making it and locking in it)."""
+    from filelock import Timeout
+
+    from llmx.core.runs import drop, take
 
     folder = entry.parent / ".locks"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(folder / f"{entry.name}.lock"))
         try:
-            lock.acquire(timeout=0)
+            lock = take(folder / f"{entry.name}.lock", timeout=0)
         except Timeout:
             log.info("waiting for another process building %s", entry.name)
-            lock.acquire()
+            lock = take(folder / f"{entry.name}.lock")
     except OSError as exc:  # read-only, not a folder, full: before any training
         raise UsageError(f"cannot write the zoo cache {entry.parent}: {exc.strerror or exc}",
                          hint="Set LLMX_CACHE_DIR to a writable folder.") from exc
     try:
         yield
     finally:
-        lock.release()
+        drop(lock)  # removes the lock file, while still held (``runs.drop``: race-safe)
