@@ -105,6 +105,9 @@ def test_report_formats(cli, tmp_path):
     csv_out = cli("report", *sorted(tmp_path.iterdir()), "--format", "csv").out
     assert csv_out.splitlines()[0] == "run,status,stage,seconds,value,label"
     bad = cli("report", tmp_path / "nope")
+    assert bad.code == 2 and "nope: does not exist" in bad.err
+    (tmp_path / "empty").mkdir()
+    bad = cli("report", tmp_path / "empty")
     assert bad.code == 2 and "not a run folder" in bad.err
 
 
