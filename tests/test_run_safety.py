@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from llmx.core import runs
 
 
@@ -101,7 +103,7 @@ def test_a_weight_file_that_would_run_code_or_is_missing_is_exit_2_before_the_ru
     marker = tmp_path / "payload-ran"
     folders = {}
     for name, write in (("pytorch_model.bin", lambda f: torch.save({"w": torch.zeros(2), "x": _Payload(marker)}, f)),
-                        ("weights.pth", lambda f: f.write_bytes(pickle.dumps(_Payload(marker)))),
+                        ("pytorch_model-00001-of-00002.bin", lambda f: f.write_bytes(pickle.dumps(_Payload(marker)))),
                         ("model.safetensors.index.json",
                          lambda f: f.write_text(json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}})))):
         folder = tmp_path / name.replace(".", "_")
@@ -116,14 +118,25 @@ def test_a_weight_file_that_would_run_code_or_is_missing_is_exit_2_before_the_ru
     assert not marker.exists() and not (tmp_path / "runs").exists()
 
 
-def test_plain_torch_weights_pass_the_check_and_trainer_state_is_not_read(tmp_path):
+def test_plain_torch_weights_pass_the_check_and_files_no_loader_reads_are_not_read(tmp_path):
     import torch
+    from safetensors.torch import save_file
 
     from llmx.core.models.storage import check_weight_files
+    from llmx.errors import UsageError
 
-    torch.save({"w": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
-    torch.save({"w": torch.zeros(2)}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    torch.save({"w": torch.zeros(2)}, tmp_path / "pytorch_model-00001-of-00002.bin")
+    torch.save({"w": torch.zeros(2)}, tmp_path / "pytorch_model-00002-of-00002.bin",
+               _use_new_zipfile_serialization=False)  # the legacy format
     torch.save(_Payload(tmp_path / "x"), tmp_path / "training_args.bin")  # the Trainer's pickle: nothing loads it
+    (tmp_path / "openvino_model.bin").write_bytes(b"\x00\x01 not a pickle")  # another runtime's file
+    check_weight_files(tmp_path)
+    (tmp_path / "pytorch_model-00001-of-00002.bin").write_bytes(b"\x00\x01 not a pickle")
+    with pytest.raises(UsageError, match="not a torch weights file"):
+        check_weight_files(tmp_path)
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))  # safetensors win: the .bin are not read,
+    (tmp_path / "pytorch_model.bin.index.json").write_text(  # nor a leftover .bin index naming absent shards
+        json.dumps({"weight_map": {"w": "pytorch_model-00003-of-00003.bin"}}))
     check_weight_files(tmp_path)
 
 
@@ -132,7 +145,7 @@ def test_every_file_a_run_writes_follows_the_umask(cli, tmp_path):
 
     from llmx.core import atomic
 
-    old = os.umask(0o022)
+    old = os.umask(0o027)  # not the usual 022: 0644 hard-coded anywhere would show
     atomic._umask.cache_clear()
     try:
         r = cli("--json", "quantize", "--method", "rtn", "--model", "tiny:llama", "--set", "save=true",
@@ -143,4 +156,4 @@ def test_every_file_a_run_writes_follows_the_umask(cli, tmp_path):
     assert r.code == 0, r.err
     modes = {p.relative_to(tmp_path): p.stat().st_mode & 0o777 for p in (tmp_path / "q").rglob("*")}
     assert any(p.name == "model.safetensors" for p in modes)
-    assert modes == {p: 0o755 if (tmp_path / p).is_dir() else 0o644 for p in modes}
+    assert modes == {p: 0o750 if (tmp_path / p).is_dir() else 0o640 for p in modes}

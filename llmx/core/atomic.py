@@ -18,8 +18,8 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, 0o666 & ~_umask())
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -35,7 +35,11 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
 @functools.lru_cache(maxsize=1)
 def _umask() -> int:
     """The process umask, read once (tempfile creates 0600 files and 0700 folders whatever it is: a shared cache or
-    runs folder would be unreadable to others). Reading it sets it for an instant, so it is not read again."""
+    runs folder would be unreadable to others): from ``/proc/self/status`` where Linux has it, else by setting it
+    for an instant (another thread creating a file then would get umask 0)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -78,11 +82,11 @@ def folder(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    old = path.with_name(f".{path.name}.old")
     try:
         yield tmp
         conform(tmp)
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
             os.replace(tmp, path)
@@ -90,5 +94,7 @@ def folder(path: str | Path) -> Iterator[Path]:
         else:
             os.replace(tmp, path)
     except BaseException:
+        if not path.exists() and old.exists():  # a signal between the two renames: the old folder goes back
+            os.replace(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -36,18 +36,23 @@ def _quiet_profiler_log():
     if "KINETO_LOG_LEVEL" in os.environ:
         yield
         return
+    saved = sink = None
     try:
-        sys.stderr.flush()
+        with contextlib.suppress(AttributeError):  # sys.stderr is None when fd 2 was closed
+            sys.stderr.flush()
         saved = os.dup(2)
-    except (OSError, ValueError):  # no fd 2 to redirect (an embedded interpreter): nothing to filter
+        sink = tempfile.TemporaryFile()
+    except (OSError, ValueError):  # no fd 2 to redirect, no room for the sink: nothing filtered
+        if saved is not None:
+            os.close(saved)
         yield
         return
-    with tempfile.TemporaryFile() as sink:
+    with sink:
         os.dup2(sink.fileno(), 2)
         try:
             yield
         finally:
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
                 sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)

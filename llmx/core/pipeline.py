@@ -160,7 +160,7 @@ def execute(run: ResolvedRun, *, show_progress: bool = True, model: tuple[Any, A
         if "model" in ctx.state:
             result.model, result.tokenizer = ctx.state["model"], ctx.state.get("tokenizer")
         return result
-    except (UsageError, MissingRequirement) as exc:  # bad input or a missing extra
+    except (UsageError, MissingRequirement, CannotRun) as exc:  # bad input, a missing extra, a way it cannot run
         if not result.stages:  # not a run yet: leave nothing behind
             shutil.rmtree(path, ignore_errors=True)
         else:  # finished stages keep their artifacts

@@ -60,20 +60,27 @@ def transformers_class(path: str) -> type:
     return cls
 
 
-TRAINER_STATE = ("training_args.bin", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state")  # not weights: unread
+TORCH_WEIGHTS = ("pytorch_model", "adapter_model")  # the torch pickles a loader reads (transformers', PEFT's)
 
 
 def check_weight_files(path: str | Path) -> None:
-    """Every weight file of a model folder reads, before anything loads: a safetensors header covering its file, a
-    torch pickle holding tensors only (read weights-only onto the meta device: a payload never runs, no tensor data
-    is read), every file a sharded index names present. A bad one is a usage error naming it."""
+    """The weight files a loader will read, before anything loads: safetensors (each header covering its file, the
+    files its index names present) where the folder has them, else the torch pickles transformers and PEFT read
+    (``pytorch_model*.bin``, ``adapter_model.bin``: tensors only, read weights-only onto the meta device without
+    their data, so a payload never runs) and the shards their index names. Other files (an OpenVINO ``.bin``, a
+    Trainer's state, a leftover ``.bin`` index beside safetensors) are not read, so not checked. A bad one is a
+    usage error naming it."""
     folder = Path(path)
-    for f in sorted(folder.glob("*.safetensors")):
+    safetensors = sorted(folder.glob("*.safetensors"))
+    for f in safetensors:
         _check_safetensors(f)
-    for f in sorted(p for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pth"} and p.is_file()):
-        if not f.name.startswith(TRAINER_STATE):
-            _check_pickle(f)
-    for f in sorted(folder.glob("*.index.json")):
+    for f in sorted(folder.glob("*.safetensors.index.json")):
+        _check_index(f)
+    if safetensors:
+        return
+    for f in sorted(p for p in folder.glob("*.bin") if p.name.startswith(TORCH_WEIGHTS) and p.is_file()):
+        _check_pickle(f)
+    for f in sorted(folder.glob("*.bin.index.json")):
         _check_index(f)
 
 
@@ -88,18 +95,22 @@ def _check_safetensors(f: Path) -> None:
 
 
 def _check_pickle(f: Path) -> None:
+    import contextlib
     import pickle
     import warnings
     import zipfile
 
+    skip = getattr(torch.serialization, "skip_data", None)  # no tensor data read, whatever the format
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), (skip() if skip else contextlib.nullcontext()):
             warnings.simplefilter("ignore")
-            torch.load(f, weights_only=True, mmap=zipfile.is_zipfile(f), map_location="meta")
+            torch.load(f, weights_only=True, mmap=zipfile.is_zipfile(f) and skip is None, map_location="meta")
     except pickle.UnpicklingError as exc:
-        found = [line for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line]
+        found = [line for line in str(exc).splitlines() if "GLOBAL" in line]
+        if not found:
+            raise UsageError(f"{f}: not a torch weights file ({ascii(str(exc).splitlines()[0][:120])})") from exc
         raise UsageError(f"{f}: not a weights-only torch file, loading it would run code or build objects other than "
-                         f"tensors ({found[0].strip().rstrip('.') if found else type(exc).__name__})") from exc
+                         f"tensors ({ascii(found[0].strip().rstrip('.'))})") from exc
     except Exception as exc:  # torch reports a damaged file as RuntimeError, EOFError, OSError, ValueError...
         first = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"{f}: not a readable torch weights file, truncated or damaged ({first})") from exc

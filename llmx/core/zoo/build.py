@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def _causal(req: RefRequest, corp: Corpus, tok, show: bool):
     if show:  # after the checks (a bad input is one line), timed on the machine at hand
         seconds = estimate_seconds(step_seconds(model, train_ids, spec), spec, req.max_steps, len(scored))
         note(f"building {req.ref_name or req.arch} ({req.preset} preset), once: it is cached after; "
-             f"{req.max_steps} steps of {spec.batch}x{spec.seq_len} tokens, at most about {clock(seconds)} here "
+             f"{req.max_steps} steps of {spec.batch}x{spec.seq_len} tokens, about {clock(seconds)} here "
              "(timed on a few steps, one CPU thread; early stopping may end it sooner)")
     result = pretrain(model, train_ids, val_ids, spec, req.seed, req.max_steps,
                       progress=lambda r, **kw: track(r, enabled=show, **kw))
@@ -145,7 +146,7 @@ def step_seconds(model, train_ids, spec, steps: int = WARMUP_STEPS) -> float:
             probe(input_ids=x, labels=x).loss.backward()
             probe.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
-    return min(times[1:])
+    return statistics.median(times[1:])  # the first step allocates
 
 
 def estimate_seconds(step: float, spec, steps: int, scored_tokens: int) -> float:
