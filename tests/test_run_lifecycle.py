@@ -240,3 +240,23 @@ def test_the_load_line_says_what_was_built(cli, tmp_path, kit, monkeypatch):
     r = cli("--plugins-dir", kit, "run", _recipe(tmp_path, "touch", model="ref:llama-test"), "-o", tmp_path / "runs")
     assert r.code == 0, r.err
     assert "model ref:llama-test: built in 1m35s (not counted in the stage's seconds), loaded in" in r.err
+
+
+def test_an_interrupted_pool_of_programs_drops_the_queued_ones():
+    """SIGTERM or Ctrl-C during a code eval: the programs already running finish, the queued ones never start."""
+    import threading
+
+    from llmx.core.eval.sandbox import cancelling_pool
+
+    started, gate = [], threading.Event()
+
+    def program(i: int) -> int:
+        started.append(i)
+        gate.wait(5)
+        return i
+
+    with pytest.raises(KeyboardInterrupt), cancelling_pool(1) as pool:
+        futures = [pool.submit(program, i) for i in range(20)]
+        threading.Timer(0.5, gate.set).start()  # the running program ends a little after the interrupt
+        raise KeyboardInterrupt
+    assert len(started) <= 1 and sum(f.cancelled() for f in futures) >= 19  # at most the one already running

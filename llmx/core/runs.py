@@ -123,13 +123,14 @@ def _fd(lock: Any) -> int | None:
 
 
 def _current(lock: Any) -> bool:
-    """Whether the held lock's file is still the one at its path (its last holder may have removed it while we
-    waited on the old file: then holding it excludes no one)."""
+    """Whether the held lock's file is still linked (its last holder may have removed it while we waited on it:
+    then holding it excludes no one). Only ``drop`` unlinks a lock file, so a linked one is the one at the path;
+    the link count, unlike inode numbers, reads the same through every filesystem (some FUSE mounts renumber)."""
     fd = _fd(lock)
     if fd is None:
         return True
     try:
-        return os.path.samestat(os.fstat(fd), os.stat(lock.lock_file))
+        return os.fstat(fd).st_nlink > 0
     except OSError:
         return False
 
@@ -160,38 +161,27 @@ def drop(lock: Any) -> None:
     lock.release()
 
 
-def _dead(folder: Path) -> bool:
-    """Whether no process holds the run's lock (a run without one, from before locks, counts as alive). A dead
-    run's lock file is removed on the way."""
-    from filelock import Timeout
-
-    if not (folder / LOCK).is_file():
-        return False
-    try:
-        lock = take(folder / LOCK, timeout=0)
-    except Timeout:
-        return False
-    try:
-        meta = json.loads((folder / META).read_text())  # again, holding the lock: the run may have just finished
-        return meta.get("status") == "running"
-    except (OSError, json.JSONDecodeError):
-        return False
-    finally:
-        drop(lock)
-
-
 def sweep(root: Path) -> list[Path]:
     """Runs under ``root`` whose process died (killed mid-run: ``meta.json`` still says ``running`` and no process
-    holds its lock) are marked ``died`` and their half-written ``.tmp`` leftovers removed. Returns them; a run
-    folder this process may not write is left as it is."""
+    holds its lock; a run without a lock file, from before locks, counts as alive) are marked ``died`` and their
+    half-written ``.tmp`` leftovers removed, all while holding the dead run's lock, whose file then goes. Returns
+    them; a run folder this process may not write is left as it is."""
     import shutil
+
+    from filelock import Timeout
 
     died = []
     for meta_file in sorted(root.glob(f"*/{META}")) if root.is_dir() else []:
         folder = meta_file.parent
         try:
-            meta = json.loads(meta_file.read_text())
-            if meta.get("status") != "running" or not _dead(folder):
+            if json.loads(meta_file.read_text()).get("status") != "running" or not (folder / LOCK).is_file():
+                continue
+            lock = take(folder / LOCK, timeout=0)
+        except (OSError, json.JSONDecodeError, Timeout):
+            continue
+        try:
+            meta = json.loads(meta_file.read_text())  # again, holding the lock: the run may have just finished
+            if meta.get("status") != "running":
                 continue
             for left in sorted(folder.rglob(".*.tmp"), reverse=True):
                 if left.is_dir():
@@ -201,6 +191,8 @@ def sweep(root: Path) -> list[Path]:
             atomic.write_json(meta_file, {**meta, "status": "died"})
         except (OSError, json.JSONDecodeError):
             continue
+        finally:
+            drop(lock)
         died.append(folder)
     return died
 

@@ -19,6 +19,7 @@ or a VM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -93,10 +94,23 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+@contextlib.contextmanager
+def cancelling_pool(workers: int) -> Iterator[ThreadPoolExecutor]:
+    """A thread pool whose queued programs are dropped when the block raises (Ctrl-C, SIGTERM): only those already
+    running finish, each within its own limits, instead of every queued one running before the process ends."""
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
 def run_many(sources: Sequence[str], limits: Limits = Limits(), workers: int | None = None,
              root: str | Path | None = None) -> list[Outcome]:
     """:func:`run` over ``sources`` on ``workers`` processes at a time (default: :func:`usable_cpus`), in order."""
-    with ThreadPoolExecutor(max_workers=max(1, workers or usable_cpus())) as pool:
+    with cancelling_pool(workers or usable_cpus()) as pool:
         return list(pool.map(lambda s: run(s, limits, root), sources))
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmx.core.eval import stats
 from llmx.core.eval.generate import Completion, generate
+from llmx.core.eval.sandbox import cancelling_pool
 from llmx.core.eval.score import choose, continuation_logprobs, move_whitespace, token_logprobs
 from llmx.core.spec import TaskSpec
 from llmx.errors import UsageError
@@ -92,7 +92,7 @@ def _generate(spec, model, tok, task_rows, d: Decoding, judge_workers, ks, progr
                            include_stop=d.include_stop, seed=d.seed, batch_size=d.batch_size, progress=progress)
     judge = spec.load_judge()
     jobs = [(row, c.text) for row, cs in zip(task_rows, completions, strict=True) for c in cs]
-    with ThreadPoolExecutor(max_workers=max(1, judge_workers or 1)) as pool:
+    with cancelling_pool(judge_workers or 1) as pool:
         judged = list(progress(pool.map(lambda job: judge_one(judge, *job), jobs), total=len(jobs), description="judging"))
     records, scores, passes, errors = [], [], [], 0
     for i, (row, cs) in enumerate(zip(task_rows, completions, strict=True)):
