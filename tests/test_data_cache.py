@@ -17,6 +17,9 @@ from llmx.core import data
 from llmx.core.data import stdlib, tokens
 from llmx.core.tokenizer import byte_tokenizer, train_bpe
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_eval_speed import plain_loop  # noqa: E402  the loop anyone would write, which the benchmark times too
+
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
@@ -281,26 +284,6 @@ def _contains(haystack: list[int], needle: list[int]) -> bool:
     return any(haystack[i:i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
 
 
-@torch.inference_mode()
-def _plain_loop(model, stream, seq_len, stride, batch):
-    from llmx.core.eval.lm import windows
-
-    spans = windows(len(stream), seq_len, stride)
-    total, count = 0.0, 0
-    for i in range(0, len(spans), batch):
-        groups: dict[int, list] = {}
-        for span in spans[i:i + batch]:
-            groups.setdefault(span[1] - span[0], []).append(span)
-        for group in groups.values():
-            x = torch.stack([stream[b:e] for b, e, _ in group])
-            logits = model(input_ids=x).logits[:, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="none")
-            for row, (b, e, first) in enumerate(group):
-                total += float(nll.view(len(group), -1)[row, first - b - 1:].sum())
-                count += e - first
-    return total, count
-
-
 def test_eval_gives_the_plain_loops_figure(cache):
     import llmx
     from llmx.core.eval.lm import sequence_nll
@@ -308,7 +291,7 @@ def test_eval_gives_the_plain_loops_figure(cache):
     model, tok = llmx.load("tiny:llama")
     m = llmx.evaluate(model, tokenizer=tok, method="perplexity", max_tokens=400, seq_len=64, batch_size=3)
     stream = data.token_stream(tok, "stdlib", "validation", 400)
-    total, count = _plain_loop(model, stream, 64, 32, 3)
+    total, count = plain_loop(model, stream, 64, 32, 3)
     assert m["tokens"] == count == 399 and m["nll"] == pytest.approx(total / count, rel=1e-6, abs=0)
 
     class NoKeep(torch.nn.Module):  # a model without logits_to_keep: every position's logits, the same figure
@@ -322,4 +305,4 @@ def test_eval_gives_the_plain_loops_figure(cache):
     for seq, stride, batch in ((64, 32, 3), (50, 7, 4), (40, 40, 2)):
         kept = sequence_nll(model, stream, seq, stride, batch)
         assert kept == sequence_nll(NoKeep(), stream, seq, stride, batch)
-        assert kept[0] == pytest.approx(_plain_loop(model, stream, seq, stride, batch)[0], rel=1e-6, abs=0)
+        assert kept[0] == pytest.approx(plain_loop(model, stream, seq, stride, batch)[0], rel=1e-6, abs=0)

@@ -74,8 +74,8 @@ def test_sigterm_ends_a_run_as_interrupted_with_exit_143(tmp_path, kit, json_):
     cmd = [sys.executable, "-m", "llmx", *(["--json"] if json_ else []), "--plugins-dir", str(kit), "run", str(recipe),
            "-o", str(runs_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(runs_dir.glob("*/waiting")):
+    deadline = time.monotonic() + 120  # a bound on waiting for the stage to start, not a timing assertion
+    while time.monotonic() < deadline and not list(runs_dir.glob("*/waiting")):
         if proc.poll() is not None:
             break
         time.sleep(0.1)
