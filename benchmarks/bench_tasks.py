@@ -50,22 +50,26 @@ def quality(model: str, small: str, prompts: int) -> list[dict]:
 
 
 def sandbox_cost() -> dict:
+    """The sandbox's cost per program (``bench_sandbox`` compares it with the audit-hook sandbox it replaced) and the
+    canonical HumanEval solutions judged on 1 and 2 workers."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from llmx.core.eval import sandbox
     from llmx.plugins.tasks import humaneval
 
     times = []
     for _ in range(30):
         t0 = time.perf_counter()
-        assert sandbox.run("x = 1").passed
+        assert sandbox.run("x = 1").completed
         times.append(time.perf_counter() - t0)
     problems = humaneval.rows("test", 0)
-    programs = [humaneval.program(p, p["reference"]) for p in problems]
     out = {"trivial_program_ms": 1000 * statistics.median(times)}
     for workers in (1, 2):
         t0 = time.perf_counter()
-        results = sandbox.run_many(programs, humaneval.LIMITS, workers=workers)
+        with ThreadPoolExecutor(workers) as pool:
+            verdicts = list(pool.map(lambda p: humaneval.judge(p, p["reference"])[0], problems))
         out[f"canonical_164_seconds_workers_{workers}"] = time.perf_counter() - t0
-        out[f"canonical_passed_workers_{workers}"] = sum(r.passed for r in results)
+        out[f"canonical_passed_workers_{workers}"] = sum(verdicts)
     print(out, flush=True)
     return out
 

@@ -79,19 +79,6 @@ def test_the_score_is_regret_plus_budget_left_by_hand():
     assert bo.score(early, problem) < bo.score(late, problem)
 
 
-def test_the_parent_scores_the_childs_queries_and_refuses_a_forged_reply():
-    (spec,) = _specs(TRAIN[:1])
-    y = bo.grid_values(spec)
-    indices = bo.run(bo.Problem.build(spec), compile_program(EI), 30, indices=True)
-    good = sandbox._reply(json.dumps({"ok": True, "indices": [indices]}), [spec], 30, "optimum")
-    assert good.ok and good.scores == [bo.score(bo.best_so_far(y, indices), y)]
-    forged = {"ok": True, "scores": [2.0], "curves": [[0.0] * 31]}
-    assert not sandbox._reply(json.dumps(forged), [spec], 30, "optimum").ok
-    start_at_the_optimum = [int(np.argmin(y))] + indices[1:]
-    assert not sandbox._reply(json.dumps({"ok": True, "indices": [start_at_the_optimum]}), [spec], 30, "optimum").ok
-    assert not sandbox._reply(json.dumps({"ok": True, "indices": [indices[:-1]]}), [spec], 30, "optimum").ok
-
-
 def test_the_ei_seed_scores_the_same_bit_for_bit_in_the_sandbox_and_in_process():
     specs = _specs()
     a, b = sandbox.evaluate(EI, specs), sandbox.evaluate(EI, specs)
@@ -229,7 +216,9 @@ def test_the_loop_goes_on_past_hostile_programs_and_never_reevaluates_a_duplicat
                         lambda src, *a, **k: calls.append(len(src)) or real(src, *a, **k))
     s.step(5)
     assert s.tally.sampled == 5 and s.tally.valid == 2 and s.tally.duplicates == 1
-    assert s.tally.reasons == {"refused": 1, "timeout": 1, "syntax": 1}
+    reasons = dict(s.tally.reasons)
+    assert reasons.pop("timeout", 0) + reasons.pop("cpu", 0) == 1  # the endless loop: CPU time, or wall time under load
+    assert reasons == {"refused": 1, "syntax": 1}
     assert calls == [3]  # the fifth (the fourth with a comment, blank lines, spacing) is not sent to the sandbox,
     # the unparseable one never is
     assert sum(len(c) for c in s.db.state[0].clusters.values()) + sum(

@@ -1,137 +1,306 @@
-"""The sandbox for generated code: each way out is stopped with its reason, and nothing is left behind."""
+"""The sandbox for model-written code: confined by the kernel, judged from outside. One attack per class, each of
+which got through the audit-hook sandbox this replaced; the limits end a program with its reason; nothing is left
+running or written."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from llmx.core.eval.sandbox import Limits, run, run_many
+from llmx.core.eval import plain, sandbox
+from llmx.core.eval.sandbox import Limits, run
 
-QUICK = Limits(wall_seconds=5, cpu_seconds=1, memory_mb=256, file_mb=1)
+QUICK = Limits(wall_seconds=30, cpu_seconds=2, memory_mb=256, file_mb=1)
+CLEAR_HOOK = "import sys\nfor v in list(vars(sys.modules['__main__']).values()):\n    getattr(v, 'clear', lambda: 0)()\n"
 
 
 @pytest.fixture
-def root(tmp_path):
-    folder = tmp_path / "scratch"
+def victim():
+    """A folder the sandbox can see (inside the interpreter's prefix, bound read-only) holding one file."""
+    folder = Path(sys.prefix) / f".llmx-sandbox-test-{uuid.uuid4().hex}"
     folder.mkdir()
+    (folder / "file").write_text("original")
+    os.utime(folder / "file", (1_000_000, 1_000_000))
+    before = _snapshot(folder)
     yield folder
-    assert list(folder.iterdir()) == []  # the scratch folder of every run is gone
+    after = _snapshot(folder)
+    shutil.rmtree(folder)
+    assert after == before, "the program changed a folder outside its own"
 
 
-def test_a_program_that_runs_to_its_end_passes_and_one_that_raises_fails(root):
-    ok = run("import math\nassert math.gcd(12, 18) == 6\nprint('done')", QUICK, root)
-    assert ok.passed and ok.stdout.strip() == "done"
-    bad = run("assert 1 + 1 == 3", QUICK, root)
-    assert bad.status == "failed" and "AssertionError" in bad.reason
+def _snapshot(folder: Path) -> dict:
+    return {p.name: (p.stat().st_mode, p.stat().st_mtime, p.read_bytes() if p.is_file() else b"")
+            for p in sorted(folder.iterdir())}
 
 
-def test_an_endless_loop_is_killed_by_the_cpu_limit(root):
-    o = run("while True:\n    pass", QUICK, root)
-    assert o.status == "cpu" and "CPU-time limit" in o.reason and o.seconds < 4
+def _running(marker: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
 
 
-def test_a_sleeper_is_killed_by_the_wall_clock(root):
-    o = run("import time\ntime.sleep(60)", Limits(wall_seconds=1, cpu_seconds=5), root)
-    assert o.status == "timeout" and "wall-clock" in o.reason and o.seconds < 5
+# -- attacks, one per class -------------------------------------------------------------------------------------
+
+WRITES = {
+    "dir_fd": "import os\nd = os.open({folder!r}, os.O_RDONLY)\nos.close(os.open('new', os.O_WRONLY | os.O_CREAT, dir_fd=d))",
+    "posix.open": "import posix\nposix.close(posix.open({folder!r} + '/file', posix.O_WRONLY | posix.O_TRUNC))",
+    "descriptor": "import os\nfd = os.open({folder!r} + '/file', os.O_RDWR)\nos.write(fd, b'pwned')",
+    "rename": "import os\nd = os.open({folder!r}, os.O_RDONLY)\nos.rename('file', 'moved', src_dir_fd=d, dst_dir_fd=d)",
+    "unlink": "import os\nd = os.open({folder!r}, os.O_RDONLY)\nos.unlink('file', dir_fd=d)",
+    "chmod": "import os\nfd = os.open({folder!r} + '/file', os.O_RDONLY)\nos.chmod(fd, 0o777)",
+    "utime": "import os\nd = os.open({folder!r}, os.O_RDONLY)\nos.utime('file', (0, 0), dir_fd=d)",
+    "hook cleared": CLEAR_HOOK + "open({folder!r} + '/new', 'w').write('x')",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(WRITES))
+def test_writes_and_metadata_changes_outside_its_folder_fail(victim, attack):
+    o = run(WRITES[attack].format(folder=str(victim)), QUICK)
+    assert o.status == "failed" and ("Read-only file system" in o.reason or "Permission" in o.reason), o
+    assert o.confined
+
+
+def test_a_session_started_by_a_raw_spawn_dies_with_the_sandbox(victim):
+    marker = f"llmx-sandbox-{uuid.uuid4().hex}"
+    program = (CLEAR_HOOK + "import subprocess\nsubprocess.Popen(['/bin/sh', '-c', 'sleep 2; echo late > "
+               f"{victim}/late; : {marker}'], start_new_session=True)\n")
+    o = run(program, QUICK)
+    assert o.completed, o
+    assert _running(marker) == []  # nothing of it survives the call
+    time.sleep(3)
+    assert not (victim / "late").exists() and _running(marker) == []
+
+
+def test_the_parents_environment_and_processes_are_out_of_sight(monkeypatch):
+    secret = uuid.uuid4().hex
+    monkeypatch.setenv("LLMX_TEST_SECRET", secret)
+    program = (f"import os\nfound = [k for k, v in os.environ.items() if v == {secret!r}]\n"
+               "for pid in os.listdir('/proc'):\n"
+               f"    try:\n        found += [pid] if {secret!r}.encode() in open(f'/proc/{{pid}}/environ', 'rb').read() else []\n"
+               "    except OSError:\n        pass\n"
+               "print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), 'found', found)"
+               )
+    o = run(program, QUICK)
+    assert o.completed and secret not in o.stdout and "found []" in o.stdout, o
+    pids = o.stdout.split("pids ")[1].split(" found")[0]
+    assert pids in ("[1, 2]", "[]")  # its own PID namespace: init and the program (or no /proc at all)
+
+
+def test_no_network_not_even_the_hosts_loopback_or_its_unix_sockets(tmp_path):
+    tcp = socket.create_server(("127.0.0.1", 0))
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(tmp_path / "s"))
+    unix.listen()
+    for s in (tcp, unix):
+        s.settimeout(0.5)
+    program = (CLEAR_HOOK + "import socket\nfor fam, addr in ((socket.AF_INET, ('127.0.0.1', {port})), "
+               "(socket.AF_UNIX, {path!r})):\n    s = socket.socket(fam)\n    try:\n        s.connect(addr)\n"
+               "        print('connected', addr)\n    except OSError as e:\n        print('refused', type(e).__name__)\n"
+               ).format(port=tcp.getsockname()[1], path=str(tmp_path / "s"))
+    try:
+        o = run(program, QUICK)
+        for s in (tcp, unix):
+            with pytest.raises(TimeoutError):
+                s.accept()
+    finally:
+        tcp.close()
+        unix.close()
+    assert o.completed and "connected" not in o.stdout and o.stdout.count("refused") == 2, o
+
+
+def _host_root_in_disguise() -> bool:
+    """A non-root uid that is the host's root (a test run under ``unshare --map-user``): the kernel exempts the
+    host's uid 0 from the process limit, so that limit cannot be seen from here."""
+    if os.geteuid() == 0:
+        return False
+    with open("/proc/self/uid_map") as f:
+        return any(int(inside) <= os.geteuid() < int(inside) + int(n) and int(outside) + os.geteuid() - int(inside) == 0
+                   for inside, outside, n in (line.split() for line in f))
+
+
+@pytest.mark.skipif(_host_root_in_disguise(), reason="the host's uid 0 is exempt from RLIMIT_NPROC")
+def test_processes_are_counted_in_its_own_namespace_and_none_outlives_it():
+    marker = str(uuid.uuid4().int)[:9]
+    program = (CLEAR_HOOK + "import os, time\nn = 0\ntry:\n    while n < 64:\n        if os.fork() == 0:\n"
+               f"            os.execv('/bin/sleep', ['sleep', '30.{marker}'])\n        n += 1\n"
+               "except OSError:\n    pass\nprint(n)")
+    o = run(program, Limits(wall_seconds=30, cpu_seconds=5, processes=8))
+    assert o.completed and int(o.stdout) <= 8, o
+    assert _running(f"30.{marker}") == []
+
+
+def test_a_nested_user_namespace_gains_no_write_access(victim):
+    """Where the host lets the program make a user namespace of its own (root's programs; a user's sandbox sets its
+    namespace's limit to none), the capabilities it holds there cannot make the read-only mounts writable."""
+    program = (CLEAR_HOOK + "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               "print(libc.unshare(0x10000000 | 0x20000), libc.mount(None, {f!r}.encode(), None, 32 | 4096, None))\n"
+               "open({f!r} + '/new', 'w')").format(f=str(victim))
+    o = run(program, QUICK)
+    assert o.status == "failed" and "Read-only file system" in o.reason and o.stdout.split()[-1] == "-1", o
+
+
+@pytest.mark.parametrize("completion", [
+    # an answer equal to everything
+    "    class Yes:\n        __eq__ = lambda self, other: True\n        __ne__ = lambda self, other: False\n    return Yes()\n",
+    # exit 0 before any test runs
+    "    return None\nimport os\nos._exit(0)\n",
+    # the old harness's pass token, read from the caller's frame and written to its status descriptor
+    "    return None\nimport sys, os\nf = sys._getframe()\nwhile f:\n    loc = f.f_locals\n"
+    "    if 'token' in loc and 'status' in loc:\n        os.write(loc['status'], f\"pass {loc['token']}\\n\".encode())\n"
+    "        os._exit(0)\n    f = f.f_back\n",
+    # the tests' globals patched from inside
+    "    return None\nimport builtins\nbuiltins.AssertionError = type('Quiet', (Exception,), {})\n",
+])
+def test_a_wrong_humaneval_solution_cannot_forge_its_verdict(completion):
+    from llmx.plugins.tasks import humaneval
+
+    row = next(r for r in humaneval.rows("test", 0) if r["id"] == "HumanEval/0")
+    passed, why = humaneval.judge(row, completion)
+    assert not passed, why
+    assert humaneval.judge(row, row["reference"]) == (True, "passed")
+
+
+# -- limits: each ends the program with its reason ---------------------------------------------------------------
+
+def test_an_endless_loop_ends_on_cpu_time():
+    o = run("while True:\n    pass", Limits(wall_seconds=120, cpu_seconds=1))
+    assert o.status == "cpu" and "CPU-time limit" in o.reason, o
+
+
+def test_a_sleeper_ends_on_the_wall_clock_without_using_cpu():
+    o = run("import time\ntime.sleep(60)", Limits(wall_seconds=1, cpu_seconds=30))
+    assert o.status == "timeout" and "wall-clock" in o.reason and o.seconds < 30, o
 
 
 @pytest.mark.parametrize("bomb", ["x = bytearray(8 << 30)", "a = []\nwhile True:\n    a.append(bytearray(1 << 20))"])
-def test_a_memory_bomb_hits_the_memory_limit(root, bomb):
-    o = run(bomb, QUICK, root)
-    assert o.status == "memory" and "memory limit" in o.reason
+def test_a_memory_bomb_ends_on_memory(bomb):
+    o = run(bomb, QUICK)
+    assert o.status == "memory", o
 
 
-@pytest.mark.parametrize("bomb,event", [("import os\nwhile True:\n    os.fork()", "os.fork"),
-                                        ("import subprocess\nsubprocess.run(['sh', '-c', ':(){ :|:& };:'])",
-                                         "subprocess.Popen"),
-                                        ("import os\nos.system('echo hi')", "os.system")])
-def test_a_fork_bomb_is_refused(root, bomb, event):
-    o = run(bomb, QUICK, root)
-    assert o.status == "forbidden" and event in o.reason
+def test_flooded_output_ends_on_output_and_a_big_file_on_file_size():
+    o = run("while True:\n    print('x' * 4096)", QUICK)
+    assert o.status == "output" and len(o.stdout) <= sandbox.CAPTURED, o
+    big = run("open('/tmp/big', 'wb').write(b'x' * (2 << 20))", QUICK)
+    assert big.status == "file_size", big
+    full = run("for i in range(8):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (900 << 10))",
+               Limits(wall_seconds=30, file_mb=1, scratch_mb=4))
+    assert full.status == "file_size" and "full" in full.reason, full
 
 
-def test_writes_outside_the_folder_are_refused_and_do_not_happen(root, tmp_path):
-    outside = tmp_path / "outside.txt"
-    keep = tmp_path / "keep.txt"
-    keep.write_text("k")
-    programs = [f"open({str(outside)!r}, 'w').write('x')",
-                f"import os\nos.open({str(outside)!r}, os.O_CREAT | os.O_WRONLY)",
-                f"try:\n    open({str(outside)!r}, 'a')\nexcept BaseException:\n    pass",  # catching does not help
-                f"import os\nos.remove({str(keep)!r})",
-                f"import os\nos.symlink({str(keep)!r}, 'link')\nopen('link', 'w')",
-                f"import sqlite3\nsqlite3.connect({str(outside)!r})",
-                f"import os\nfd = os.open({str(tmp_path)!r}, os.O_RDONLY)\nos.open('outside.txt', os.O_CREAT | os.O_WRONLY, "
-                "dir_fd=fd)"]
-    for program in programs:
-        o = run(program, QUICK, root)
-        assert o.status == "forbidden" and "outside the scratch folder" in o.reason, program
-    assert not outside.exists() and keep.read_text() == "k"
+def test_its_folder_is_writable_private_and_gone_afterwards():
+    first = run("import os\nopen('/tmp/mine', 'w').write('x')\nprint(os.getcwd(), os.listdir('/tmp'))", QUICK)
+    assert first.completed and first.stdout.split() == ["/tmp", "['mine']"], first
+    second = run("import os\nprint(os.listdir('/tmp'))", QUICK)
+    assert second.stdout.strip() == "[]"
 
 
-def test_files_inside_the_folder_are_fine_but_size_is_limited(root):
-    assert run("open('a.txt', 'w').write('x')\nimport tempfile\ntempfile.NamedTemporaryFile(delete=False)", QUICK,
-               root).passed
-    o = run("open('big', 'wb').write(b'x' * (4 << 20))", QUICK, root)
-    assert o.status == "file_size" and "1 MiB" in o.reason
+def test_leaving_early_by_exit_is_not_completing():
+    assert run("import sys\nsys.exit(0)", QUICK).status == "exited"
 
 
-@pytest.mark.parametrize("program", ["import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))",
-                                     "import socket\nsocket.gethostbyname('localhost')",
-                                     "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9')"])
-def test_no_network(root, program):
-    o = run(program, QUICK, root)
-    assert o.status == "forbidden" and "socket" in o.reason
-    assert o.network in ("namespace", "audit-hook")
+def test_the_child_gets_a_clean_environment(monkeypatch):
+    monkeypatch.setenv("LLMX_TEST_TOKEN", "secret")
+    o = run("import os\nprint(sorted(os.environ))", QUICK)
+    assert "LLMX_TEST_TOKEN" not in o.stdout and "OMP_NUM_THREADS" in o.stdout
 
 
-def test_legitimate_programs_pass(root):
-    """Threads, in-memory SQLite, a BLAS library and a __main__ guard are ordinary Python, not escapes."""
-    assert run("import threading\nt = threading.Thread(target=print)\nt.start()\nt.join()", QUICK, root).passed
-    assert run("import sqlite3\nsqlite3.connect(':memory:').execute('select 1')", QUICK, root).passed
-    assert run("import numpy\nassert numpy.ones((64, 64)).dot(numpy.ones(64)).sum() == 64 * 64", QUICK, root).passed
-    guarded = "if __name__ == '__main__':\n    raise SystemExit(3)"
-    assert run(guarded, QUICK, root).status == "exited" and run(guarded, QUICK, root, module_name="judged").passed
+def test_an_interrupted_caller_leaves_nothing_running(monkeypatch):
+    marker = str(uuid.uuid4().int)[:9]
+    started = threading.Event()
+    real = sandbox._Child._await_ready
 
+    def interrupted(self):
+        real(self)
+        started.set()
+        deadline = time.monotonic() + 20
+        while not _running(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise KeyboardInterrupt
 
-def test_an_interrupted_caller_leaves_no_child_running(root, monkeypatch):
-    import llmx.core.eval.sandbox as sandbox
-
-    seen = []
-    real = sandbox._reap
-
-    def recording(proc):
-        seen.append(proc.pid)
-        return real(proc)
-
-    monkeypatch.setattr(sandbox._reap.__globals__["os"], "waitid",
-                        lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
-    monkeypatch.setattr(sandbox, "_reap", recording)
+    monkeypatch.setattr(sandbox._Child, "_await_ready", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run("import time\ntime.sleep(60)", QUICK, root)
-    with pytest.raises(ProcessLookupError):
-        os.kill(seen[0], 0)  # killed and reaped
+        run(f"import os\nos.execv('/bin/sleep', ['sleep', '60.{marker}'])", QUICK)
+    assert started.is_set()
+    deadline = time.monotonic() + 10
+    while _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(marker) == []
 
 
-def test_leaving_early_is_not_passing(root):
-    assert run("import sys\nsys.exit(0)", QUICK, root).status == "exited"
-    assert run("import os\nos._exit(0)", QUICK, root).status == "exited"
+# -- sessions: plain values across, the verdict here -------------------------------------------------------------
+
+def test_a_session_calls_functions_with_plain_values_and_reports_what_they_raise():
+    source = "def add(a, b=0):\n    return a + b\ndef boom():\n    raise KeyError('k')\ndef obj():\n    return object()\n"
+    with sandbox.session(source, QUICK) as s:
+        assert s.call("add", (1, 2), b=(3,)) == (1, 2, 3)
+        with pytest.raises(sandbox.Raised, match="TypeError"):
+            s.call("add", {1: [2.5, None]}, b={})
+        with pytest.raises(sandbox.Raised, match="KeyError"):
+            s.call("boom")
+        with pytest.raises(sandbox.Raised, match="NotPlain"):
+            s.call("obj")
+        np.testing.assert_array_equal(s.call("add", np.arange(4.0), b=1.0), np.arange(1.0, 5.0))
+    assert s.outcome.completed
 
 
-def test_run_many_keeps_the_order(root):
-    out = run_many(["pass", "raise ValueError('x')", "pass"], QUICK, workers=2, root=root)
-    assert [o.status for o in out] == ["passed", "failed", "passed"]
+def test_a_session_that_dies_or_sleeps_mid_call_raises_ended_with_its_reason():
+    with pytest.raises(sandbox.Ended, match="timeout"):
+        with sandbox.session("import time\ndef f():\n    time.sleep(60)\n", Limits(wall_seconds=1)) as s:
+            s.call("f")
+    with pytest.raises(sandbox.Ended, match="failed"):
+        with sandbox.session("raise ValueError('at import')\n", QUICK) as s:
+            s.call("f")
 
 
-def test_the_child_gets_a_clean_environment(root, monkeypatch):
-    monkeypatch.setenv("LLMX_SECRET", "s3cret")
-    o = run("import os\nprint(sorted(os.environ))\nprint(os.getcwd())", QUICK, root)
-    assert o.passed and "LLMX_SECRET" not in o.stdout and os.path.basename(str(root)) in o.stdout
+def test_a_malformed_reply_is_a_failure_not_a_value():
+    garbage = ("import os\ndef f():\n    for fd in map(int, os.listdir('/proc/self/fd')):\n"
+               "        try:\n            os.write(fd, b'{\"value\": {\"x\": 1, \"y\": 2}}\\n')\n"
+               "        except OSError:\n            pass\n    import time\n    time.sleep(5)\n")
+    with pytest.raises(sandbox.Ended, match="malformed"):
+        with sandbox.session(garbage, QUICK) as s:
+            s.call("f")
 
 
-def test_collect_reads_back_the_reply_file_left_in_the_folder_but_not_a_link(root):
-    out = run("open('reply.json', 'w').write('x' * 20000)", QUICK, root, collect="reply.json")
-    assert out.passed and out.collected == "x" * 20000  # past what stdout keeps
-    link = run("import os\nos.symlink('/etc/hostname', 'reply.json')", QUICK, root, collect="reply.json")
-    assert link.collected == ""
-    assert run("pass", QUICK, root, collect="reply.json").collected == ""
+def test_plain_values_round_trip_and_nothing_else_crosses():
+    class Always(int):
+        def __eq__(self, other):
+            return True
+
+    value = [None, True, 3, -2.5, float("inf"), "s", b"\x00", 1 + 2j, (1, (2,)), {1, 2}, frozenset({3}),
+             {(1, 2): {"k": [1]}}, np.float32(1.5), np.int64(7)]
+    back = plain.loads(plain.dumps(value))
+    assert back[:-2] == value[:-2] and back[-2:] == [1.5, 7] and type(back[-1]) is int
+    assert type(plain.loads(plain.dumps(Always(5)))) is int and plain.loads(plain.dumps(Always(5))) != 6
+    with pytest.raises(plain.NotPlain):
+        plain.dumps(np.array([object()]))
+    with pytest.raises(ValueError):
+        plain.loads('{"a": ["|O", [1], ""]}')
+    with pytest.raises(ValueError):
+        plain.loads('{"x": 1}')
+
+
+def test_a_machine_that_cannot_confine_is_refused_unless_the_user_says_unsafe(monkeypatch):
+    monkeypatch.setattr(sandbox, "NAMESPACES", ("user", "time_travel"))
+    with pytest.raises(sandbox.Unavailable) as e:
+        run("print(1)", QUICK)
+    assert e.value.exit_code == 3 and "unsafe_unconfined=true" in e.value.hint
+    o = run("print(1)", QUICK, unsafe=True)
+    assert o.completed and not o.confined
+    with sandbox.allow_unconfined(True):
+        assert not run("print(1)", QUICK).confined

@@ -240,7 +240,9 @@ class TaskSpec:
     ``stop`` string, kept when ``include_stop``) and ``judge(row, completion)`` scores each completion: a bool or a
     float (1 or more passes), or ``(score, note)`` where the note says why. A row's ``reference`` (a gold
     completion) adds its NLL to the metrics. ``samples`` and ``temperature`` are the task's defaults; ``metrics``
-    names what it reports; ``requires`` are importable modules it needs.
+    names what it reports; ``requires`` are importable modules it needs; ``runs_code`` says its judge runs
+    model-written code in the sandbox (``core.eval.sandbox``), so a machine that cannot confine it is refused before
+    any generation.
     """
 
     name: str
@@ -256,6 +258,7 @@ class TaskSpec:
     temperature: float = 0.0
     delimiter: str = " "
     requires: tuple[str, ...] = ()
+    runs_code: bool = False
     summary: str = ""
     plugin: str = field(default="", compare=False)
 
@@ -277,5 +280,5 @@ class TaskSpec:
         return {"name": self.name, "kind": self.kind, "splits": list(self.splits), "metrics": list(self.metrics),
                 "samples": self.samples, "temperature": self.temperature, "max_new_tokens": self.max_new_tokens,
                 "stop": list(self.stop), "include_stop": self.include_stop, "delimiter": self.delimiter,
-                "requires": list(self.requires), "summary": self.summary,
+                "requires": list(self.requires), "runs_code": self.runs_code, "summary": self.summary,
                 "plugin": self.plugin}

@@ -1,28 +1,32 @@
-"""Run generated code in a child process with limits, for judges that execute it (pass@k, ProSec's checks, FunBO).
+"""Run model-written code confined by the kernel, and judge it from outside (HumanEval's tests, FunBO's BO loop).
 
-What it does: a fresh interpreter (``python -I -B``, one thread for BLAS / OpenMP) in a new session, in a scratch
-folder that is removed afterwards; limits on CPU time, address space, file size and core dumps (and processes, where
-asked: ``RLIMIT_NPROC`` counts all of the user's processes and threads, and not at all for root); a wall-clock kill of
-the whole process group, also when the caller is interrupted; its own network namespace where the kernel allows
-unprivileged ones; an audit hook that stops the program (``forbidden``) when it forks, spawns, signals, connects,
-binds, sends or resolves a name through a socket, loads a C library through ctypes, changes its limits, or writes,
-removes or renames anything (a SQLite file included) outside its folder. A program passes only when it runs to its
-end: a ``sys.exit`` or ``os._exit`` half-way fails. A caller's harness may name trusted modules to ``preload``: the
-child imports them under the limits but before the hook, as a library's import-time work is not the program's (numpy
-1.25 to 2.1.1 run ``lscpu`` when ``numpy.testing`` is imported, which scipy 1.10's ``stats`` and ``optimize`` do).
+Confinement (``sandbox_child``): the program runs in its own mount, PID, network, IPC and UTS namespaces, as an
+unprivileged uid (a user's: 1000 in a user namespace of its own, mapped to the caller's uid; root's: a uid of its own,
+2^30 + the launcher's pid), with no capabilities and no new privileges, in a new root where the system and the
+interpreter are read-only binds, ``/proc`` is its own PID namespace's, nothing of the user's home, ``/run``, ``/var``
+or the host's ``/tmp`` is visible, and its folder ``/tmp`` is a size-limited tmpfs that vanishes with it. Limits on
+CPU time, address space (per process), file size (its output included), processes and wall-clock time; when the
+program's supervisor exits or is killed, the kernel kills every process left in the namespace, sessions and daemons
+included. Needs Linux 5.12 or later and, for a user who is not root, unprivileged user namespaces; where they are
+missing (or a container forbids them) the sandbox refuses (``Unavailable``, exit 3) unless the caller passes
+``unsafe=True``, which keeps the limits and a process group and nothing else.
 
-What it does not protect against: it is not a container. The program can read every file the user can; code in C
-extensions it imports (numpy, say) is not audited; the audit hook lives in the same interpreter, so a program
-written to escape it (through ``gc`` or frame introspection) can. Run code you would not run by hand in a container
-or a VM.
+Verdicts: ``run`` says how a whole program ended, in the program's own words (it can exit 0 whenever it likes); a
+judge uses ``session``: the program's module runs in the sandbox, and the trusted test code runs here and calls its
+functions through a channel that carries plain values (``plain``: JSON, never pickle), so a verdict depends only on
+values the test code checks itself. What a program can still do: read what the visible system files let its uid read;
+use its CPU, memory and time up to the limits; answer calls wrongly or not at all (a failure); use several processes,
+each with its own address-space limit; as root's program, where the host allows unprivileged user namespaces, make one
+of its own (which cannot make the read-only mounts writable).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
-import secrets
+import select
 import shutil
 import signal
 import stat
@@ -31,62 +35,127 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from llmx.core.eval import plain
+from llmx.errors import CannotRun
+
 CHILD = Path(__file__).with_name("sandbox_child.py")
-FORBIDDEN_CODE = 86
+NAMESPACES = ("user", "mount", "pid", "net", "ipc", "uts")
 CAPTURED = 8192  # bytes of stdout / stderr kept
 THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # one thread each, as the official harness
+EXIT = {0: ("completed", ""), 1: ("failed", ""), 2: ("exited", ""), 3: ("memory", "the program exceeded its memory limit"),
+        4: ("file_size", ""), 5: ("file_size", "its folder is full")}
+UNSAFE_HINT = "pass --set unsafe_unconfined=true to run it with limits only, unconfined (unsafe)"
 
 
 @dataclass(frozen=True)
 class Limits:
     wall_seconds: float = 10.0
     cpu_seconds: int = 10
-    memory_mb: int = 1024
-    file_mb: int = 16
-    processes: int | None = None  # RLIMIT_NPROC, off by default (the audit hook refuses forks for everyone)
+    memory_mb: int = 1024  # address space of each process
+    file_mb: int = 16  # any one file it writes, its stdout and stderr included
+    processes: int = 16  # processes and threads the program may have at once
+    scratch_mb: int = 64  # its folder, /tmp
+    reply_mb: int = 16  # one reply on the channel
 
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str  # passed | failed | exited | timeout | cpu | memory | file_size | forbidden | crashed
+    status: str  # completed | failed | exited | timeout | cpu | memory | output | file_size | crashed
     reason: str
     seconds: float
     stdout: str = ""
     stderr: str = ""
-    network: str = ""  # namespace | audit-hook
-    collected: str = ""  # the text of the ``collect`` file the program left in its folder, when asked for one
+    confined: bool = True
 
     @property
-    def passed(self) -> bool:
-        return self.status == "passed"
+    def completed(self) -> bool:
+        return self.status == "completed"
 
 
-def run(source: str, limits: Limits = Limits(), root: str | Path | None = None, module_name: str = "__main__",
-        collect: str | None = None, preload: Sequence[str] = ()) -> Outcome:
-    """Run ``source`` as a program (its ``__name__`` is ``module_name``); the scratch folder is made under ``root``
-    (the system temp folder by default). ``collect`` names a file the program writes in its folder (a reply larger
-    than the captured stdout): read back, when it is a regular file, before the folder goes. ``preload`` names
-    installed modules the child imports before the audit hook (never from the scratch folder, which is not on its
-    path yet); one that fails to import fails the run."""
-    scratch = tempfile.mkdtemp(prefix="llmx-sandbox-", dir=root)
+class Unavailable(CannotRun):
+    """This kernel (or container) cannot confine a program, and the caller did not choose to run it unconfined."""
+
+
+class Raised(Exception):
+    """The called function raised: ``kind`` is its exception's type name (a string: nothing crosses but text)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}" if message else kind)
+        self.kind = kind
+
+
+class Ended(Exception):
+    """The program ended (or was killed) before it answered; ``outcome`` says how."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status)
+        self.outcome = outcome
+
+
+def run(source: str, limits: Limits = Limits(), *, module_name: str = "__main__", packages: Sequence[str] = (),
+        unsafe: bool | None = None) -> Outcome:
+    """Run ``source`` as a whole program (``__name__`` is ``module_name``); ``packages`` names installed top-level
+    packages it may import (read-only). ``completed`` means it exited 0: its own word, not a verdict."""
+    child = _Child(source, limits, module_name, tuple(packages), _unsafe(unsafe), serve=False)
+    return child.finish()
+
+
+@contextlib.contextmanager
+def session(source: str, limits: Limits = Limits(), *, module_name: str = "__main__", packages: Sequence[str] = (),
+            unsafe: bool | None = None) -> Iterator[Session]:
+    """Run ``source``'s module in the sandbox and call its functions from here (``Session.call``); the limits hold
+    for the whole session. The child is gone, with everything it started, when the block ends."""
+    child = _Child(source, limits, module_name, tuple(packages), _unsafe(unsafe), serve=True)
+    s = Session(child)
     try:
-        outcome = _run(source, limits, scratch, module_name, tuple(preload))
-        return replace(outcome, collected=_collect(scratch, collect)) if collect else outcome
+        yield s
     finally:
-        _remove(scratch)
+        s.outcome = child.finish()
 
 
-def _collect(scratch: str, name: str) -> str:
-    path = os.path.join(scratch, name)
-    if os.path.islink(path) or not os.path.isfile(path):
-        return ""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
+class Session:
+    def __init__(self, child: _Child):
+        self._child = child
+        self.outcome: Outcome | None = None
+
+    def call(self, name: str, *args, **kwargs) -> object:
+        """``name(*args, **kwargs)`` in the program: its plain return value; ``Raised`` if it raised, ``Ended`` if the
+        program ended or broke the channel's protocol."""
+        return self._child.call(name, args, kwargs)
+
+    def function(self, name: str) -> Callable:
+        return functools.partial(self.call, name)
+
+
+@contextlib.contextmanager
+def allow_unconfined(allowed: bool) -> Iterator[None]:
+    """Within the block (and the judges' threads it starts), ``unsafe=None`` means ``allowed``: for judges, whose
+    signature ``judge(row, completion)`` cannot carry the user's choice."""
+    global _ALLOWED
+    before, _ALLOWED = _ALLOWED, allowed
+    try:
+        yield
+    finally:
+        _ALLOWED = before
+
+
+_ALLOWED = False
+
+
+def _unsafe(unsafe: bool | None) -> bool:
+    return _ALLOWED if unsafe is None else unsafe
+
+
+@functools.cache
+def check(unsafe: bool = False) -> None:
+    """Refuse (``Unavailable``) before any work when this machine cannot confine a program, unless ``unsafe``."""
+    if not unsafe:
+        run("pass", Limits(wall_seconds=60.0))
 
 
 def usable_cpus() -> int:
@@ -107,11 +176,217 @@ def cancelling_pool(workers: int) -> Iterator[ThreadPoolExecutor]:
     pool.shutdown(wait=True)
 
 
-def run_many(sources: Sequence[str], limits: Limits = Limits(), workers: int | None = None,
-             root: str | Path | None = None) -> list[Outcome]:
-    """:func:`run` over ``sources`` on ``workers`` processes at a time (default: :func:`usable_cpus`), in order."""
-    with cancelling_pool(workers or usable_cpus()) as pool:
-        return list(pool.map(lambda s: run(s, limits, root), sources))
+def _binds() -> list[str]:
+    """The interpreter's prefixes, read-only inside (the system folders are the child's own list)."""
+    return sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                   os.path.dirname(os.path.realpath(sys.executable))})
+
+
+def _package_dirs(names: tuple[str, ...]) -> dict[str, str]:
+    import importlib.util
+
+    found = {}
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"{name} is not an installed package")
+        found[name] = os.path.realpath(list(spec.submodule_search_locations)[0])
+    return found
+
+
+class _Child:
+    """One sandboxed program: its processes, its channel, its clock and its end."""
+
+    def __init__(self, source: str, limits: Limits, module_name: str, packages: tuple[str, ...], unsafe: bool,
+                 serve: bool):
+        self.limits, self.unsafe, self.outcome = limits, unsafe, None
+        self.folder = tempfile.mkdtemp(prefix="llmx-sandbox-")
+        os.chmod(self.folder, 0o755)  # empty: the mount point of its root, which root's child reaches as nobody
+        self.status, status_w = os.pipe()
+        ends = [status_w]
+        self.request = self.reply = None
+        if serve:
+            request_r, self.request = os.pipe()
+            self.reply, reply_w = os.pipe()
+            ends += [request_r, reply_w]
+        cfg = {"confine": not unsafe, "namespaces": list(NAMESPACES), "caller": os.getpid(), "root": self.folder,
+               "binds": _binds(), "packages": _package_dirs(packages), "status_fd": status_w,
+               "serve": serve, "request_fd": ends[1] if serve else -1, "reply_fd": ends[2] if serve else -1,
+               "channel_fds": ends[1:], "module_name": module_name, "cpu_seconds": int(limits.cpu_seconds),
+               "memory_bytes": int(limits.memory_mb) << 20, "file_bytes": int(limits.file_mb) << 20,
+               "processes": int(limits.processes), "scratch_bytes": int(limits.scratch_mb) << 20}
+        home = self.folder if unsafe else "/tmp"
+        env = {"PATH": os.defpath, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **dict.fromkeys(THREADS, "1")}
+        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.expired = threading.Event()
+        self.init_fd: int | None = None
+        self.lines: list[str] = []
+        self.buffer = b""
+        self.start = time.monotonic()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD), json.dumps(cfg)],
+                                         stdin=subprocess.PIPE, stdout=self.out, stderr=self.err, cwd=self.folder,
+                                         env=env, pass_fds=tuple(ends), start_new_session=True)
+        except BaseException:
+            self._close_fds()
+            raise
+        finally:
+            for fd in ends:
+                os.close(fd)
+        self.clock = threading.Timer(limits.wall_seconds, self._expire)
+        self.clock.start()
+        try:
+            self.proc.stdin.write(source.encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self._await_ready()
+        except BaseException:
+            self.finish()
+            raise
+
+    def _expire(self) -> None:
+        self.expired.set()
+        _kill_group(self.proc.pid)
+
+    def _await_ready(self) -> None:
+        """Status lines until the supervisor is ready (or the child could not confine itself)."""
+        while True:
+            line = self._status_line()
+            if line is None or line.startswith(("ready", "unavailable")):
+                break
+        if line is not None and line.startswith("unavailable"):
+            self.finish()
+            raise Unavailable(f"the sandbox cannot confine model-written code on this machine ({line[12:]}); it needs "
+                              "Linux 5.12 or later with unprivileged user namespaces", hint=UNSAFE_HINT)
+
+    def _status_line(self) -> str | None:
+        text = b""
+        while not text.endswith(b"\n"):
+            ready, _, _ = select.select([self.status], [], [], max(self._remaining(), 0.0) + 2.0)
+            chunk = os.read(self.status, 1) if ready else b""
+            if not chunk:
+                return None
+            text += chunk
+        line = text.decode("utf-8", "replace").strip()
+        self.lines.append(line)
+        if line.startswith("init "):
+            with contextlib.suppress(ProcessLookupError):
+                self.init_fd = os.pidfd_open(int(line.split()[1]))
+        return line
+
+    def _remaining(self) -> float:
+        return self.limits.wall_seconds - (time.monotonic() - self.start)
+
+    def call(self, name: str, args: tuple, kwargs: dict) -> object:
+        request = (plain.dumps([name, list(args), kwargs]) + "\n").encode()
+        try:
+            while request:
+                request = request[os.write(self.request, request):]
+        except BrokenPipeError:
+            raise Ended(self.finish()) from None
+        line = self._reply_line()
+        try:
+            reply = json.loads(line)
+            if type(reply) is not dict or len(reply) != 1:
+                raise ValueError("not one key")
+            if "value" in reply:
+                return plain.decode(reply["value"])
+            kind, message = reply["raised"]
+            if type(kind) is not str or type(message) is not str:
+                raise ValueError("not text")
+        except (ValueError, KeyError, TypeError) as e:
+            outcome = self.finish()
+            raise Ended(Outcome("failed", f"a malformed reply ({e})", outcome.seconds, outcome.stdout,
+                                outcome.stderr, outcome.confined)) from None
+        raise Raised(kind[:100], message)
+
+    def _reply_line(self) -> bytes:
+        cap = self.limits.reply_mb << 20
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([self.reply], [], [], max(self._remaining(), 0.0) + 2.0)
+            chunk = os.read(self.reply, 1 << 16) if ready else b""
+            if not chunk:
+                raise Ended(self.finish())
+            self.buffer += chunk
+            if len(self.buffer) > cap:
+                outcome = self.finish()
+                raise Ended(Outcome("output", f"a reply larger than {self.limits.reply_mb} MiB", outcome.seconds,
+                                    outcome.stdout, outcome.stderr, outcome.confined))
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def finish(self) -> Outcome:
+        """End the child (closing its channel first, so a serving program returns), kill what is left, and say
+        how it ended. Idempotent."""
+        if self.outcome is not None:
+            return self.outcome
+        try:
+            if self.request is not None:
+                os.close(self.request)
+                self.request = None
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: its group id stays ours
+        finally:
+            self.clock.cancel()
+            if self.clock.ident is not None:
+                self.clock.join()  # an expiry under way finishes before the child is reaped
+            _kill_group(self.proc.pid)  # what is left, or everything when the caller is interrupted
+            _, code, _ = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(code)
+            while self._status_line() is not None:
+                pass
+            if self.init_fd is not None:  # the namespace's init: when it is gone, so is everything it held
+                select.select([self.init_fd], [], [], 10.0)
+            texts = [_tail(f) for f in (self.out, self.err)]
+            sizes = [os.fstat(f.fileno()).st_size for f in (self.out, self.err)]
+            self._close_fds()
+            _remove(self.folder)
+        status, reason = self._classify(max(sizes), texts[1])
+        self.outcome = Outcome(status, reason, time.monotonic() - self.start, texts[0], texts[1], not self.unsafe)
+        return self.outcome
+
+    def _classify(self, output_bytes: int, stderr: str) -> tuple[str, str]:
+        ended = next((line.split()[1:] for line in reversed(self.lines) if line.startswith("ended ")), None)
+        if self.expired.is_set():
+            return "timeout", f"killed after {self.limits.wall_seconds:g} s of wall-clock time"
+        if ended is None:
+            return "crashed", f"the sandbox's supervisor ended first (exit code {self.proc.returncode})"
+        how, value, cpu = ended[0], int(ended[1]), float(ended[2])
+        if how == "signal" and (value == signal.SIGXCPU or (value == signal.SIGKILL and cpu >= self.limits.cpu_seconds)):
+            return "cpu", f"CPU-time limit of {self.limits.cpu_seconds} s exceeded"
+        if how == "signal":
+            return "crashed", f"killed by {signal.Signals(value).name}"
+        if value == 4 and output_bytes >= self.limits.file_mb << 20:
+            return "output", f"more than {self.limits.file_mb} MiB of output"
+        if value == 4:
+            return "file_size", f"file-size limit of {self.limits.file_mb} MiB exceeded"
+        status, reason = EXIT.get(value, ("exited", f"exit code {value}"))
+        return status, reason or _last_line(stderr)
+
+    def _close_fds(self) -> None:
+        for fd in (self.status, self.request, self.reply, self.init_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.status = self.request = self.reply = self.init_fd = None
+        self.out.close()
+        self.err.close()
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _tail(f) -> str:
+    f.seek(0, os.SEEK_END)
+    f.seek(max(f.tell() - CAPTURED, 0))
+    return f.read().decode("utf-8", "replace")
+
+
+def _last_line(text: str) -> str:
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")[:400]
 
 
 def _remove(folder: str) -> None:
@@ -122,115 +397,8 @@ def _remove(folder: str) -> None:
 
 
 def _writable(func, path, _exc) -> None:
-    """rmtree's error handler: a program may leave folders without write permission; restore it and retry."""
+    """rmtree's error handler: an unconfined program may leave folders without write permission; restore, retry."""
     os.chmod(os.path.dirname(path), stat.S_IRWXU)
     if os.path.isdir(path) and not os.path.islink(path):
         os.chmod(path, stat.S_IRWXU)
     func(path)
-
-
-def _run(source: str, limits: Limits, scratch: str, module_name: str, preload: tuple[str, ...] = ()) -> Outcome:
-    program = os.path.join(scratch, "program.py")
-    with open(program, "w", encoding="utf-8") as f:
-        f.write(source)
-    token = secrets.token_hex(16)
-    read_end, write_end = os.pipe()
-    cfg = {"scratch": scratch, "program": program, "status_fd": write_end, "forbidden_code": FORBIDDEN_CODE,
-           "cpu_seconds": int(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb) << 20,
-           "file_bytes": int(limits.file_mb) << 20, "processes": limits.processes, "module_name": module_name,
-           "preload": list(preload)}
-    env = {"PATH": os.defpath, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8", **dict.fromkeys(THREADS, "1")}
-    start = time.monotonic()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD), json.dumps(cfg)], stdin=subprocess.PIPE,
-                                    stdout=out, stderr=err, cwd=scratch, env=env, pass_fds=(write_end,),
-                                    start_new_session=True)
-        except BaseException:
-            os.close(read_end)
-            raise
-        finally:
-            os.close(write_end)
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            _kill_group(proc.pid)
-
-        clock = threading.Timer(limits.wall_seconds, expire)
-        try:
-            try:
-                proc.stdin.write(f"{token}\n".encode())
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-            clock.start()
-            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended but not reaped: its group id stays ours
-        finally:
-            clock.cancel()
-            if clock.ident is not None:
-                clock.join()  # an expiry already under way finishes before the child is reaped
-            _kill_group(proc.pid)  # what the program left running, or the program itself when the caller is interrupted
-            rc, cpu = _reap(proc)
-            status = _drain(read_end)
-        texts = [_tail(f) for f in (out, err)]
-    network = next((line.split(" ", 1)[1] for line in status if line.startswith("network ")), "")
-    status_, reason = _classify(rc, cpu, status, token, expired.is_set(), limits)
-    return Outcome(status_, reason, time.monotonic() - start, texts[0], texts[1], network.strip())
-
-
-def _reap(proc: subprocess.Popen) -> tuple[int, float]:
-    """Wait for the child; its return code (minus the signal that killed it) and the CPU seconds it used."""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_utime + usage.ru_stime
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _drain(fd: int) -> list[str]:
-    os.set_blocking(fd, False)
-    chunks = []
-    try:
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    except BlockingIOError:
-        pass
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace").splitlines()
-
-
-def _tail(f) -> str:
-    f.seek(0, os.SEEK_END)
-    f.seek(max(f.tell() - CAPTURED, 0))
-    return f.read().decode("utf-8", "replace")
-
-
-def _classify(rc: int, cpu: float, status: list[str], token: str, timed_out: bool, limits: Limits) -> tuple[str, str]:
-    outcome = next((line for line in reversed(status) if not line.startswith("network ")), "")
-    kind, _, detail = outcome.partition(" ")
-    if kind == "pass" and detail == token and rc == 0:
-        return "passed", ""
-    if timed_out:
-        return "timeout", f"killed after {limits.wall_seconds:g} s of wall-clock time"
-    if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu >= limits.cpu_seconds):
-        return "cpu", f"CPU-time limit of {limits.cpu_seconds} s exceeded"
-    if rc == -signal.SIGXFSZ or kind == "file_size":
-        return "file_size", f"file-size limit of {limits.file_mb} MiB exceeded"
-    if kind in ("forbidden", "memory"):
-        return kind, detail or kind
-    if kind == "exit":
-        return "exited", detail
-    if kind == "error":
-        return "failed", detail
-    if rc == -signal.SIGKILL:
-        return "crashed", "killed by SIGKILL (the system's out-of-memory killer?)"
-    if rc < 0:
-        return "crashed", f"killed by {signal.Signals(-rc).name}"
-    return "exited", f"the program stopped before its end (exit code {rc})"

@@ -27,6 +27,9 @@ class TaskSource(Params):
     batch_size: int = Field(8, gt=0)
     judge_workers: int | None = Field(None, gt=0, description="Judges run at once (code runs in the sandbox); "
                                       "default: the CPU count.")
+    unsafe_unconfined: bool = Field(False, description="Tasks that run model-written code (humaneval): run it with "
+                                    "resource limits only, without the kernel's confinement, where this machine "
+                                    "cannot confine it (unsafe: the code can write, spawn and connect as you).")
 
     @field_validator("task")
     @classmethod

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmx.core.eval import stats
+from llmx.core.eval import sandbox, stats
 from llmx.core.eval.generate import Completion, generate
 from llmx.core.eval.sandbox import cancelling_pool
 from llmx.core.eval.score import choose, continuation_logprobs, move_whitespace, token_logprobs
 from llmx.core.spec import TaskSpec
-from llmx.errors import UsageError
+from llmx.errors import CannotRun, UsageError
 
 PASS = 1.0
 
@@ -71,14 +71,19 @@ def row_problem(row: Any, kind: str) -> str | None:
 
 
 def run(spec: TaskSpec, model, tok, task_rows: Sequence[dict], decoding: Decoding, *, judge_workers: int | None = None,
-        resamples: int = 1000, ks: Sequence[int] = (1,), progress: Callable = lambda x, **_: x) -> TaskResult:
-    """Evaluate ``model`` on ``task_rows``."""
+        resamples: int = 1000, ks: Sequence[int] = (1,), progress: Callable = lambda x, **_: x,
+        unconfined: bool = False) -> TaskResult:
+    """Evaluate ``model`` on ``task_rows``. A task that runs code is refused (exit 3) before any generation where
+    the sandbox cannot confine it, unless ``unconfined`` (the user's explicit, unsafe choice)."""
+    if spec.runs_code:
+        sandbox.check(unconfined)
     if spec.kind == "generate" and max(ks) > decoding.samples:
         raise UsageError(f"pass@{max(ks)} needs at least {max(ks)} samples per prompt (samples is {decoding.samples})")
     if spec.kind == "choice":
         result = _choice(spec, model, tok, task_rows, decoding, progress)
     else:
-        result = _generate(spec, model, tok, task_rows, decoding, judge_workers, ks, progress)
+        with sandbox.allow_unconfined(unconfined):
+            result = _generate(spec, model, tok, task_rows, decoding, judge_workers, ks, progress)
     key = "accuracy" if spec.kind == "choice" else "score"
     low, high = stats.bootstrap_ci(result.scores, resamples, seed=decoding.seed)
     result.metrics.update({f"{key}_ci_low": low, f"{key}_ci_high": high, "prompts": len(task_rows)})
@@ -121,6 +126,8 @@ def judge_one(judge, row: dict, completion: str) -> tuple[float, str | None, str
         if math.isnan(score):
             raise ValueError(f"the judge returned {value!r}")
         return score, None, str(note)
+    except CannotRun:  # the machine cannot run this judge at all: not one row's result
+        raise
     except Exception as exc:  # noqa: BLE001 - a judge's failure on one row is that row's result
         return 0.0, f"{type(exc).__name__}: {exc}", ""
 

@@ -2,19 +2,21 @@
 (zero mean, no outcome transform), built-in EI / UCB / PI / posterior mean and any program as
 ``AnalyticAcquisitionFunction``s, maximised on the same Sobol grid by ``optimize_acqf_discrete``; and the paper's
 re-check in a standard BoTorch loop (a random start, the GP refitted by ``fit_gpytorch_mll`` every trial, outcomes
-standardised on what was observed so that a beta-sigma term stays scale-free). A program runs in-process here, after
-the AST check only: this path is for the baselines and for AFs the user already trusts."""
+standardised on what was observed so that a beta-sigma term stays scale-free). A program runs in the sandbox, as on
+the numpy path: BoTorch's loop runs here and calls it with plain values."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from llmx.plugins.funbo import bo
-from llmx.plugins.funbo.program import compile_program
+from llmx.plugins.funbo.sandbox import Limits, sandboxed
 
 warnings.filterwarnings("ignore", message=".*ExpectedImprovement.*", module="botorch")
 
@@ -38,7 +40,22 @@ def _gp(x: np.ndarray, y: np.ndarray, kernel: bo.Kernel | None):
     return gp.eval()
 
 
-def acquisition(name_or_source: str, model, incumbent: float, beta: float):
+BUILTIN = ("ei", "ucb", "pi", "mean")
+LOOP_SECONDS = 3600.0  # the wall-clock bound of a whole BoTorch loop; the program's CPU time has its own limit
+
+
+@contextlib.contextmanager
+def _af(source: str, limits: Limits) -> Iterator[str | Callable]:
+    """A baseline's name (BoTorch's own AF), or the program, sandboxed, for the block."""
+    name = _name(None, source)
+    if name in BUILTIN:
+        yield name
+        return
+    with sandboxed(source, limits, LOOP_SECONDS) as program:
+        yield program
+
+
+def acquisition(af: str | Callable, model, incumbent: float, beta: float):
     """A built-in AF for a baseline's name, else the program wrapped (one-hot at the index it returns)."""
     from botorch.acquisition import (
         AnalyticAcquisitionFunction,
@@ -53,9 +70,9 @@ def acquisition(name_or_source: str, model, incumbent: float, beta: float):
                "ucb": lambda: UpperConfidenceBound(model, beta=beta ** 2, maximize=False),
                "pi": lambda: ProbabilityOfImprovement(model, best_f=incumbent, maximize=False),
                "mean": lambda: PosteriorMean(model, maximize=False)}
-    if name_or_source in builtin:
-        return builtin[name_or_source]()
-    program = compile_program(name_or_source)
+    if isinstance(af, str):
+        return builtin[af]()
+    program = af
 
     class Program(AnalyticAcquisitionFunction):
         @t_batch_mode_transform(expected_q=1)
@@ -81,33 +98,36 @@ def _argmax(acqf, grid: torch.Tensor) -> int:
 def _name(ref: str | None, source: str | None) -> str | None:
     from llmx.plugins.funbo.afs import SOURCES
 
-    return next((k for k, v in SOURCES.items() if v == source and k in ("ei", "ucb", "pi", "mean")), source)
+    return next((k for k, v in SOURCES.items() if v == source and k in BUILTIN), source)
 
 
-def run_fixed(source: str | None, problem: bo.Problem, trials: int, beta: float, seed: int = 0) -> list[float]:
+def run_fixed(source: str | None, problem: bo.Problem, trials: int, beta: float, seed: int = 0,
+              limits: Limits = Limits()) -> list[float]:
     """The numpy protocol through BoTorch: fixed kernel, worst grid point first; best value after each trial."""
     grid = torch.as_tensor(problem.grid, dtype=torch.float64)
     rng = np.random.default_rng(seed)
     observed, best = [problem.init], [float(problem.y[problem.init])]
-    for _ in range(trials):
-        if source is None:
-            index = int(rng.integers(len(problem.y)))
-        else:
-            model = _gp(problem.grid[observed], problem.z[observed], problem.spec.kernel)
-            index = _argmax(acquisition(_name(None, source), model, float(problem.z[observed].min()), beta), grid)
-        observed.append(index)
-        best.append(min(best[-1], float(problem.y[index])))
+    with contextlib.nullcontext() if source is None else _af(source, limits) as af:
+        for _ in range(trials):
+            if af is None:
+                index = int(rng.integers(len(problem.y)))
+            else:
+                model = _gp(problem.grid[observed], problem.z[observed], problem.spec.kernel)
+                index = _argmax(acquisition(af, model, float(problem.z[observed].min()), beta), grid)
+            observed.append(index)
+            best.append(min(best[-1], float(problem.y[index])))
     return best
 
 
 def score(source: str | None, spec: bo.ProblemSpec, p: Any, seed: int = 0) -> dict:
     """One problem's score and regret curve; ``seed`` draws random search's queries (as the numpy path's)."""
     problem = bo.Problem.build(spec)
-    best = run_fixed(source, problem, p.trials, p.beta, seed)
+    best = run_fixed(source, problem, p.trials, p.beta, seed, Limits(p.timeout_s, p.memory_mb, p.unsafe_unconfined))
     return {"score": bo.score(best, problem, p.time_term), "regret": bo.regret(best, problem)}
 
 
-def standard(source: str, spec: bo.ProblemSpec, trials: int, beta: float, seed: int) -> list[float]:
+def standard(source: str, spec: bo.ProblemSpec, trials: int, beta: float, seed: int,
+             limits: Limits = Limits()) -> list[float]:
     """A standard BoTorch loop after the paper's re-check: a random first point, the GP (BoTorch's default priors)
     refitted by marginal likelihood every trial; normalised regret after each trial against the grid's range. The AF
     is still maximised on the grid: the paper optimises it numerically, which an index-returning program does not
@@ -121,13 +141,14 @@ def standard(source: str, spec: bo.ProblemSpec, trials: int, beta: float, seed: 
     grid = torch.as_tensor(problem.grid, dtype=torch.float64)
     observed = [int(np.random.default_rng(seed).integers(len(problem.y)))]
     best = [float(problem.y[observed[0]])]
-    for _ in range(trials):
-        y = problem.y[observed]
-        z = (y - y.mean()) / (y.std(ddof=1) if len(y) > 1 and y.std() > 0 else 1.0)  # as BoTorch's check measures
-        model = _gp(problem.grid[observed], z, None)
-        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-        model.eval()
-        index = _argmax(acquisition(_name(None, source), model, float(z.min()), beta), grid)
-        observed.append(index)
-        best.append(min(best[-1], float(problem.y[index])))
+    with _af(source, limits) as af:
+        for _ in range(trials):
+            y = problem.y[observed]
+            z = (y - y.mean()) / (y.std(ddof=1) if len(y) > 1 and y.std() > 0 else 1.0)  # as BoTorch's check measures
+            model = _gp(problem.grid[observed], z, None)
+            fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+            model.eval()
+            index = _argmax(acquisition(af, model, float(z.min()), beta), grid)
+            observed.append(index)
+            best.append(min(best[-1], float(problem.y[index])))
     return bo.regret(best, problem)

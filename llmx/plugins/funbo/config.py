@@ -32,6 +32,9 @@ class Protocol(Params):
                              "(FunSearch's 30 s); eval scales it by the problems per function set.")
     memory_mb: int = Field(2048, ge=256, description="Address-space limit of the sandbox's child.")
     workers: int = Field(1, ge=1, description="Programs evaluated at once, each in its own child.")
+    unsafe_unconfined: bool = Field(False, description="Run programs with resource limits only, without the "
+                                    "kernel's confinement, where this machine cannot confine them (unsafe: the "
+                                    "program can write, spawn and connect as you).")
 
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
+from llmx.core.eval.sandbox import check as confinable
 from llmx.errors import MissingRequirement, UsageError
 from llmx.plugins.funbo import afs, bo, samplers
 from llmx.plugins.funbo import functions as F
@@ -62,8 +63,9 @@ def analyze(ctx: RunContext, p: FunboParams) -> dict[str, Any]:
     train, validation = names(p.train), names(p.validation)
     if p.resume and not Path(p.resume).is_file():
         raise UsageError(f"resume {p.resume}: no such file")
+    confinable(p.unsafe_unconfined)  # exit 3 before a sampler is loaded, where programs cannot be confined
     sampler = samplers.make(p, ctx)
-    protocol, limits = _protocol(p), Limits(p.timeout_s, p.memory_mb)
+    protocol, limits = _protocol(p), Limits(p.timeout_s, p.memory_mb, p.unsafe_unconfined)
     train_specs = _specs(ctx, train, p)
     kw = {"sampler": sampler, "problems": train_specs, "protocol": protocol, "limits": limits, "workers": p.workers,
           "reset_period": p.reset_period}
@@ -123,7 +125,7 @@ def score(ref: str, specs: list[bo.ProblemSpec], p: Protocol, backend: str = "nu
             best = bo.run(problem, bo.random_policy(p.grid_seed * 7919 + i), p.trials, p.beta)
             rows.append({"score": bo.score(best, problem, p.time_term), "regret": bo.regret(best, problem)})
         return rows
-    limits = Limits(p.timeout_s * max(1.0, len(specs) / 3), p.memory_mb)
+    limits = Limits(p.timeout_s * max(1.0, len(specs) / 3), p.memory_mb, p.unsafe_unconfined)
     outcome = evaluate(source, specs, limits=limits, **_protocol(p))
     if not outcome.ok:
         raise UsageError(f"af {ref} fails: {outcome.reason}")
@@ -157,6 +159,7 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
             _checked(field, ref)
     if p.backend == "botorch" and importlib.util.find_spec("botorch") is None:
         raise MissingRequirement("backend botorch needs BoTorch: pip install 'llmx[funbo]'")
+    confinable(p.unsafe_unconfined)
     problems = names(p.functions, p.instances, p.instance_seed)
     specs = _specs(ctx, problems, p)
     rows = score(p.af, specs, p, p.backend)

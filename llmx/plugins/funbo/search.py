@@ -37,7 +37,7 @@ class Tally:
 def kind_of(reason: str) -> str:
     """A failure's class for the counts: a sandbox status, or what the check or the harness said."""
     head = reason.split(":", 1)[0]
-    if head in ("timeout", "cpu", "memory", "crashed", "forbidden", "file_size", "exited", "failed"):
+    if head in ("timeout", "cpu", "memory", "crashed", "output", "file_size", "exited", "failed", "completed"):
         return head
     for words, kind in (("syntax error", "syntax"), ("no parseable", "syntax"), ("no function body", "syntax"),
                         ("not allowed", "refused"), ("signature", "refused"), ("nothing else", "refused"),

