@@ -288,7 +288,22 @@ def test_humaneval_eval_reports_pass_at_1_and_reference_nll(cli, tmp_path):
     assert 0.5 < m["reference_bpb"] < 8 and m["reference_nll_per_token"] > 0
     records = [json.loads(x) for x in Path(r.json()["run_dir"], "artifacts", "0_task", "rows.jsonl").open()]
     assert [rec["id"] for rec in records] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
-    assert all(rec["notes"][0].split(":")[0] in ("failed", "exited", "timeout", "cpu") for rec in records)
+    assert all(rec["notes"][0].split(":")[0] in ("failed", "raised", "exited", "timeout", "cpu") for rec in records)
+
+
+def test_a_code_task_is_refused_before_generation_where_code_cannot_be_confined(cli, tmp_path, monkeypatch):
+    from llmx.core.eval import sandbox
+
+    monkeypatch.setattr(sandbox, "NAMESPACES", ("user", "time_travel"))  # a kernel without what the sandbox needs
+    sandbox.check.cache_clear()
+    args = ("eval", "--method", "task", "--model", "ref:llama-test", "--set", "task=humaneval", "--set", "limit=2",
+            "--set", "max_new_tokens=8")
+    r = cli(*args, "-o", tmp_path / "refused")
+    sandbox.check.cache_clear()
+    assert r.code == 3 and "cannot confine" in r.err and "unsafe_unconfined=true" in r.err, r.err
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+    ok = cli("--json", *args, "--set", "unsafe_unconfined=true", "-o", tmp_path / "unsafe")
+    assert ok.code == 0 and stage(ok)["prompts"] == 2
 
 
 CHOICE_ROWS = [
