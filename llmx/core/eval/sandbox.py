@@ -280,10 +280,14 @@ class _Child:
         return self.limits.wall_seconds - (time.monotonic() - self.start)
 
     def call(self, name: str, args: tuple, kwargs: dict) -> object:
+        if self.outcome is not None:
+            raise Ended(self.outcome)
         request = (plain.dumps([name, list(args), kwargs]) + "\n").encode()
         try:
-            while request:
-                request = request[os.write(self.request, request):]
+            while request:  # a program that stops reading cannot hold the caller past its deadline
+                if not select.select([], [self.request], [], max(self._remaining(), 0.0) + 2.0)[1]:
+                    raise BrokenPipeError
+                request = request[os.write(self.request, request[:select.PIPE_BUF]):]
         except BrokenPipeError:
             raise Ended(self.finish()) from None
         line = self._reply_line()
