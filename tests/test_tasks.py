@@ -295,11 +295,11 @@ def test_a_code_task_is_refused_before_generation_where_code_cannot_be_confined(
     from llmx.core.eval import sandbox
 
     monkeypatch.setattr(sandbox, "NAMESPACES", ("user", "time_travel"))  # a kernel without what the sandbox needs
-    sandbox.check.cache_clear()
+    sandbox._cannot_confine.cache_clear()
     args = ("eval", "--method", "task", "--model", "ref:llama-test", "--set", "task=humaneval", "--set", "limit=2",
             "--set", "max_new_tokens=8")
     r = cli(*args, "-o", tmp_path / "refused")
-    sandbox.check.cache_clear()
+    sandbox._cannot_confine.cache_clear()
     assert r.code == 3 and "cannot confine" in r.err and "unsafe_unconfined=true" in r.err, r.err
     assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
     ok = cli("--json", *args, "--set", "unsafe_unconfined=true", "-o", tmp_path / "unsafe")

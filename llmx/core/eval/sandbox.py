@@ -23,6 +23,7 @@ of its own (which cannot make the read-only mounts writable).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import json
 import os
@@ -100,9 +101,9 @@ class Ended(Exception):
 def run(source: str, limits: Limits = Limits(), *, module_name: str = "__main__", packages: Sequence[str] = (),
         unsafe: bool | None = None) -> Outcome:
     """Run ``source`` as a whole program (``__name__`` is ``module_name``); ``packages`` names installed top-level
-    packages it may import (read-only). ``completed`` means it exited 0: its own word, not a verdict."""
-    child = _Child(source, limits, module_name, tuple(packages), _unsafe(unsafe), serve=False)
-    return child.finish()
+    packages it may import (read-only; nothing else installed is visible). ``completed`` means it exited 0: its own
+    word, not a verdict. ``unsafe`` (default: ``allow_unconfined``'s) runs it unconfined where confining fails."""
+    return _Child(source, limits, module_name, tuple(packages), _confine(unsafe), serve=False).finish()
 
 
 @contextlib.contextmanager
@@ -110,7 +111,7 @@ def session(source: str, limits: Limits = Limits(), *, module_name: str = "__mai
             unsafe: bool | None = None) -> Iterator[Session]:
     """Run ``source``'s module in the sandbox and call its functions from here (``Session.call``); the limits hold
     for the whole session. The child is gone, with everything it started, when the block ends."""
-    child = _Child(source, limits, module_name, tuple(packages), _unsafe(unsafe), serve=True)
+    child = _Child(source, limits, module_name, tuple(packages), _confine(unsafe), serve=True)
     s = Session(child)
     try:
         yield s
@@ -132,30 +133,43 @@ class Session:
         return functools.partial(self.call, name)
 
 
+_UNCONFINED: contextvars.ContextVar[bool] = contextvars.ContextVar("llmx_sandbox_unconfined", default=False)
+
+
 @contextlib.contextmanager
 def allow_unconfined(allowed: bool) -> Iterator[None]:
-    """Within the block (and the judges' threads it starts), ``unsafe=None`` means ``allowed``: for judges, whose
-    signature ``judge(row, completion)`` cannot carry the user's choice."""
-    global _ALLOWED
-    before, _ALLOWED = _ALLOWED, allowed
+    """Within the block (in this thread's context, and in contexts copied from it for a pool's judges),
+    ``unsafe=None`` means ``allowed``: for judges, whose ``judge(row, completion)`` cannot carry the user's choice."""
+    token = _UNCONFINED.set(allowed)
     try:
         yield
     finally:
-        _ALLOWED = before
-
-
-_ALLOWED = False
-
-
-def _unsafe(unsafe: bool | None) -> bool:
-    return _ALLOWED if unsafe is None else unsafe
+        _UNCONFINED.reset(token)
 
 
 @functools.cache
+def _cannot_confine() -> str | None:
+    """Why this machine cannot confine a program (None when it can): one trivial confined run, once per process."""
+    try:
+        _Child("pass", Limits(wall_seconds=60.0), "__main__", (), confine=True, serve=False).finish()
+    except Unavailable as e:
+        return e.message
+    return None
+
+
+def _confine(unsafe: bool | None) -> bool:
+    """Confine, where this machine can; else run unconfined if the caller said unsafe, else refuse."""
+    reason = _cannot_confine()
+    if reason is None:
+        return True
+    if _UNCONFINED.get() if unsafe is None else unsafe:
+        return False
+    raise Unavailable(reason, hint=UNSAFE_HINT)
+
+
 def check(unsafe: bool = False) -> None:
     """Refuse (``Unavailable``) before any work when this machine cannot confine a program, unless ``unsafe``."""
-    if not unsafe:
-        run("pass", Limits(wall_seconds=60.0))
+    _confine(unsafe)
 
 
 def usable_cpus() -> int:
@@ -182,7 +196,20 @@ def _binds() -> list[str]:
                    os.path.dirname(os.path.realpath(sys.executable))})
 
 
+def _hidden() -> list[str]:
+    """Every folder of installed packages, emptied inside: a program sees the standard library and what it is given
+    (HumanEval's own data file, say, is not there to be read)."""
+    import site
+
+    found = set(site.getsitepackages()) | {site.getusersitepackages()}
+    found |= {p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")}
+    found |= {os.path.join(prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+              for prefix in (sys.prefix, sys.base_prefix)}
+    return sorted(os.path.realpath(p) for p in found if os.path.isdir(p))
+
+
 def _package_dirs(names: tuple[str, ...]) -> dict[str, str]:
+    """Each named package's folder, and the ``NAME.libs`` folder beside it where its wheel keeps shared libraries."""
     import importlib.util
 
     found = {}
@@ -190,60 +217,72 @@ def _package_dirs(names: tuple[str, ...]) -> dict[str, str]:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
             raise ValueError(f"{name} is not an installed package")
-        found[name] = os.path.realpath(list(spec.submodule_search_locations)[0])
+        folder = os.path.realpath(list(spec.submodule_search_locations)[0])
+        found[name] = folder
+        libs = os.path.join(os.path.dirname(folder), f"{name}.libs")
+        if os.path.isdir(libs):
+            found[f"{name}.libs"] = libs
     return found
+
+
+def _wait(fd: int, event: int, seconds: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(max(seconds, 0.0) * 1000))
 
 
 class _Child:
     """One sandboxed program: its processes, its channel, its clock and its end."""
 
-    def __init__(self, source: str, limits: Limits, module_name: str, packages: tuple[str, ...], unsafe: bool,
+    def __init__(self, source: str, limits: Limits, module_name: str, packages: tuple[str, ...], confine: bool,
                  serve: bool):
-        self.limits, self.unsafe, self.outcome = limits, unsafe, None
-        self.folder = tempfile.mkdtemp(prefix="llmx-sandbox-")
-        os.chmod(self.folder, 0o755)  # empty: the mount point of its root, which root's child reaches as nobody
-        self.status, status_w = os.pipe()
-        ends = [status_w]
-        self.request = self.reply = None
-        if serve:
-            request_r, self.request = os.pipe()
-            self.reply, reply_w = os.pipe()
-            ends += [request_r, reply_w]
-        cfg = {"confine": not unsafe, "namespaces": list(NAMESPACES), "caller": os.getpid(), "root": self.folder,
-               "binds": _binds(), "packages": _package_dirs(packages), "status_fd": status_w,
-               "serve": serve, "request_fd": ends[1] if serve else -1, "reply_fd": ends[2] if serve else -1,
-               "channel_fds": ends[1:], "module_name": module_name, "cpu_seconds": int(limits.cpu_seconds),
-               "memory_bytes": int(limits.memory_mb) << 20, "file_bytes": int(limits.file_mb) << 20,
-               "processes": int(limits.processes), "scratch_bytes": int(limits.scratch_mb) << 20}
-        home = self.folder if unsafe else "/tmp"
-        env = {"PATH": os.defpath, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **dict.fromkeys(THREADS, "1")}
-        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.limits, self.confined, self.outcome = limits, confine, None
+        self.proc = self.clock = None
+        self.status = self.request = self.reply = self.init_fd = None
+        self.out = self.err = None
         self.expired = threading.Event()
-        self.init_fd: int | None = None
         self.lines: list[str] = []
         self.buffer = b""
         self.start = time.monotonic()
+        self.folder = tempfile.mkdtemp(prefix="llmx-sandbox-")
+        ends: list[int] = []
         try:
+            os.chmod(self.folder, 0o755)  # empty: the mount point of its root
+            self.status, status_w = os.pipe()
+            ends.append(status_w)
+            if serve:
+                request_r, self.request = os.pipe()
+                self.reply, reply_w = os.pipe()
+                ends += [request_r, reply_w]
+            cfg = {"confine": confine, "namespaces": list(NAMESPACES), "caller": os.getpid(), "root": self.folder,
+                   "binds": _binds(), "hidden": _hidden(), "packages": _package_dirs(packages),
+                   "status_fd": status_w, "serve": serve, "request_fd": ends[1] if serve else -1,
+                   "reply_fd": ends[2] if serve else -1, "channel_fds": ends[1:], "module_name": module_name,
+                   "cpu_seconds": int(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb) << 20,
+                   "file_bytes": int(limits.file_mb) << 20, "processes": int(limits.processes),
+                   "scratch_bytes": int(limits.scratch_mb) << 20}
+            home = "/tmp" if confine else self.folder
+            env = {"PATH": os.defpath, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **dict.fromkeys(THREADS, "1")}
+            self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
             self.proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD), json.dumps(cfg)],
                                          stdin=subprocess.PIPE, stdout=self.out, stderr=self.err, cwd=self.folder,
                                          env=env, pass_fds=tuple(ends), start_new_session=True)
-        except BaseException:
-            self._close_fds()
-            raise
-        finally:
+            self.clock = threading.Timer(limits.wall_seconds, self._expire)
+            self.clock.start()
             for fd in ends:
                 os.close(fd)
-        self.clock = threading.Timer(limits.wall_seconds, self._expire)
-        self.clock.start()
-        try:
-            self.proc.stdin.write(source.encode())
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        try:
+            ends = []
+            try:
+                self.proc.stdin.write(source.encode())
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
             self._await_ready()
         except BaseException:
-            self.finish()
+            for fd in ends:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.finish(kill=True)
             raise
 
     def _expire(self) -> None:
@@ -257,15 +296,14 @@ class _Child:
             if line is None or line.startswith(("ready", "unavailable")):
                 break
         if line is not None and line.startswith("unavailable"):
-            self.finish()
             raise Unavailable(f"the sandbox cannot confine model-written code on this machine ({line[12:]}); it needs "
-                              "Linux 5.12 or later with unprivileged user namespaces", hint=UNSAFE_HINT)
+                              "Linux 5.12 or later and, for a user who is not root, unprivileged user namespaces",
+                              hint=UNSAFE_HINT)
 
     def _status_line(self) -> str | None:
         text = b""
         while not text.endswith(b"\n"):
-            ready, _, _ = select.select([self.status], [], [], max(self._remaining(), 0.0) + 2.0)
-            chunk = os.read(self.status, 1) if ready else b""
+            chunk = os.read(self.status, 1) if _wait(self.status, select.POLLIN, self._remaining() + 2.0) else b""
             if not chunk:
                 return None
             text += chunk
@@ -285,7 +323,7 @@ class _Child:
         request = (plain.dumps([name, list(args), kwargs]) + "\n").encode()
         try:
             while request:  # a program that stops reading cannot hold the caller past its deadline
-                if not select.select([], [self.request], [], max(self._remaining(), 0.0) + 2.0)[1]:
+                if not _wait(self.request, select.POLLOUT, self._remaining() + 2.0):
                     raise BrokenPipeError
                 request = request[os.write(self.request, request[:select.PIPE_BUF]):]
         except BrokenPipeError:
@@ -300,54 +338,63 @@ class _Child:
             kind, message = reply["raised"]
             if type(kind) is not str or type(message) is not str:
                 raise ValueError("not text")
-        except (ValueError, KeyError, TypeError) as e:
-            outcome = self.finish()
-            raise Ended(Outcome("failed", f"a malformed reply ({e})", outcome.seconds, outcome.stdout,
-                                outcome.stderr, outcome.confined)) from None
+        except Exception as e:  # noqa: BLE001 - whatever a reply makes the decoder raise (RecursionError too)
+            raise Ended(self._broke(f"a malformed reply ({type(e).__name__})")) from None
         raise Raised(kind[:100], message)
 
     def _reply_line(self) -> bytes:
         cap = self.limits.reply_mb << 20
         while b"\n" not in self.buffer:
-            ready, _, _ = select.select([self.reply], [], [], max(self._remaining(), 0.0) + 2.0)
-            chunk = os.read(self.reply, 1 << 16) if ready else b""
+            chunk = os.read(self.reply, 1 << 16) if _wait(self.reply, select.POLLIN, self._remaining() + 2.0) else b""
             if not chunk:
                 raise Ended(self.finish())
             self.buffer += chunk
             if len(self.buffer) > cap:
-                outcome = self.finish()
-                raise Ended(Outcome("output", f"a reply larger than {self.limits.reply_mb} MiB", outcome.seconds,
-                                    outcome.stdout, outcome.stderr, outcome.confined))
+                raise Ended(self._broke(f"a reply larger than {self.limits.reply_mb} MiB", "output"))
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line
 
-    def finish(self) -> Outcome:
-        """End the child (closing its channel first, so a serving program returns), kill what is left, and say
-        how it ended. Idempotent."""
+    def _broke(self, reason: str, status: str = "failed") -> Outcome:
+        """The program broke the channel's protocol: killed now, and its outcome says so."""
+        outcome = self.finish(kill=True)
+        self.outcome = Outcome(status, reason, outcome.seconds, outcome.stdout, outcome.stderr, outcome.confined)
+        return self.outcome
+
+    def finish(self, kill: bool = False) -> Outcome:
+        """End the child (closing its channel first, so a serving program returns; at once with ``kill``), kill what
+        is left, and say how it ended. Idempotent; each step of the cleanup runs whatever the others did."""
         if self.outcome is not None:
             return self.outcome
+        texts, sizes = ["", ""], [0, 0]
         try:
             if self.request is not None:
                 os.close(self.request)
                 self.request = None
-            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: its group id stays ours
+            if self.proc is not None:
+                if kill:
+                    _kill_group(self.proc.pid)
+                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: the group stays ours
         finally:
-            self.clock.cancel()
-            if self.clock.ident is not None:
-                self.clock.join()  # an expiry under way finishes before the child is reaped
-            _kill_group(self.proc.pid)  # what is left, or everything when the caller is interrupted
-            _, code, _ = os.wait4(self.proc.pid, 0)
-            self.proc.returncode = os.waitstatus_to_exitcode(code)
-            while self._status_line() is not None:
-                pass
-            if self.init_fd is not None:  # the namespace's init: when it is gone, so is everything it held
-                select.select([self.init_fd], [], [], 10.0)
-            texts = [_tail(f) for f in (self.out, self.err)]
-            sizes = [os.fstat(f.fileno()).st_size for f in (self.out, self.err)]
+            if self.clock is not None:
+                self.clock.cancel()
+                if self.clock.ident is not None:
+                    self.clock.join()  # an expiry under way finishes before the child is reaped
+            if self.proc is not None:
+                _kill_group(self.proc.pid)  # what is left, or everything when the caller is interrupted
+                _, code, _ = os.wait4(self.proc.pid, 0)
+                self.proc.returncode = os.waitstatus_to_exitcode(code)
+                with contextlib.suppress(OSError):
+                    while self._status_line() is not None:
+                        pass
+                if self.init_fd is not None:  # the namespace's init: when it is gone, so is everything it held
+                    _wait(self.init_fd, select.POLLIN, 10.0)
+            with contextlib.suppress(OSError, ValueError):
+                texts = [_tail(f) for f in (self.out, self.err)]
+                sizes = [os.fstat(f.fileno()).st_size for f in (self.out, self.err)]
             self._close_fds()
             _remove(self.folder)
         status, reason = self._classify(max(sizes), texts[1])
-        self.outcome = Outcome(status, reason, time.monotonic() - self.start, texts[0], texts[1], not self.unsafe)
+        self.outcome = Outcome(status, reason, time.monotonic() - self.start, texts[0], texts[1], self.confined)
         return self.outcome
 
     def _classify(self, output_bytes: int, stderr: str) -> tuple[str, str]:
@@ -355,7 +402,8 @@ class _Child:
         if self.expired.is_set():
             return "timeout", f"killed after {self.limits.wall_seconds:g} s of wall-clock time"
         if ended is None:
-            return "crashed", f"the sandbox's supervisor ended first (exit code {self.proc.returncode})"
+            code = None if self.proc is None else self.proc.returncode
+            return "crashed", f"the sandbox's supervisor ended first (exit code {code})"
         how, value, cpu = ended[0], int(ended[1]), float(ended[2])
         if how == "signal" and (value == signal.SIGXCPU or (value == signal.SIGKILL and cpu >= self.limits.cpu_seconds)):
             return "cpu", f"CPU-time limit of {self.limits.cpu_seconds} s exceeded"
@@ -374,8 +422,9 @@ class _Child:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self.status = self.request = self.reply = self.init_fd = None
-        self.out.close()
-        self.err.close()
+        for f in (self.out, self.err):
+            if f is not None:
+                f.close()
 
 
 def _kill_group(pid: int) -> None:

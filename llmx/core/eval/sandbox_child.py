@@ -15,7 +15,6 @@ Without ``confine`` (the caller's explicit unsafe choice) A forks C directly: li
 codes: 0 ran to its end, 1 raised, 2 called exit, 3 out of memory, 4 a file too large, 5 its folder full.
 """
 
-import contextlib
 import ctypes
 import errno
 import json
@@ -28,6 +27,7 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plain  # noqa: E402
+import syscalls  # noqa: E402
 
 del sys.path[0]
 
@@ -43,6 +43,7 @@ OWN_UIDS = 1 << 30  # root's programs run as 2^30 + the launcher's pid: no user'
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 UNAVAILABLE = 125
+FILES = 64  # open descriptors of each process
 libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -54,7 +55,9 @@ class MountAttr(ctypes.Structure):
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     source = sys.stdin.read()
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     status = cfg["status_fd"]
 
     def report(*words: object) -> None:
@@ -79,12 +82,16 @@ def main() -> None:
         if select.select([alive], [], [], 0)[0]:  # A ended before the death signal was set: its pipe is at EOF
             os._exit(UNAVAILABLE)
         os.close(alive)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the only signal with a handler: C shares B's uid on a user's path
         try:
             build_root(cfg)
+            _libc_ok(libc.sethostname(b"sandbox", 7), "sethostname")
+            _libc_ok(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl")  # C cannot ptrace its supervisor
+            _libc_ok(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
+            syscalls.install(libc, os.uname().machine)  # B's too: it only forks, waits and writes from here on
         except OSError as e:
             report("unavailable", e)
             os._exit(UNAVAILABLE)
-        _libc_ok(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl")  # C cannot ptrace its supervisor
     supervise(cfg, source, report)
 
 
@@ -131,6 +138,9 @@ def build_root(cfg: dict) -> None:
             os.makedirs(new + src, exist_ok=True)
             _mount(src, new + src, None, MS_BIND | MS_REC)
         done.append(src)
+    for path in cfg["hidden"]:  # installed packages: only those the caller names are visible (at /packages)
+        if os.path.isdir(new + path):
+            _mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=0555")
     for name, src in cfg["packages"].items():
         os.makedirs(f"{new}/packages/{name}")
         _mount(src, f"{new}/packages/{name}", None, MS_BIND | MS_REC)
@@ -156,9 +166,6 @@ def build_root(cfg: dict) -> None:
         pass
     _libc_ok(libc.umount2(b"/.old", MNT_DETACH), "umount the old root")
     os.rmdir("/.old")
-    if "program_uid" not in cfg:  # no nested user namespaces: a limit of this user namespace (root's is the host's)
-        with contextlib.suppress(OSError), open("/proc/sys/user/max_user_namespaces", "w") as f:
-            f.write("0")
     _setattr("/", AT_RECURSIVE, ATTR_RDONLY | ATTR_NOSUID, 0)  # not nodev: the bound device nodes must open
     _setattr("/tmp", 0, 0, ATTR_RDONLY)
     os.chdir("/tmp")
@@ -198,8 +205,10 @@ def program(cfg: dict, source: str) -> None:
             os.setresuid(own, own, own)
             _libc_ok(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl")  # its /proc/self stays its own
         limits.append((resource.RLIMIT_NPROC, cfg["processes"] + (0 if own is not None else 2)))
+        limits.append((resource.RLIMIT_NOFILE, FILES))  # pipes hold memory the address-space limit does not count
         header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
         _libc_ok(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     _libc_ok(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_seconds"], cfg["cpu_seconds"] + 1))
     for which, value in limits:

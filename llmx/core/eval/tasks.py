@@ -9,6 +9,7 @@ completion, is recorded with its error, and counted in ``judge_errors``; the run
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,8 +98,10 @@ def _generate(spec, model, tok, task_rows, d: Decoding, judge_workers, ks, progr
                            include_stop=d.include_stop, seed=d.seed, batch_size=d.batch_size, progress=progress)
     judge = spec.load_judge()
     jobs = [(row, c.text) for row, cs in zip(task_rows, completions, strict=True) for c in cs]
+    context = contextvars.copy_context()  # each judge runs in a copy of it: the sandbox's settings go with it
     with cancelling_pool(judge_workers or 1) as pool:
-        judged = list(progress(pool.map(lambda job: judge_one(judge, *job), jobs), total=len(jobs), description="judging"))
+        judged = list(progress(pool.map(lambda job: context.copy().run(judge_one, judge, *job), jobs), total=len(jobs),
+                               description="judging"))
     records, scores, passes, errors = [], [], [], 0
     for i, (row, cs) in enumerate(zip(task_rows, completions, strict=True)):
         mine = judged[i * d.samples:(i + 1) * d.samples]

@@ -8,6 +8,7 @@ its reason, never an exception in the search."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,11 +17,17 @@ from functools import lru_cache
 
 from llmx.core.eval import sandbox as core
 from llmx.plugins.funbo import bo
+from llmx.plugins.funbo import program as program_module
 from llmx.plugins.funbo.bo import ProblemSpec
 from llmx.plugins.funbo.program import NAME, ProgramError, check
 
-# In the child: the checked program, executed with only a numpy subset, ``norm`` and safe builtins in scope.
-DRIVER = "from llmx.plugins.funbo.program import compile_program\n{name} = compile_program({source!r})\n"
+PACKAGES = ("numpy", "scipy")  # all the child may import: ``program``'s own source travels with the program
+
+
+def driver(source: str) -> str:
+    """The child's module: ``program`` (the restricted namespace and its checks) and then the checked program,
+    executed with only a numpy subset, ``norm`` and safe builtins in scope; llmx itself is not in the sandbox."""
+    return f"{inspect.getsource(program_module)}\n{NAME} = compile_program({source!r})\n"
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,7 @@ def sandboxed(source: str, limits: Limits, wall_seconds: float | None = None) ->
     check(source)
     box = core.Limits(wall_seconds=wall_seconds or limits.timeout_s, cpu_seconds=math.ceil(limits.timeout_s),
                       memory_mb=limits.memory_mb, file_mb=16)
-    with core.session(DRIVER.format(name=NAME, source=source), box, packages=("llmx",),
-                      unsafe=limits.unconfined) as s:
+    with core.session(driver(source), box, packages=PACKAGES, unsafe=limits.unconfined) as s:
         yield s.function(NAME)
 
 

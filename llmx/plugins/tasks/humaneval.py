@@ -19,7 +19,7 @@ from types import CodeType
 
 from llmx.core.eval import sandbox
 
-LIMITS = sandbox.Limits(wall_seconds=10.0, cpu_seconds=3, memory_mb=1024, file_mb=16)
+LIMITS = sandbox.Limits(wall_seconds=10.0, cpu_seconds=3, memory_mb=1024, file_mb=16, reply_mb=1)
 MODULE = "__humaneval__"  # not __main__: the official exec(program, {}) runs no `if __name__ == "__main__"` block
 
 
