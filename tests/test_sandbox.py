@@ -151,12 +151,20 @@ def test_no_new_namespace_no_remount_no_keyring_no_uncounted_memory():
     from llmx.core.eval.syscalls import TABLES
 
     _, nr = TABLES[os.uname().machine]
-    program = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    program = ("import ctypes, os, socket\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                "print(libc.unshare(0x10000000 | 0x20000), libc.mount(None, b'/usr', None, 32 | 4096, None),"
-               f" libc.syscall({nr['keyctl']}, 11, -3, None, 0), libc.syscall({nr['memfd_create']}, b'm', 0))\n"
-               "os.fork() or os._exit(0)\n")  # and a fork still works (clone without namespace flags)
+               f" libc.syscall({nr['keyctl']}, 11, -3, None, 0), libc.syscall({nr['memfd_create']}, b'm', 0),"
+               f" libc.syscall({nr['msgget']}, 0, 0o1000), libc.socket(40, 1, 0), libc.socket(16, 3, 0),"
+               " libc.socketpair(1, 2, 0, (ctypes.c_int * 2)()))\n"
+               "a, b = socket.socketpair()\nos.fork() or os._exit(0)\n")  # stream pairs and fork still work
     o = run(program, QUICK)
-    assert o.completed and o.stdout.split() == ["-1"] * 4, o
+    assert o.completed and o.stdout.split() == ["-1"] * 8, o  # the last four: SysV queues, vsock, netlink, dgram
+
+
+def test_multiprocessing_works_inside():
+    o = run("import multiprocessing as mp\nwith mp.get_context('fork').Pool(2) as p:\n    print(p.map(abs, [-1, -2]))",
+            QUICK)
+    assert o.completed and o.stdout.strip() == "[1, 2]", o
 
 
 def test_a_thousand_open_descriptors_in_the_caller_do_not_break_it():
@@ -335,6 +343,9 @@ def test_plain_values_round_trip_and_nothing_else_crosses():
         plain.loads('{"a": ["|O", [1], ""]}')
     with pytest.raises(ValueError):
         plain.loads('{"x": 1}')
+    slow = plain.dumps({i * (2**61 - 1) for i in range(1, 2000)})  # keys hashing alike: quadratic to insert
+    with pytest.raises(ValueError, match="collide"):
+        plain.loads(slow)
 
 
 def test_unsafe_runs_unconfined_only_where_the_machine_cannot_confine(monkeypatch):

@@ -16,6 +16,7 @@ import json
 import math
 
 DEPTH = 64
+COLLISIONS = 64  # hash collisions allowed among a set's or dict's keys
 ARRAY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: arrays of anything else (objects, strings) refused
 
 
@@ -77,9 +78,11 @@ def decode(tree: object, depth: int = 0) -> object:
     (tag, body), = tree.items()
     if tag in ("t", "s", "f") and type(body) is list:
         xs = [decode(x, depth + 1) for x in body]
-        return tuple(xs) if tag == "t" else set(xs) if tag == "s" else frozenset(xs)
+        return tuple(xs) if tag == "t" else set(_spread(xs)) if tag == "s" else frozenset(_spread(xs))
     if tag == "d" and type(body) is list and all(type(kv) is list and len(kv) == 2 for kv in body):
-        return {decode(k, depth + 1): decode(v, depth + 1) for k, v in body}
+        pairs = [(decode(k, depth + 1), decode(v, depth + 1)) for k, v in body]
+        _spread([k for k, _ in pairs])
+        return dict(pairs)
     if tag == "b" and type(body) is str:
         return base64.b64decode(body, validate=True)
     if tag == "c" and type(body) is list and len(body) == 2 and all(type(x) in (int, float) for x in body):
@@ -87,6 +90,14 @@ def decode(tree: object, depth: int = 0) -> object:
     if tag == "a" and type(body) is list and len(body) == 3:
         return _array(*body)
     raise ValueError(f"a malformed value (tag {str(tag)[:20]!r})")
+
+
+def _spread(keys: list) -> list:
+    """Keys whose hashes collide beyond chance are refused before they go into a set or dict: integer hashes are not
+    randomised, so ``k * (2**61 - 1)`` all hash alike and inserting them takes quadratic time."""
+    if len(keys) - len({hash(k) for k in keys}) > COLLISIONS:
+        raise ValueError("keys whose hashes collide (a set or dict built to be slow)")
+    return keys
 
 
 def _array(dtype: object, shape: object, data: object):

@@ -46,6 +46,8 @@ from llmx.errors import CannotRun
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 NAMESPACES = ("user", "mount", "pid", "net", "ipc", "uts")
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")  # bound read-only
+PACKAGE_FOLDERS = ("site-packages", "dist-packages")
 CAPTURED = 8192  # bytes of stdout / stderr kept
 THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # one thread each, as the official harness
 EXIT = {0: ("completed", ""), 1: ("failed", ""), 2: ("exited", ""), 3: ("memory", "the program exceeded its memory limit"),
@@ -196,16 +198,24 @@ def _binds() -> list[str]:
                    os.path.dirname(os.path.realpath(sys.executable))})
 
 
+@functools.cache
 def _hidden() -> list[str]:
-    """Every folder of installed packages, emptied inside: a program sees the standard library and what it is given
-    (HumanEval's own data file, say, is not there to be read)."""
+    """Every folder of installed packages in what the child binds (``site-packages`` and ``dist-packages`` five
+    levels down, those on ``sys.path`` too), emptied inside: a program sees the standard library and what it is
+    given (HumanEval's own data file, say, is not there to be read)."""
     import site
 
     found = set(site.getsitepackages()) | {site.getusersitepackages()}
-    found |= {p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")}
-    found |= {os.path.join(prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
-              for prefix in (sys.prefix, sys.base_prefix)}
-    return sorted(os.path.realpath(p) for p in found if os.path.isdir(p))
+    found |= {p for p in sys.path if os.path.basename(p) in PACKAGE_FOLDERS}
+    for top in (*SYSTEM, *_binds()):
+        base = top.rstrip("/").count("/")
+        for folder, subfolders, _ in os.walk(top):
+            if os.path.basename(folder) in PACKAGE_FOLDERS:
+                found.add(folder)
+                subfolders.clear()
+            elif folder.count("/") - base >= 5:
+                subfolders.clear()
+    return sorted({os.path.realpath(p) for p in found if os.path.isdir(p)})
 
 
 def _package_dirs(names: tuple[str, ...]) -> dict[str, str]:
@@ -255,7 +265,7 @@ class _Child:
                 self.reply, reply_w = os.pipe()
                 ends += [request_r, reply_w]
             cfg = {"confine": confine, "namespaces": list(NAMESPACES), "caller": os.getpid(), "root": self.folder,
-                   "binds": _binds(), "hidden": _hidden(), "packages": _package_dirs(packages),
+                   "system": list(SYSTEM), "binds": _binds(), "hidden": _hidden(), "packages": _package_dirs(packages),
                    "status_fd": status_w, "serve": serve, "request_fd": ends[1] if serve else -1,
                    "reply_fd": ends[2] if serve else -1, "channel_fds": ends[1:], "module_name": module_name,
                    "cpu_seconds": int(limits.cpu_seconds), "memory_bytes": int(limits.memory_mb) << 20,
@@ -264,7 +274,7 @@ class _Child:
             home = "/tmp" if confine else self.folder
             env = {"PATH": os.defpath, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", **dict.fromkeys(THREADS, "1")}
             self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-            self.proc = subprocess.Popen([sys.executable, "-I", "-B", str(CHILD), json.dumps(cfg)],
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", str(CHILD), json.dumps(cfg)],
                                          stdin=subprocess.PIPE, stdout=self.out, stderr=self.err, cwd=self.folder,
                                          env=env, pass_fds=tuple(ends), start_new_session=True)
             self.clock = threading.Timer(limits.wall_seconds, self._expire)

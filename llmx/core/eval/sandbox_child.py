@@ -40,7 +40,6 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (Linux 5.12)
 INSIDE_ID = 1000
 OWN_UIDS = 1 << 30  # root's programs run as 2^30 + the launcher's pid: no user's uid, one per live sandbox
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 UNAVAILABLE = 125
 FILES = 64  # open descriptors of each process
@@ -128,7 +127,7 @@ def build_root(cfg: dict) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     done: list[str] = []
-    for src in list(SYSTEM) + cfg["binds"]:
+    for src in cfg["system"] + cfg["binds"]:
         src = os.path.normpath(src)
         if not os.path.lexists(src) or any(src == d or src.startswith(d + "/") for d in done):
             continue
@@ -151,6 +150,7 @@ def build_root(cfg: dict) -> None:
             _mount("/dev/" + dev, f"{new}/dev/{dev}", None, MS_BIND)
     for i, name in enumerate(("stdin", "stdout", "stderr")):
         os.symlink(f"/proc/self/fd/{i}", f"{new}/dev/{name}")
+    os.symlink("/tmp", f"{new}/dev/shm")  # multiprocessing's semaphores, inside the folder's size limit
     os.makedirs(new + "/proc")
     os.makedirs(new + "/tmp")
     _mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['scratch_bytes']},mode=1777")

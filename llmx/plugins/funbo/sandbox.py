@@ -57,7 +57,7 @@ def sandboxed(source: str, limits: Limits, wall_seconds: float | None = None) ->
     CPU time is bounded by ``limits.timeout_s`` either way."""
     check(source)
     box = core.Limits(wall_seconds=wall_seconds or limits.timeout_s, cpu_seconds=math.ceil(limits.timeout_s),
-                      memory_mb=limits.memory_mb, file_mb=16)
+                      memory_mb=limits.memory_mb, file_mb=16, reply_mb=1)  # a reply is one grid index
     with core.session(driver(source), box, packages=PACKAGES, unsafe=limits.unconfined) as s:
         yield s.function(NAME)
 
