@@ -67,6 +67,11 @@ smoke: install
 		echo "smoke: $$f"; \
 		OMP_NUM_THREADS=1 $(BIN)/llmx -q run $$f --output-dir $(SMOKE_RUNS); \
 	done
+	@set -e; for c in $$($(BIN)/llmx --json compare list | $(BIN)/python -c \
+		"import json, sys; print(' '.join(d['name'] for d in json.load(sys.stdin)))"); do \
+		echo "smoke: compare $$c --quick"; \
+		OMP_NUM_THREADS=1 $(BIN)/llmx -q compare $$c --quick --output-dir $(SMOKE_RUNS)/compare; \
+	done
 	$(BIN)/llmx report $(SMOKE_RUNS) --format md
 	@rm -rf $(SMOKE_RUNS)
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import pluggy
 
+from llmx.core.compare.spec import ComparisonSpec
 from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec, TaskSpec
 
 hookspec = pluggy.HookspecMarker("llmx")
@@ -35,3 +36,8 @@ def llmx_layers() -> Iterable[LayerSpec]:
 @hookspec
 def llmx_tasks() -> Iterable[TaskSpec]:
     """Yield evaluation tasks (prompts a program builds, answers a program judges; see ``TaskSpec``)."""
+
+
+@hookspec
+def llmx_comparisons() -> Iterable[ComparisonSpec]:
+    """Yield the comparisons this plugin's papers make (``llmx compare``; see ``ComparisonSpec``)."""

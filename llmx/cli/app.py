@@ -99,9 +99,21 @@ def _logging(verbose: int, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from llmx.cli import config_cmd, env_cmd, export_cmd, methods_cmd, plan_cmd, report_cmd, run_cmd, tasks_cmd, zoo_cmd
+    from llmx.cli import (
+        compare_cmd,
+        config_cmd,
+        env_cmd,
+        export_cmd,
+        methods_cmd,
+        plan_cmd,
+        report_cmd,
+        run_cmd,
+        tasks_cmd,
+        zoo_cmd,
+    )
 
-    for module in (run_cmd, plan_cmd, export_cmd, methods_cmd, tasks_cmd, config_cmd, report_cmd, zoo_cmd, env_cmd):
+    for module in (run_cmd, plan_cmd, export_cmd, methods_cmd, tasks_cmd, compare_cmd, config_cmd, report_cmd, zoo_cmd,
+                   env_cmd):
         module.register(app)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import pluggy
 
 from llmx import hookspecs
+from llmx.core.compare.spec import ComparisonSpec
 from llmx.core.registry import MethodRegistry
 from llmx.core.spec import DatasetSpec, LayerSpec, MethodSpec, ModelSpec, PluginError, TaskSpec
 
@@ -72,6 +73,7 @@ class PluginHost:
         self.datasets: dict[str, DatasetSpec] = {}
         self.layers: dict[str, LayerSpec] = {}
         self.tasks: dict[str, TaskSpec] = {}
+        self.comparisons: dict[str, ComparisonSpec] = {}
         env_dirs = [Path(p) for p in os.environ.get("LLMX_PLUGINS_DIR", "").split(os.pathsep) if p]
         self._load(list(plugin_dirs or []) + env_dirs)
 
@@ -125,8 +127,9 @@ class PluginHost:
         datasets = [_tag(s, info.name) for s in _call(plugin, "llmx_datasets", DatasetSpec)]
         layers = [_tag(s, info.name) for s in _call(plugin, "llmx_layers", LayerSpec)]
         tasks = [_tag(s, info.name) for s in _call(plugin, "llmx_tasks", TaskSpec)]
+        comparisons = [_tag(s, info.name) for s in _call(plugin, "llmx_comparisons", ComparisonSpec)]
         for table, specs in ((self.models, models), (self.datasets, datasets), (self.layers, layers),
-                             (self.tasks, tasks)):
+                             (self.tasks, tasks), (self.comparisons, comparisons)):
             for s in specs:
                 if s.name in table:
                     raise ValueError(f"{s.name!r} is already provided by plugin {table[s.name].plugin}")
@@ -138,6 +141,7 @@ class PluginHost:
         self.datasets.update({s.name: s for s in datasets})
         self.layers.update({s.name: s for s in layers})
         self.tasks.update({s.name: s for s in tasks})
+        self.comparisons.update({s.name: s for s in comparisons})
         info.methods = [s.name for s in methods]
         info.models = [s.name for s in models]
         info.datasets = [s.name for s in datasets]
@@ -157,6 +161,18 @@ class PluginHost:
                 self.methods = self.methods.without(info.name)
                 info.methods = []
                 self._broken(info, exc)
+
+    def comparison(self, name: str) -> ComparisonSpec:
+        """The comparison called ``name`` (case and separators ignored), or a usage error with a did-you-mean."""
+        from llmx.core.names import did_you_mean, normalize
+        from llmx.errors import UsageError
+
+        found = {normalize(n): s for n, s in self.comparisons.items()}.get(normalize(name))
+        if found is None:
+            raise UsageError(f"unknown comparison '{name}'.{did_you_mean(name, self.comparisons)}",
+                             hint=f"Known comparisons: {', '.join(sorted(self.comparisons)) or 'none'} "
+                                  "(llmx compare list).")
+        return found
 
     def task(self, name: str) -> TaskSpec:
         """The task called ``name`` (case and separators ignored), or a usage error with a did-you-mean."""

@@ -23,12 +23,13 @@ def windows(n: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
 
 @torch.inference_mode()
 def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, stride: int, batch_size: int,
-                 progress=lambda x, **_: x) -> tuple[float, int]:
+                 progress=lambda x, **_: x, windows_out: list | None = None) -> tuple[float, int]:
     """Summed NLL (nats) of ``tokens[1:]`` under a sliding window, and the number of tokens scored. A model that
     takes ``logits_to_keep`` (transformers' causal LMs) computes logits only for the positions a batch scores (the
     last ``seq_len - stride + 1`` of every window but the first): the same logits (bit for bit with MKL here; a BLAS
     that picks its kernel by row count may differ in the last bit), without the output layer and the softmax over
-    the context positions."""
+    the context positions. ``windows_out`` collects each window's ``(summed NLL, tokens scored)`` in order: the
+    items a comparison pairs."""
     device = next(model.parameters()).device
     keeps = _takes_logits_to_keep(model)
     total, count = 0.0, 0
@@ -49,8 +50,14 @@ def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
             nll = torch.nn.functional.cross_entropy(logits[:, :-1].float().flatten(0, 1), x[:, skipped + 1:].flatten(),
                                                     reduction="none").view(len(group), keep - 1)
             for row, (b, _, first) in enumerate(group):
-                total += float(nll[row, first - b - 1 - skipped:].sum())
+                window = float(nll[row, first - b - 1 - skipped:].sum())
+                total += window
                 count += length - (first - b)
+                if windows_out is not None:
+                    windows_out.append((b, window, length - (first - b)))
+    if windows_out is not None:
+        windows_out.sort()
+        windows_out[:] = [(nll, n) for _, nll, n in windows_out]
     return total, count
 
 

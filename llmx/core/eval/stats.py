@@ -61,6 +61,26 @@ def paired(a: Sequence[float], b: Sequence[float], resamples: int = 1000, level:
                   sum(x == 0 for x in d))
 
 
+def clustered(groups: Sequence[Sequence[float]], resamples: int = 2000, level: float = 0.95,
+              seed: int = 0) -> tuple[float, float, float]:
+    """The mean of paired differences grouped by seed, and a two-level percentile-bootstrap interval: the seeds
+    (independent runs) resampled, then the items within each drawn seed (the items a seed's arms share). One seed
+    reduces to the items' bootstrap."""
+    import numpy as np
+
+    arrays = [np.asarray(g, dtype=np.float64) for g in groups if len(g)]
+    if not arrays:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = np.empty(resamples)
+    for r in range(resamples):
+        drawn = [arrays[i] for i in rng.integers(len(arrays), size=len(arrays))]
+        means[r] = np.concatenate([a[rng.integers(len(a), size=len(a))] for a in drawn]).mean()
+    tail = (1 - level) / 2
+    total = float(np.concatenate(arrays).mean())
+    return total, float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
 def binary_kl(q: float, p: float) -> float:
     """KL(Bernoulli(q) || Bernoulli(p)) in nats."""
     return sum(a * math.log(a / b) for a, b in ((q, p), (1 - q, 1 - p)) if a > 0)

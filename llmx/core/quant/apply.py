@@ -53,7 +53,8 @@ def _finish(ctx: RunContext, p: WeightQuantParams, method: str, extra: dict[str,
     params = sum(m.in_features * m.out_features for m in qlayers)
     packed = sum(t.numel() * t.element_size() for m in qlayers for k, t in m.state_dict().items() if k != "bias")
     out = {"bits": p.bits, "layers": len(qlayers), "quantized_params": params, "quantized_bytes": packed,
-           "quantized_bytes_vs_fp16": packed / max(2 * params, 1), **extra}
+           "quantized_bytes_vs_fp16": packed / max(2 * params, 1),
+           "weight_bits_per_element": 8 * packed / params if params else None, **extra}
     return {**out, **save(ctx, p, method)} if p.save else out
 
 

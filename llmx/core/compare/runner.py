@@ -1,0 +1,279 @@
+"""Run a comparison (``ComparisonSpec``): every arm and seed as a normal run folder under ``OUT/arms/ARM/seed-N``
+(a rerun reuses a finished one with the same resolved config, so Ctrl-C loses nothing finished), the evaluation's
+items paired on (seed, item), the target against each baseline with a two-level bootstrap interval of the paired
+difference (``stats.clustered``), the verdict ("ahead" or "behind" only where the interval excludes zero; otherwise
+"within noise"), and the results: ``result.json``, ``result.md`` and ``result.png`` (the metric against the cost, one
+line per arm family). Everything the user can get wrong is checked before the first run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmx.core import atomic
+from llmx.core.compare.spec import Arm, ComparisonSpec
+from llmx.core.eval import stats
+from llmx.errors import UsageError
+
+RESULT = "result"
+
+
+@dataclass
+class Planned:
+    arm: Arm
+    seed: int
+    folder: Path
+    run: Any  # the ResolvedRun
+
+
+@dataclass
+class Plan:
+    spec: ComparisonSpec
+    model: str
+    data: dict[str, Any]
+    seeds: tuple[int, ...]
+    quick: bool
+    out: Path
+    runs: list[Planned] = field(default_factory=list)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "arm"
+
+
+def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, data: str | None = None,
+         seeds: Sequence[int] | None = None, quick: bool = False, sets: Sequence[str] = ()) -> Plan:
+    """Resolve every (arm, seed) run; a bad name, override, model or cost raises ``UsageError`` / ``ConfigError``
+    here, before any work."""
+    from llmx.core.config import resolve
+    from llmx.core.plugins import host
+
+    model = model or (spec.quick_model if quick else spec.model)
+    _check_kind(spec, model)
+    data_cfg = dict(spec.data) if data is None else {**spec.data, "source": data}
+    chosen = tuple(seeds) if seeds else (spec.quick_seeds if quick else spec.seeds)
+    methods = host().methods
+    stages = {a.name: [copy.deepcopy(dict(s)) for s in a.stages] for a in spec.arms}
+    evaluation = copy.deepcopy(dict(spec.evaluation))
+    if quick:
+        for arm_stages in (*stages.values(), [evaluation]):
+            for s in arm_stages:
+                _override(s, dict(spec.quick), methods)
+    for item in sets:
+        _apply_set(spec, item, stages, evaluation, methods)
+    _check_costs(spec, stages)
+    p = Plan(spec, model, data_cfg, chosen, quick, Path(out))
+    for arm in spec.arms:
+        for seed in chosen:
+            folder = p.out / "arms" / slug(arm.name) / f"seed-{seed}"
+            raw = {"name": f"{spec.name}-{slug(arm.name)}", "model": model, "seed": seed, "data": dict(data_cfg),
+                   "output_dir": str(folder), "pipeline": [*copy.deepcopy(stages[arm.name]), dict(evaluation)]}
+            p.runs.append(Planned(arm, seed, folder, resolve(raw, methods)))
+    return p
+
+
+def _check_kind(spec: ComparisonSpec, model: str) -> None:
+    if not spec.kinds:
+        return
+    from llmx.core.models.meta import model_config
+
+    kind = getattr(model_config(model), "model_type", None)
+    if kind not in spec.kinds:
+        raise UsageError(f"comparison '{spec.name}' runs on {', '.join(spec.kinds)} models; {model} is {kind}")
+
+
+def _fields(method: str, methods) -> set[str]:
+    return set(methods.get(method).config.model_fields)
+
+
+def _override(stage: dict, values: dict[str, Any], methods) -> bool:
+    """Set each of ``values`` the stage's method has as a param; whether any was set."""
+    known = _fields(stage["method"], methods)
+    hit = {k: v for k, v in values.items() if k in known}
+    stage.setdefault("params", {}).update(hit)
+    return bool(hit)
+
+
+def _apply_set(spec: ComparisonSpec, item: str, stages: dict[str, list[dict]], evaluation: dict, methods) -> None:
+    """``ARM.KEY=VALUE`` (``*`` for every arm, ``eval`` for the evaluation): the param of every stage of that arm
+    whose method has it."""
+    from llmx.core.config import parse_set
+
+    keys, value = parse_set(item)
+    if len(keys) != 2:
+        raise UsageError(f"--set {item!r}: expected ARM.KEY=VALUE (ARM: an arm's name, '*' for every arm, or 'eval')")
+    who, key = keys
+    if who == "eval":
+        targets = [evaluation]
+    elif who == "*":
+        targets = [s for arm in stages.values() for s in arm]
+    else:
+        targets = stages[spec.arm(who).name]
+    if not any([_override(s, {key: value}, methods) for s in targets]):
+        raise UsageError(f"--set {item!r}: no stage of {who!r} has a param '{key}'")
+
+
+def _check_costs(spec: ComparisonSpec, stages: dict[str, list[dict]]) -> None:
+    """Declared costs must match the target's within the tolerance (an arm whose stages were changed by ``--set``
+    is measured instead, after its run)."""
+    if spec.tolerance is None:
+        return
+    target = spec.arm(spec.target)
+    for arm in map(spec.arm, spec.judged):
+        if arm.cost is None or target.cost is None:
+            continue
+        if abs(arm.cost - target.cost) > spec.tolerance:
+            raise UsageError(f"comparison '{spec.name}': arm '{arm.name}' costs {arm.cost:g} {spec.cost} against "
+                             f"the target's {target.cost:g} (tolerance {spec.tolerance:g}): not matched")
+
+
+def run(p: Plan, progress: bool = True, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Run (or reuse) every planned run, then pair, judge and write the results; returns the result."""
+    rows: dict[str, list[dict[str, Any]]] = {a.name: [] for a in p.spec.arms}
+    for i, planned in enumerate(p.runs, 1):
+        folder = _finished(planned)
+        if folder is None:
+            say(f"[{i}/{len(p.runs)}] {planned.arm.name}, seed {planned.seed}: running")
+            folder = _execute(planned, progress)
+        else:
+            say(f"[{i}/{len(p.runs)}] {planned.arm.name}, seed {planned.seed}: reused {folder.name}")
+        rows[planned.arm.name].append(_collect(p.spec, planned, folder))
+    result = _judge(p, rows)
+    write(p.out, result)
+    return result
+
+
+def _finished(planned: Planned) -> Path | None:
+    digest = planned.run.digest()
+    for folder in sorted(planned.folder.glob(f"*_{digest}"), reverse=True):
+        try:
+            if json.loads((folder / "meta.json").read_text()).get("status") == "ok":
+                return folder
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _execute(planned: Planned, progress: bool) -> Path:
+    from llmx.core.pipeline import execute
+
+    return Path(execute(planned.run, show_progress=progress).path)
+
+
+def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, Any]:
+    stages = json.loads((folder / "metrics.json").read_text())["stages"]
+    last = stages[-1]
+    items_file = folder / "artifacts" / f"{last['index']}_{last['method']}" / spec.items
+    if not items_file.is_file():
+        raise UsageError(f"{folder}: the evaluation wrote no {spec.items} to pair items on")
+    items = [json.loads(line)[spec.metric] for line in items_file.read_text().splitlines() if line.strip()]
+    cost = planned.arm.cost
+    if cost is None and spec.cost_key:
+        cost = next((s["metrics"][spec.cost_key] for s in stages if s["metrics"].get(spec.cost_key) is not None), None)
+    return {"seed": planned.seed, "run_dir": str(folder), "value": last["metrics"].get(spec.metric),
+            "cost": cost, "items": items}
+
+
+def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    spec = p.spec
+    sign = 1.0 if spec.higher_is_better else -1.0
+    target = {r["seed"]: r["items"] for r in rows[spec.target]}
+    verdicts = []
+    for arm in map(spec.arm, spec.judged):
+        groups = []
+        for r in rows[arm.name]:
+            t = target[r["seed"]]
+            if len(t) != len(r["items"]):
+                raise UsageError(f"arm '{arm.name}', seed {r['seed']}: {len(r['items'])} items against the target's "
+                                 f"{len(t)}: not paired")
+            groups.append([sign * (a - b) for a, b in zip(t, r["items"], strict=True)])
+        diff, low, high = stats.clustered(groups, seed=0)
+        verdict = "ahead" if low > 0 else "behind" if high < 0 else "within noise"
+        verdicts.append({"baseline": arm.name, "improvement": diff, "low": low, "high": high, "verdict": verdict,
+                         "pairs": sum(len(g) for g in groups), "seeds": len(groups)})
+    arms = []
+    for arm in spec.arms:
+        runs = [{k: v for k, v in r.items() if k != "items"} for r in rows[arm.name]]
+        values = [r["value"] for r in runs if r["value"] is not None]
+        costs = [r["cost"] for r in runs if r["cost"] is not None]
+        arms.append({"name": arm.name, "family": arm.line, "target": arm.name == spec.target,
+                     "cost": sum(costs) / len(costs) if costs else None,
+                     spec.metric: sum(values) / len(values) if values else None, "runs": runs})
+    return {"comparison": spec.name, "summary": spec.summary, "paper": spec.paper, "model": p.model, "data": p.data,
+            "seeds": list(p.seeds), "quick": p.quick, "metric": spec.metric, "higher_is_better": spec.higher_is_better,
+            "cost": spec.cost, "target": spec.target, "arms": arms, "verdicts": verdicts, "machine": _machine(),
+            "improvement": f"{'target - baseline' if spec.higher_is_better else 'baseline - target'} in {spec.metric}, "
+                           "per item, paired on (seed, item); interval: seeds then items resampled (95%)"}
+
+
+def _machine() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    return {"cpu": platform.processor() or platform.machine(), "torch_cpu_capability":
+            torch.backends.cpu.get_cpu_capability(), "cuda": torch.cuda.get_device_name(0)
+            if torch.cuda.is_available() else None, "torch": torch.__version__}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    metric = result["metric"]
+    lines = [f"# {result['comparison']}", "", result["summary"], "",
+             f"Model {result['model']}, data {result['data'].get('source')}, seeds {result['seeds']}"
+             f"{' (quick form)' if result['quick'] else ''}. {metric}: "
+             f"{'higher' if result['higher_is_better'] else 'lower'} is better.", "",
+             f"| arm | family | {result['cost']} | {metric} | improvement of {result['target']} | verdict |",
+             "|---|---|---|---|---|---|"]
+    by_name = {v["baseline"]: v for v in result["verdicts"]}
+    for a in result["arms"]:
+        v = by_name.get(a["name"])
+        cell = (f"{v['improvement']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}]" if v else
+                "(target)" if a["target"] else "(reference)")
+        cost = "-" if a["cost"] is None else f"{a['cost']:.3g}"
+        value = "-" if a[metric] is None else f"{a[metric]:.4f}"
+        lines.append(f"| {a['name']} | {a['family']} | {cost} | {value} | {cell} | {v['verdict'] if v else ''} |")
+    lines += ["", f"Improvement: {result['improvement']}."]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(out / f"{RESULT}.json", result)
+    atomic.write_text(out / f"{RESULT}.md", markdown(result))
+    _plot(out / f"{RESULT}.png", result)
+
+
+def _plot(path: Path, result: dict[str, Any]) -> None:
+    """The metric against the cost, one line per family; nothing without matplotlib (``llmx[plot]``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = result["metric"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    families: dict[str, list[tuple[float, float, str]]] = {}
+    for a in result["arms"]:
+        if a["cost"] is not None and a[metric] is not None:
+            families.setdefault(a["family"], []).append((a["cost"], a[metric], a["name"]))
+    for family, points in sorted(families.items()):
+        points.sort()
+        ax.plot([c for c, _, _ in points], [v for _, v, _ in points], marker="o", label=family)
+    ax.set_xlabel(result["cost"])
+    ax.set_ylabel(metric)
+    ax.set_title(result["comparison"])
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)

@@ -1,0 +1,97 @@
+"""What a comparison is: the arms (a method and its params each, or the starting model), the arm the paper proposes
+(``target``; every other arm is a baseline), the evaluation that scores every arm item by item, the metric and its
+direction, the cost axis (each arm's declared cost, else a stage metric that measures it) and the tolerance within
+which arms count as matched, the seeds, and the quick form CI runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side: ``stages`` as a recipe's pipeline (``{"method": ..., "params": {...}}`` each; none: the starting
+    model as it is); ``family`` is its line in the plot (default: its first method, or ``start``); ``cost`` its place
+    on the comparison's cost axis where no stage measures it (16 for a float16 model's bits per weight)."""
+
+    name: str
+    stages: tuple[Mapping[str, Any], ...] = ()
+    family: str = ""
+    cost: float | None = None
+
+    @property
+    def line(self) -> str:
+        return self.family or (str(self.stages[0]["method"]) if self.stages else "start")
+
+
+@dataclass(frozen=True)
+class ComparisonSpec:
+    """A paper's comparison. ``evaluation`` is the stage appended to every arm; it writes ``items`` (an artifact of
+    ``.jsonl`` rows, one per scored item: a window, a prompt) whose ``metric`` field is paired across arms on the
+    same (seed, item). ``baselines`` are the arms judged against the target (default: every other arm; the rest
+    are references, drawn and tabled at their own cost). ``cost_key`` names the stage metric giving an arm's cost
+    when it declares none; arms whose costs differ from the target's by more than ``tolerance`` are refused as
+    unmatched (``None``: the axis is only drawn). ``quick`` holds param overrides for CI, applied to every stage
+    whose params have the field, and ``quick_seeds`` its seeds. ``kinds`` are the ``model_type`` values it can run
+    on (empty: any causal LM)."""
+
+    name: str
+    summary: str
+    target: str
+    arms: tuple[Arm, ...]
+    baselines: tuple[str, ...] = ()
+    evaluation: Mapping[str, Any] = field(default_factory=lambda: {"method": "perplexity", "params": {}})
+    items: str = "windows.jsonl"
+    metric: str = "nll"
+    higher_is_better: bool = False
+    cost: str = "bits per weight"
+    cost_key: str | None = "weight_bits_per_element"
+    tolerance: float | None = None
+    seeds: tuple[int, ...] = (0, 1, 2)
+    quick: Mapping[str, Any] = field(default_factory=dict)
+    quick_seeds: tuple[int, ...] = (0,)
+    model: str = "ref:llama"
+    quick_model: str = "ref:llama-test"
+    data: Mapping[str, Any] = field(default_factory=lambda: {"source": "stdlib", "seq_len": 128})
+    kinds: tuple[str, ...] = ()
+    paper: str = ""
+    plugin: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"comparison {self.name!r}: two arms share a name")
+        if self.target not in names:
+            raise ValueError(f"comparison {self.name!r}: target {self.target!r} is not one of its arms")
+        if len(names) < 2:
+            raise ValueError(f"comparison {self.name!r} needs a baseline beside its target")
+        if not set(self.baselines) <= set(names) - {self.target}:
+            raise ValueError(f"comparison {self.name!r}: a baseline is not one of its other arms")
+
+    @property
+    def judged(self) -> tuple[str, ...]:
+        return self.baselines or tuple(a.name for a in self.arms if a.name != self.target)
+
+    def arm(self, name: str) -> Arm:
+        from llmx.core.names import did_you_mean
+        from llmx.errors import UsageError
+
+        found = next((a for a in self.arms if a.name == name), None)
+        if found is None:
+            names = [a.name for a in self.arms]
+            raise UsageError(f"comparison '{self.name}' has no arm '{name}'.{did_you_mean(name, names)}",
+                             hint=f"Its arms: {', '.join(names)}.")
+        return found
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "summary": self.summary, "paper": self.paper, "target": self.target,
+                "baselines": list(self.judged),
+                "arms": [{"name": a.name, "family": a.line, "cost": a.cost, "stages": [dict(s) for s in a.stages]}
+                         for a in self.arms],
+                "evaluation": dict(self.evaluation), "metric": self.metric, "higher_is_better": self.higher_is_better,
+                "cost": self.cost, "tolerance": self.tolerance, "seeds": list(self.seeds),
+                "quick": dict(self.quick), "quick_seeds": list(self.quick_seeds), "model": self.model,
+                "quick_model": self.quick_model,
+                "data": dict(self.data), "kinds": list(self.kinds), "plugin": self.plugin}

@@ -1,0 +1,115 @@
+"""``llmx compare``: comparisons as data, one runner. A planted better arm is called ahead and an identical one
+within noise; a rerun reuses finished arms (also after an interruption); bad input exits 2 before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmx.core.compare import runner
+from llmx.core.compare.spec import Arm, ComparisonSpec
+from llmx.core.eval import stats
+
+QUICK_EVAL = {"method": "perplexity", "params": {"max_tokens": 1024}}
+
+
+def _spec(**kw) -> ComparisonSpec:
+    """The starting model against itself (equal by construction) and against 2-bit RTN (worse by construction)."""
+    base = dict(name="planted", summary="planted arms", target="start",
+                arms=(Arm("start", cost=16.0), Arm("start-again", family="again", cost=16.0),
+                      Arm("rtn-w2", ({"method": "rtn", "params": {"bits": "w2a16", "group_size": 32, "save": False}},))),
+                evaluation=QUICK_EVAL, model="ref:llama-test", data={"source": "stdlib", "seq_len": 64}, seeds=(0, 1))
+    return ComparisonSpec(**{**base, **kw})
+
+
+def test_a_better_arm_is_ahead_an_identical_one_within_noise_and_the_results_are_written(tmp_path):
+    result = runner.run(runner.plan(_spec(), out=tmp_path), progress=False)
+    verdicts = {v["baseline"]: v for v in result["verdicts"]}
+    assert verdicts["rtn-w2"]["verdict"] == "ahead" and verdicts["rtn-w2"]["low"] > 0
+    assert verdicts["start-again"]["verdict"] == "within noise" and verdicts["start-again"]["improvement"] == 0
+    assert verdicts["rtn-w2"]["seeds"] == 2 and verdicts["rtn-w2"]["pairs"] > 20
+    stored = json.loads((tmp_path / "result.json").read_text())
+    assert [len(a["runs"]) for a in stored["arms"]] == [2, 2, 2]
+    rtn = next(a for a in stored["arms"] if a["name"] == "rtn-w2")
+    assert 2 < rtn["cost"] < 3.5  # measured: 2 bits and a scale per 32 weights
+    assert "| rtn-w2 | rtn |" in (tmp_path / "result.md").read_text()
+    assert (tmp_path / "result.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_rerun_reuses_finished_arms_even_after_an_interruption(tmp_path, monkeypatch):
+    spec = _spec(seeds=(0,))
+    real, calls = runner._execute, []
+
+    def interrupted(planned, progress):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(planned.arm.name)
+        return real(planned, progress)
+
+    monkeypatch.setattr(runner, "_execute", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(runner.plan(spec, out=tmp_path), progress=False)
+    monkeypatch.setattr(runner, "_execute", lambda planned, progress: calls.append(planned.arm.name) or
+                        real(planned, progress))
+    said = []
+    first = runner.run(runner.plan(spec, out=tmp_path), progress=False, say=said.append)
+    assert calls == ["start", "start-again", "rtn-w2"] and "reused" in said[0]
+    calls.clear()
+    again = runner.run(runner.plan(spec, out=tmp_path), progress=False)
+    assert calls == [] and again["verdicts"] == first["verdicts"]
+    changed = runner.plan(spec, out=tmp_path, sets=["rtn-w2.group_size=64"])
+    runner.run(changed, progress=False)
+    assert calls == ["rtn-w2"]  # a changed arm is a new run; the others are reused
+
+
+def test_the_two_level_bootstrap_reduces_to_the_items_with_one_seed_and_widens_with_seed_spread():
+    one = stats.clustered([[1.0, 2.0, 3.0, 4.0]], seed=0)
+    assert one[0] == 2.5 and one[1] < 2.5 < one[2]
+    agree = stats.clustered([[1.0, 1.1, 0.9]] * 3, seed=0)
+    spread = stats.clustered([[0.0, 0.1, -0.1], [1.0, 1.1, 0.9], [2.0, 2.1, 1.9]], seed=0)
+    assert spread[2] - spread[1] > 5 * (agree[2] - agree[1])
+
+
+@pytest.mark.parametrize("kw,sets,match", [
+    ({}, ["rtn-w3.group_size=64"], "no arm 'rtn-w3'. Did you mean 'rtn-w2'"),
+    ({}, ["rtn-w2.no_such_param=1"], "no stage of 'rtn-w2' has a param 'no_such_param'"),
+    ({}, ["rtn-w2.bits=w9a16"], "bits"),
+    ({"kinds": ("mamba",)}, [], "runs on mamba models"),
+    ({"tolerance": 0.5, "arms": (Arm("start", cost=16.0), Arm("small", ({"method": "rtn", "params": {}},), cost=4.0))},
+     [], "not matched"),
+])
+def test_bad_input_is_refused_before_any_run(tmp_path, kw, sets, match):
+    from llmx.errors import ConfigError, UsageError
+
+    with pytest.raises((UsageError, ConfigError), match=match):
+        runner.plan(_spec(**kw), out=tmp_path, sets=sets)
+    assert not (tmp_path / "arms").exists()
+
+
+def test_every_registered_comparison_is_listed_shown_and_resolves(cli):
+    listed = cli("--json", "compare", "list")
+    names = [d["name"] for d in listed.json()]
+    assert "gptq" in names
+    shown = cli("--json", "compare", "show", "gptq").json()
+    assert shown["target"] == "gptq-w3" and shown["baselines"] == ["rtn-w3"]
+    from llmx.core.plugins import host
+
+    for name in names:
+        spec = host().comparison(name)
+        for quick in (False, True):
+            plan = runner.plan(spec, out=Path("unused"), model=spec.quick_model, quick=quick)
+            assert len(plan.runs) == len(spec.arms) * len(spec.quick_seeds if quick else spec.seeds)
+
+
+def test_the_cli_runs_a_quick_comparison_and_refuses_bad_names_with_exit_2(cli, tmp_path):
+    r = cli("--json", "compare", "gptq", "--quick", "--seeds", "0", "-o", tmp_path)
+    assert r.code == 0, r.err
+    out = r.json()
+    assert out["comparison"] == "gptq" and out["quick"] and {a["name"] for a in out["arms"]} >= {"gptq-w3", "rtn-w3"}
+    assert (tmp_path / "gptq" / "result.md").is_file()
+    typo = cli("compare", "gtpq", "--quick")
+    assert typo.code == 2 and "Did you mean 'gptq'" in typo.err
+    bad = cli("compare", "gptq", "--quick", "--set", "gptq-w9.bits=w4a16", "-o", tmp_path / "bad")
+    assert bad.code == 2 and "no arm 'gptq-w9'" in bad.err and not (tmp_path / "bad").exists()
