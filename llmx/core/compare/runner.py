@@ -59,9 +59,9 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
     chosen = tuple(seeds) if seeds else (spec.quick_seeds if quick else spec.seeds)
     methods = host().methods
     stages = {a.name: [copy.deepcopy(dict(s)) for s in a.stages] for a in spec.arms}
-    evaluation = copy.deepcopy(dict(spec.evaluation))
+    evaluation = copy.deepcopy(dict(spec.evaluation)) if spec.evaluation else None
     if quick:
-        for arm_stages in (*stages.values(), [evaluation]):
+        for arm_stages in (*stages.values(), [evaluation] if evaluation else []):
             for s in arm_stages:
                 _override(s, dict(spec.quick), methods)
     for item in sets:
@@ -72,7 +72,8 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
         for seed in chosen:
             folder = p.out / "arms" / slug(arm.name) / f"seed-{seed}"
             raw = {"name": f"{spec.name}-{slug(arm.name)}", "model": model, "seed": seed, "data": dict(data_cfg),
-                   "output_dir": str(folder), "pipeline": [*copy.deepcopy(stages[arm.name]), dict(evaluation)]}
+                   "output_dir": str(folder),
+                   "pipeline": [*copy.deepcopy(stages[arm.name]), *([dict(evaluation)] if evaluation else [])]}
             p.runs.append(Planned(arm, seed, folder, resolve(raw, methods)))
     return p
 
@@ -99,7 +100,8 @@ def _override(stage: dict, values: dict[str, Any], methods) -> bool:
     return bool(hit)
 
 
-def _apply_set(spec: ComparisonSpec, item: str, stages: dict[str, list[dict]], evaluation: dict, methods) -> None:
+def _apply_set(spec: ComparisonSpec, item: str, stages: dict[str, list[dict]], evaluation: dict | None,
+               methods) -> None:
     """``ARM.KEY=VALUE`` (``*`` for every arm, ``eval`` for the evaluation): the param of every stage of that arm
     whose method has it."""
     from llmx.core.config import parse_set
@@ -109,6 +111,8 @@ def _apply_set(spec: ComparisonSpec, item: str, stages: dict[str, list[dict]], e
         raise UsageError(f"--set {item!r}: expected ARM.KEY=VALUE (ARM: an arm's name, '*' for every arm, or 'eval')")
     who, key = keys
     if who == "eval":
+        if evaluation is None:
+            raise UsageError(f"--set {item!r}: comparison '{spec.name}' has no separate evaluation stage")
         targets = [evaluation]
     elif who == "*":
         targets = [s for arm in stages.values() for s in arm]

@@ -28,21 +28,21 @@ class Arm:
 
 @dataclass(frozen=True)
 class ComparisonSpec:
-    """A paper's comparison. ``evaluation`` is the stage appended to every arm; it writes ``items`` (an artifact of
-    ``.jsonl`` rows, one per scored item: a window, a prompt) whose ``metric`` field is paired across arms on the
-    same (seed, item). ``baselines`` are the arms judged against the target (default: every other arm; the rest
-    are references, drawn and tabled at their own cost). ``cost_key`` names the stage metric giving an arm's cost
-    when it declares none; arms whose costs differ from the target's by more than ``tolerance`` are refused as
-    unmatched (``None``: the axis is only drawn). ``quick`` holds param overrides for CI, applied to every stage
-    whose params have the field, and ``quick_seeds`` its seeds. ``kinds`` are the ``model_type`` values it can run
-    on (empty: any causal LM)."""
+    """A paper's comparison. ``evaluation`` is the stage appended to every arm (``None``: each arm's own last stage
+    scores it, a decoding method's, say); it writes ``items`` (an artifact of ``.jsonl`` rows, one per scored
+    item: a window, a prompt) whose ``metric`` field is paired across arms on the same (seed, item). ``baselines``
+    are the arms judged against the target (default: every other arm; the rest are references, drawn and tabled at
+    their own cost). ``cost_key`` names the stage metric giving an arm's cost when it declares none; arms whose
+    costs differ from the target's by more than ``tolerance`` are refused as unmatched (``None``: the axis is only
+    drawn). ``quick`` holds param overrides for CI, applied to every stage whose params have the field, and
+    ``quick_seeds`` its seeds. ``kinds`` are the ``model_type`` values it can run on (empty: any causal LM)."""
 
     name: str
     summary: str
     target: str
     arms: tuple[Arm, ...]
     baselines: tuple[str, ...] = ()
-    evaluation: Mapping[str, Any] = field(default_factory=lambda: {"method": "perplexity", "params": {}})
+    evaluation: Mapping[str, Any] | None = field(default_factory=lambda: {"method": "perplexity", "params": {}})
     items: str = "windows.jsonl"
     metric: str = "nll"
     higher_is_better: bool = False
@@ -90,7 +90,8 @@ class ComparisonSpec:
                 "baselines": list(self.judged),
                 "arms": [{"name": a.name, "family": a.line, "cost": a.cost, "stages": [dict(s) for s in a.stages]}
                          for a in self.arms],
-                "evaluation": dict(self.evaluation), "metric": self.metric, "higher_is_better": self.higher_is_better,
+                "evaluation": dict(self.evaluation or {}), "metric": self.metric,
+                "higher_is_better": self.higher_is_better,
                 "cost": self.cost, "tolerance": self.tolerance, "seeds": list(self.seeds),
                 "quick": dict(self.quick), "quick_seeds": list(self.quick_seeds), "model": self.model,
                 "quick_model": self.quick_model,

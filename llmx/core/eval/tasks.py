@@ -108,8 +108,8 @@ def _generate(spec, model, tok, task_rows, d: Decoding, judge_workers, ks, progr
         errors += sum(e is not None for _, e, _ in mine)
         scores.append(sum(s for s, _, _ in mine) / len(mine))
         passes.append(sum(s >= PASS for s, _, _ in mine))
-        records.append({"id": row.get("id", i), "prompt": row["prompt"], "completions": [c.text for c in cs],
-                        "scores": [s for s, _, _ in mine], "errors": [e for _, e, _ in mine],
+        records.append({"id": row.get("id", i), "prompt": row["prompt"], "score": scores[-1],
+                        "completions": [c.text for c in cs], "scores": [s for s, _, _ in mine], "errors": [e for _, e, _ in mine],
                         "notes": [n for _, _, n in mine], "stop": [c.stop for c in cs]})
     flat = [c for cs in completions for c in cs]
     metrics: dict[str, Any] = {"score": stats.mean(scores), "completions": len(flat), "judge_errors": errors,
@@ -146,7 +146,7 @@ def _choice(spec, model, tok, task_rows, d: Decoding, progress) -> TaskResult:
         right_norm.append(float(pred_norm == row["answer"]))
         records.append({"id": row.get("id", i), "prompt": row["prompt"], "choices": row["choices"],
                         "answer": row["answer"], "logprobs": [s.logprob for s in mine], "pred": pred,
-                        "pred_norm": pred_norm, "correct": bool(right[-1])})
+                        "pred_norm": pred_norm, "correct": bool(right[-1]), "score": right[-1]})
     return TaskResult({"accuracy": stats.mean(right), "accuracy_norm": stats.mean(right_norm)}, records, right)
 
 
