@@ -82,3 +82,18 @@ def test_a_path_that_does_not_exist_says_so(cli, tmp_path):
     assert r.code == 2 and f"{tmp_path / 'typo'}: does not exist" in r.err and len(r.err.strip().splitlines()) == 1
     r = cli("report", tmp_path)
     assert r.code == 2 and "not a run folder" in r.err  # there, but holds no runs
+
+
+def test_stages_of_one_method_are_labelled_by_the_params_that_differ():
+    from pathlib import Path
+
+    from llmx.core.report import StageRow, distinguish
+
+    def row(method, params):
+        return StageRow("r", "ok", 0, method, "quantize", 1.0, {}, Path("."), params=params)
+
+    rows = distinguish([row("quamba2", {"recipe": "naive", "bits": "w4a8"}),
+                        row("quamba2", {"recipe": "quamba2", "bits": "w4a8"}), row("perplexity", {"max_tokens": 64}),
+                        row("perplexity", {"max_tokens": 64})])
+    assert [r.label for r in rows] == ["0:quamba2 recipe=naive", "0:quamba2 recipe=quamba2", "0:perplexity",
+                                       "0:perplexity"]

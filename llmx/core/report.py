@@ -30,10 +30,12 @@ class StageRow:
     folder: Path
     model: str = "?"
     curve: list[dict[str, Any]] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    detail: str = ""  # the params that tell it from other stages of the same method in the report (``distinguish``)
 
     @property
     def label(self) -> str:
-        return f"{self.index}:{self.method}"
+        return f"{self.index}:{self.method}" + (f" {self.detail}" if self.detail else "")
 
     def key_metrics(self, limit: int = 4) -> dict[str, Any]:
         chosen = [k for k in KEY_METRICS if _scalar(self.metrics.get(k))][:limit]
@@ -70,16 +72,38 @@ def rows(paths: list[str]) -> list[StageRow]:
     for folder in run_folders(paths):
         data = runs.read(folder)
         status = data["meta"].get("status", "?")
-        model = str((yaml.safe_load((folder / runs.CONFIG).read_text()) or {}).get("model") or "?")
+        config = yaml.safe_load((folder / runs.CONFIG).read_text()) or {}
+        model = str(config.get("model") or "?")
+        pipeline = config.get("pipeline") or []
         stages = data["metrics"].get("stages", [])
         if not stages:
             out.append(StageRow(folder.name, status, -1, "-", "-", None, {}, folder, model))
         for s in stages:
             curve_file = folder / "artifacts" / f"{s['index']}_{s['method']}" / "metrics.jsonl"
             curve = runs.records(curve_file) if curve_file.is_file() else []
+            entry = pipeline[s["index"]] if s["index"] < len(pipeline) and isinstance(pipeline[s["index"]], dict) else {}
             out.append(StageRow(folder.name, status, s["index"], s["method"], s["stage"], s.get("seconds"),
-                                s["metrics"], folder, model, curve))
-    return out
+                                s["metrics"], folder, model, curve, dict(entry.get("params") or {})))
+    return distinguish(out)
+
+
+def distinguish(rows: list[StageRow]) -> list[StageRow]:
+    """Label the stages of one method by the params whose values differ among them (``quamba2 recipe=naive``,
+    ``rtn bits=w2a16 group_size=32``), so that no two arms read as the bare method name."""
+    by_method: dict[str, list[StageRow]] = {}
+    for r in rows:
+        by_method.setdefault(r.method, []).append(r)
+    for group in by_method.values():
+        keys = sorted({k for r in group for k in r.params})
+        differ = [k for k in keys if len({repr(r.params.get(k)) for r in group}) > 1]
+        for r in group:
+            r.detail = " ".join(f"{k}={_short(r.params.get(k))}" for k in differ)
+    return rows
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 24 else text[:21] + "..."
 
 
 def short_run(name: str) -> str:
