@@ -25,7 +25,16 @@ def _spec(**kw) -> ComparisonSpec:
 
 
 def test_a_better_arm_is_ahead_an_identical_one_within_noise_and_the_results_are_written(tmp_path):
-    result = runner.run(runner.plan(_spec(), out=tmp_path), progress=False)
+    import llmx
+
+    model, tok = llmx.load("ref:llama-test")  # a model folder and a text file of the user's own
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    text = Path(llmx.__file__).parent / "core" / "compare" / "runner.py"
+    (tmp_path / "notes.txt").write_text(text.read_text() * 3)
+    result = runner.run(runner.plan(_spec(), out=tmp_path / "cmp", model=str(tmp_path / "model"),
+                                    data=str(tmp_path / "notes.txt")), progress=False)
+    tmp_path = tmp_path / "cmp"
     verdicts = {v["baseline"]: v for v in result["verdicts"]}
     assert verdicts["rtn-w2"]["verdict"] == "ahead" and verdicts["rtn-w2"]["low"] > 0
     assert verdicts["start-again"]["verdict"] == "within noise" and verdicts["start-again"]["improvement"] == 0
