@@ -237,3 +237,32 @@ def test_window_eviction_keeps_sinks_and_recent_tokens_with_absolute_positions(s
     big = WindowCache(model.config.num_hidden_layers, window=1000, store_dtype=None)  # nothing evicted: the full cache
     ref = model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=DynamicCache(), pad_token_id=0)
     assert torch.equal(model.generate(ids, max_new_tokens=10, do_sample=False, past_key_values=big, pad_token_id=0), ref)
+
+
+@pytest.mark.parametrize("method,extra", [("kivi", ["group=8"]), ("kv-window", ["window=12"])])
+def test_the_per_window_items_average_to_the_stage_figures(cli, tmp_path, method, extra):
+    """``windows.jsonl`` (the items ``llmx compare lexico`` pairs): one row per held-out window whose means are the
+    stage's KL, agreement, accuracy and perplexity."""
+    import json
+    import math
+    from pathlib import Path
+
+    sets = ["windows=3", "context_len=48", "continuation_len=8", "generate_tokens=4", "buffer_length=8",
+            "recall_cue=8", "recall_tokens=4", *extra]
+    r = cli("--json", "decode", "--method", method, "--model", "ref:llama-test",
+            *[a for s in sets for a in ("--set", s)], "-o", tmp_path)
+    assert r.code == 0, r.err
+    out = r.json()
+    metrics = out["stages"][0]["metrics"]
+    rows = [json.loads(x) for x in (Path(out["run_dir"]) / "artifacts" / f"0_{method}" / "windows.jsonl")
+            .read_text().splitlines()]
+    assert [row["window"] for row in rows] == [0, 1, 2] and all(row["tokens"] == 8 for row in rows)
+
+    def mean(key):
+        return sum(row[key] for row in rows) / len(rows)
+
+    for key in ("kl_to_full", "top1_agreement", "next_token_accuracy", "greedy_agreement", "recall_accuracy",
+                "recall_accuracy_full_cache"):
+        assert mean(key) == pytest.approx(metrics[key], rel=1e-9, abs=1e-12), key
+    assert math.exp(mean("nll")) == pytest.approx(metrics["perplexity"], rel=1e-9)
+    assert math.exp(mean("nll_full_cache")) == pytest.approx(metrics["perplexity_full_cache"], rel=1e-9)

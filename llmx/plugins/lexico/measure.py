@@ -13,6 +13,9 @@ the prefill plus the most allocated above them over the decode steps, transient 
 workspaces included), each over the bytes of a full fp16 cache of the same length; and the most allocated during the
 prefill, with this cache and with the full one (activations included: their difference is what compressing the
 prompt costs or saves, Lexico's per-call Gram on CUDA included).
+Each window's figures go to ``windows.jsonl`` (the items ``llmx compare`` pairs across arms): their mean over the
+windows is the run's ``kl_to_full``, ``top1_agreement`` and ``next_token_accuracy`` (every window has
+``continuation_len`` tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
 from llmx.core.memory import PeakMemory
@@ -86,18 +90,24 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
     sums = dict.fromkeys(("kl", "nll", "nll_full", "agree", "hit", "hit_full", "gen", "recall", "recall_full", "ms",
                           "ms_full"), 0.0)
     stored = dictionary = 0
+    items: list[dict] = []
     for w in ctx.progress(list(windows), description="kv cache"):
         ids = w[None]
         logp_full, ms_full = _teacher_forced(model, ids, p.context_len, DynamicCache())
         cache = make_cache()
         logp, ms = _teacher_forced(model, ids, p.context_len, cache)
         target = ids[0, p.context_len:]
-        sums["kl"] += float((logp_full.exp() * (logp_full - logp)).sum(-1).sum())
-        sums["nll"] += float(-logp.gather(1, target[:, None]).sum())
-        sums["nll_full"] += float(-logp_full.gather(1, target[:, None]).sum())
-        sums["agree"] += int((logp_full.argmax(-1) == logp.argmax(-1)).sum())
-        sums["hit"] += int((logp.argmax(-1) == target).sum())
-        sums["hit_full"] += int((logp_full.argmax(-1) == target).sum())
+        row = {"kl": float((logp_full.exp() * (logp_full - logp)).sum(-1).sum()),
+               "nll": float(-logp.gather(1, target[:, None]).sum()),
+               "nll_full": float(-logp_full.gather(1, target[:, None]).sum()),
+               "agree": int((logp_full.argmax(-1) == logp.argmax(-1)).sum()),
+               "hit": int((logp.argmax(-1) == target).sum()), "hit_full": int((logp_full.argmax(-1) == target).sum())}
+        for key, value in row.items():
+            sums[key] += value
+        steps = len(target)
+        items.append({"window": len(items), "kl_to_full": row["kl"] / steps, "nll": row["nll"] / steps,
+                      "nll_full_cache": row["nll_full"] / steps, "top1_agreement": row["agree"] / steps,
+                      "next_token_accuracy": row["hit"] / steps, "tokens": steps})
         sums["ms"] += ms
         sums["ms_full"] += ms_full
         stored += cache.stored_bytes()
@@ -106,13 +116,19 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
             prompt = ids[:, : p.context_len]
             full, test = (_greedy(model, prompt, p.generate_tokens, c, tok.pad_token_id)
                           for c in (DynamicCache(), make_cache()))
-            sums["gen"] += int((full == test).sum())
+            same = int((full == test).sum())
+            sums["gen"] += same
+            items[-1]["greedy_agreement"] = same / p.generate_tokens
         if p.recall_tokens:
             cue = p.recall_cue
             prompt = torch.cat([ids[:, : p.context_len - cue], ids[:, :cue]], 1)
             expected = ids[0, cue:cue + p.recall_tokens]
-            for key, c in (("recall_full", DynamicCache()), ("recall", make_cache())):
-                sums[key] += int((_greedy(model, prompt, p.recall_tokens, c, tok.pad_token_id) == expected).sum())
+            for key, item, c in (("recall_full", "recall_accuracy_full_cache", DynamicCache()),
+                                 ("recall", "recall_accuracy", make_cache())):
+                hits = int((_greedy(model, prompt, p.recall_tokens, c, tok.pad_token_id) == expected).sum())
+                sums[key] += hits
+                items[-1][item] = hits / p.recall_tokens
+    atomic.write_jsonl(ctx.artifact("windows.jsonl"), items)
     first = windows[:1]
     peak, peak_full = (sum(decode_peak(model, first, p.context_len, c)) for c in (make_cache(), DynamicCache()))
     prefill, prefill_full = (prefill_peak(model, first, p.context_len, c) for c in (make_cache(), DynamicCache()))
