@@ -1,6 +1,9 @@
 """Can the brackets judge be made to need the content? Stricter program checks, scored on the reference model's own
 samples and on constant completions.
 
+Script-only (not a comparison): a study of the judge itself (which checks make the task need the content), not of a
+technique.
+
     python benchmarks/bench_brackets_judges.py [--model ref:llama] [--prompts 200]
 
 Each judge is the task's (the completed line balances its brackets and ends) plus one more check: the call has an

@@ -1,5 +1,8 @@
 """Packed layers on the CPU against float32, in one process, interleaved rounds, one thread, with the CPU named.
 
+Script-only (not a comparison): kernel and decode timings of one configuration against another in interleaved rounds,
+which no arm-and-item comparison measures.
+
     python benchmarks/bench_cpu_speed.py [--rounds 7] [--new-tokens 32] [--only linear overhead decode]
     python benchmarks/bench_cpu_speed.py --emulate avx2     # the same in a child under an AVX2 CPU's kernels
 

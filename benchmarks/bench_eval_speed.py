@@ -1,5 +1,7 @@
 """`llmx eval --method perplexity` against a plain loop over the same windows, in one process, one thread.
 
+Script-only (not a comparison): the evaluation's wall time against a hand-written loop, a speed study of llmx itself.
+
     python benchmarks/bench_eval_speed.py [--model ref:llama-test tiny:llama] [--rounds 15] [--max-tokens 16384]
 
 The plain loop is what anyone would write with the token stream in hand: for each batch of the evaluation's windows,

@@ -3,6 +3,8 @@ kernel dispatch on, then forced off (the reference then runs on the same device)
 and both timed with CUDA events (median of ``--repeats`` after a warm-up); the GEMMs also show fp16 cuBLAS
 (``x.half() @ w.half().T``) at their shape as a yardstick.
 
+Script-only (not a comparison): kernel microbenchmarks against their PyTorch references.
+
     python benchmarks/bench_kernels_gpu.py [--repeats 20] [--quick]
 
 Needs CuPy and a CUDA device: without them it says so in one line and exits 3. ``--device cpu`` runs every case at

@@ -1,6 +1,8 @@
 """Peak memory of label log-probs, forward + backward: ``log_softmax(logits.float()).gather`` against the chunked
 ``selective_log_softmax`` (``llmx.core.logprobs``), for fp32 and bf16 logits.
 
+Script-only (not a comparison): peak memory of one op under two implementations.
+
     python benchmarks/bench_logps_memory.py [--batch 4] [--seq 256] [--vocab 32000] [--rows 0 128]
 
 Each arm starts from leaf logits ``[B, T, V]`` (allocated before the measured section, so their bytes are not in

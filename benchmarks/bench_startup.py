@@ -1,5 +1,7 @@
 """CLI startup: ``llmx --help`` and ``llmx methods`` against ``python -c pass``, CPU time of fresh processes.
 
+Script-only (not a comparison): process start-up CPU time, a property of the CLI, not of a technique.
+
     python benchmarks/bench_startup.py [--rounds 21]
 
 Each round runs the three commands once, in a rotating order (interleaved, so a slow spell of a shared machine

@@ -1,6 +1,9 @@
 """Tasks at small scale: what the generate-and-judge tasks measure on the reference zoo, what the sandbox costs, and
 whether llmx's choice scorer and lm-evaluation-harness agree on the same rows.
 
+Script-only (not a comparison): what the tasks measure on the reference zoo, the sandbox's cost, and llmx's scorer
+against lm-evaluation-harness (agreement, not a technique beside its baselines).
+
     python benchmarks/bench_tasks.py [--model ref:llama] [--small ref:llama-test] [--prompts 200]
 
 1. HumanEval (all 164 problems: greedy pass@1 with 128 new tokens, and the canonical solutions' bits per byte) and
