@@ -279,6 +279,10 @@ def test_saved_model_reloads_with_identical_perplexity(cli, tmp_path, backend):
     assert again.code == 0, again.err
     assert again.json()["stages"][0]["metrics"]["perplexity"] == pytest.approx(ppl, rel=1e-6)
     assert quant["objective"] < quant["objective_seed"] or backend == "gptq"
+    # the cost ``llmx compare`` reads: the stored bits per weight, codebooks (8 fp16 entries per row of at least 64
+    # inputs: at most 2 bits more) or group scales included
+    assert quant["weight_bits_per_element"] == pytest.approx(8 * quant["quantized_bytes"] / quant["quantized_params"])
+    assert 3 < quant["weight_bits_per_element"] <= 5
 
 
 def test_bad_input_is_one_line_exit_2_and_no_run_folder(cli, tmp_path):

@@ -119,5 +119,7 @@ def run(ctx: RunContext, p: GuidedQuantParams) -> dict:
     params = sum(m.in_features * m.out_features for m in luts)
     stored = sum(t.numel() * t.element_size() for m in luts for k, t in m.state_dict().items() if k != "bias")
     out = {"bits": p.bits, "layers": len(luts), "quantized_params": params, "quantized_bytes": stored,
+           "quantized_bytes_vs_fp16": stored / max(2 * params, 1),
+           "weight_bits_per_element": 8 * stored / params if params else None,  # as the integer methods report it
            "bits_per_weight": 8 * stored / max(params, 1), **extra}
     return {**out, **apply.save(ctx, p, "guidedquant")} if p.save else out
