@@ -27,7 +27,8 @@ def run(ctx: RunContext, p: BnbParams) -> dict:
         packed += sum(t.numel() * t.element_size() for t in new.state_dict().values()) - \
             (linear.bias.numel() * linear.bias.element_size() if linear.bias is not None else 0)
     out = {"bits": p.bits, "format": p.quant_type if p.bits == "w4a16" else "llm.int8", "layers": len(layers),
-           "quantized_params": params, "quantized_bytes": packed, "quantized_bytes_vs_fp16": packed / max(2 * params, 1)}
+           "quantized_params": params, "quantized_bytes": packed, "quantized_bytes_vs_fp16": packed / max(2 * params, 1),
+           "weight_bits_per_element": 8 * packed / params if params else None}
     if p.save:
         path = models.save(model, ctx.tokenizer, ctx.artifact("model"),
                            {"source": ctx.config.model, "method": "bnb", "params": p.model_dump()})

@@ -1,3 +1,4 @@
+from llmx.core.compare.spec import Arm, ComparisonSpec
 from llmx.core.spec import LayerSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
@@ -20,3 +21,31 @@ def llmx_methods():
 def llmx_layers():
     yield LayerSpec("bnb_linear4bit", "llmx.plugins.bnb.layers:rebuild4", "bitsandbytes 4-bit linear (NF4/FP4)")
     yield LayerSpec("bnb_linear8bit", "llmx.plugins.bnb.layers:rebuild8", "bitsandbytes LLM.int8() linear")
+
+
+def _int(method: str, bits: str, **extra) -> dict:
+    """The integer formats at their strongest common setting: asymmetric, group 128 (GPTQ with act-order)."""
+    return {"method": method, "params": {"bits": bits, "group_size": 128, "symmetric": False, "save": False, **extra}}
+
+
+@hookimpl
+def llmx_comparisons():
+    yield ComparisonSpec(
+        name="quant",
+        summary="The weight-only 4-bit baselines at matched bits (about 4.2 per weight): GPTQ (asymmetric g128, "
+                "act-order) against round-to-nearest (asymmetric g128) and bitsandbytes NF4 (block 64, double "
+                "quantization); 8-bit RTN, LLM.int8 and float16 drawn. Held-out perplexity windows paired.",
+        paper="Frantar et al., ICLR 2023 (GPTQ); Dettmers et al., NeurIPS 2023 (QLoRA's NF4): the baselines the "
+              "quantization papers compare with",
+        target="gptq-w4", baselines=("rtn-w4", "nf4-b64"),
+        arms=(Arm("float16", family="float", cost=16.0),
+              Arm("rtn-w8", ({"method": "rtn", "params": {"bits": "w8a16", "group_size": -1, "save": False}},)),
+              Arm("llm-int8", ({"method": "bnb", "params": {"bits": "w8a8", "save": False}},), family="bnb"),
+              Arm("rtn-w4", (_int("rtn", "w4a16"),)),
+              Arm("nf4-b64", ({"method": "bnb", "params": {"bits": "w4a16", "quant_type": "nf4", "blocksize": 64,
+                                                           "save": False}},), family="bnb"),
+              Arm("gptq-w4", (_int("gptq", "w4a16", actorder=True),))),
+        evaluation={"method": "perplexity", "params": {"max_tokens": 16384}},
+        tolerance=0.25,
+        quick={"calib_samples": 8, "calib_seq_len": 64, "max_tokens": 512},
+        model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128})
