@@ -513,3 +513,26 @@ def test_mixing_strategies_refuse_two_tokenizers(cli, tmp_path, strategy):
             "--set", f"strategy={strategy}", "--set", "limit=1", "-o", tmp_path / "runs")
     assert r.code == 2 and "one tokenizer" in r.err, r.err
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_the_assistant_stage_trains_a_copy_and_leaves_the_draft(cli, tmp_path):
+    """``cosd-assistant`` (what ``llmx compare cosd`` builds its pair with): the later cosd stages decode with the
+    fine-tuned copy as the assistant, while the run's model drafts exactly as it did before the stage."""
+    decode = "{task: api-facts, limit: 3, max_new_tokens: 8, strategy: %s%s}"
+    cfg = tmp_path / "pair.yaml"
+    cfg.write_text("model: ref:llama-test\npipeline:\n"
+                   "  - {method: cosd-assistant, params: {data: 'api-facts:docs', steps: 3, lr: 0.01, warmup: 0, "
+                   "batch_size: 2, seq_len: 32, max_tokens: 4096, eval_windows: 1, save: false}}\n"
+                   f"  - {{method: cosd, params: {decode % ('draft', '')}}}\n"
+                   f"  - {{method: cosd, params: {decode % ('assistant', '')}}}\n")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("model: ref:llama-test\npipeline:\n"
+                     f"  - {{method: cosd, params: {decode % ('draft', ', assistant: ref:llama-test')}}}\n")
+    texts = []
+    for path in (cfg, plain):
+        r = cli("run", path, "--json", "-o", tmp_path / path.stem)
+        assert r.code == 0, r.err
+        texts += [[json.loads(x)["completion"] for x in Path(s["metrics"]["rows"]).read_text().splitlines()]
+                  for s in r.json()["stages"] if s["method"] == "cosd"]
+    draft, assistant, untouched = texts
+    assert draft == untouched and assistant != draft

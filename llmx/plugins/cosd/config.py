@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from llmx.core.eval.source import TaskSource
 from llmx.core.refs import ExistingPath, ModelRef
+from llmx.core.train.lm.params import LMParams
 
 
 class PairParams(TaskSource):
@@ -16,8 +17,9 @@ class PairParams(TaskSource):
 
     task: str | None = Field("api-facts", description="A registered generate task (llmx tasks); a file of rows "
                              "{prompt, answer} replaces it with task=null.")
-    assistant: ModelRef = Field(description="The assistant model M_q (ref:NAME, a folder or a hub id); the run's "
-                                "--model drafts.")
+    assistant: ModelRef | None = Field(None, description="The assistant model M_q (ref:NAME, a folder or a hub id); "
+                                       "the run's --model drafts. Default: the one an earlier train --method "
+                                       "cosd-assistant stage of the run trained.")
     split: str | None = Field(None, description="Default: the task's last split.")
     limit: int | None = Field(None, gt=0, description="Only the first rows (in the task's seeded order).")
     offset: int = Field(0, ge=0, description="Skip this many rows first (the examples a tree was fitted on).")
@@ -69,3 +71,9 @@ class TreeTrainParams(PairParams):
                            "mostly one kind).")
     min_disagreements: int = Field(50, ge=0, description="Below this many labelled disagreements the file says "
                                    "fallback: decoding then uses the rule (alpha, beta) and reports it.")
+
+
+class AssistantParams(LMParams):
+    """``train --method cosd-assistant``: the ``lm`` stage on a copy of the run's model, kept as the assistant of the
+    run's later cosd stages; the run's model (the draft) is left as it was. Two experts from one base, each
+    fine-tuned on its own corpus (this stage, then ``lm``), make the paper's complementary-knowledge pair."""

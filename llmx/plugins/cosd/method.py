@@ -1,5 +1,6 @@
 """``decode --method cosd``: every strategy of the comparison on one task's rows, judged and counted alike;
-``train --method cosd-tree``: CoSD-Tree's CART from a few rows with references."""
+``train --method cosd-tree``: CoSD-Tree's CART from a few rows with references; ``train --method cosd-assistant``:
+an assistant fine-tuned from a copy of the run's model, for the run's later stages."""
 
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ from llmx.core.context import RunContext
 from llmx.core.eval import stats, tasks
 from llmx.errors import UsageError
 from llmx.plugins.cosd import cart, loop
-from llmx.plugins.cosd.config import CoSDParams, PairParams, TreeTrainParams
+from llmx.plugins.cosd.config import AssistantParams, CoSDParams, PairParams, TreeTrainParams
 from llmx.plugins.cosd.decide import ReleasedRule, Rule, TreeRule
 from llmx.plugins.cosd.tree import features
+
+ASSISTANT = "cosd_assistant"  # (model, tokenizer) a cosd-assistant stage trained, for the run's later stages
 
 
 def _pair(ctx: RunContext, p: PairParams) -> loop.Pair:
     from llmx.core import models
     from llmx.core.zoo.corpus import tokenizer_fingerprint
 
-    model, tok = models.load(p.assistant, dtype=ctx.config.dtype, device=ctx.device)
+    if p.assistant is not None:
+        model, tok = models.load(p.assistant, dtype=ctx.config.dtype, device=ctx.device)
+    elif ASSISTANT in ctx.state:
+        model, tok = ctx.state[ASSISTANT]
+    else:
+        raise UsageError("cosd needs an assistant: --set assistant=MODEL (or a train --method cosd-assistant stage "
+                         "earlier in the run)")
     model.eval()
     ctx.model.eval()
     shared = tokenizer_fingerprint(ctx.tokenizer) == tokenizer_fingerprint(tok)
@@ -105,6 +114,22 @@ def decode(ctx: RunContext, p: CoSDParams) -> dict:
                if p.strategy == "cosd" else {}), **about}
 
 
+def train_assistant(ctx: RunContext, p: AssistantParams) -> dict:
+    """The ``lm`` stage on a copy of the run's current model; the copy becomes the assistant, the model stays."""
+    import copy
+
+    from llmx.core.train.lm.run import run as lm
+
+    draft, tok = ctx.model, ctx.tokenizer
+    ctx.set_model(copy.deepcopy(draft), tok)
+    try:
+        out = lm(ctx, p, method="cosd-assistant")
+        ctx.state[ASSISTANT] = (ctx.model.eval(), tok)
+    finally:
+        ctx.set_model(draft, tok)
+    return out
+
+
 def train_tree(ctx: RunContext, p: TreeTrainParams) -> dict:
     spec = p.spec()
     rows, _ = _rows(p, spec)
@@ -119,7 +144,8 @@ def train_tree(ctx: RunContext, p: TreeTrainParams) -> dict:
     fitted = None if fallback else cart.fit([f[:2] for f in labelled], [f[2] for f in labelled], p.max_depth,
                                            p.min_samples_leaf, p.balanced)
     info = {"disagreements": len(labelled), "assistant_right": positives, "examples": len(rows),
-            "task": spec.name, "draft": ctx.config.model, "assistant": p.assistant, "max_depth": p.max_depth}
+            "task": spec.name, "draft": ctx.config.model, "assistant": p.assistant or "a cosd-assistant stage",
+            "max_depth": p.max_depth}
     path = ctx.artifact("cosd_tree.json")
     cart.save(path, fitted, info)
     ctx.state["cosd_tree"] = str(path)
