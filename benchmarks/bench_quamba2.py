@@ -17,7 +17,16 @@ have no randomness and run once; decode speed is measured on the first seed.
 The outlier rows: the same Mamba2 with ``--outlier-channels`` x channels per layer whose conv weights and bias are
 multiplied by ``--outlier-factor`` (persistent per-channel outliers, as in large SSMs), then fine-tuned
 ``--outlier-steps`` steps so the model works with them (its own FP perplexity is their reference).
-Writes benchmarks/results/quamba2_<model>.json and .md (``--recipes-only``: quamba2_recipes_<model>).
+Writes benchmarks/results/quamba2_<model>.json and .md.
+
+``--recipes-only`` is a thin call of ``llmx compare quamba2`` and ``llmx compare quamba2-w8a8`` (the naive /
+quamba1 / quamba2 recipes at W4A8 and W8A8, paired per held-out window over ``--seeds``) on each Mamba2 of
+``--models`` and on its outlier-injected copy. Run folders go to runs/compare/ (a rerun reuses the finished arms of
+the given model; the outlier copy is rebuilt in a temporary folder each time), the results to
+benchmarks/results/compare_<comparison>_<model>[_outliers].json, .md and .png. Mamba1 models are skipped there (no
+SSD groups: its quamba2 recipe is quamba1). What stays a script, and why: the outlier injection and fine-tune (a
+model the comparison then runs on), the int8 linear microbenchmark, decode tokens/s, the stored bytes on disk and the
+W4A16 / RTN / NF4 / int4-embedding rows beside the recipes (other formats and a speed stage, not one paired metric).
 """
 
 from __future__ import annotations
@@ -49,14 +58,12 @@ from common import (  # noqa: E402
 )
 
 
-def configs(arch: str, quick: bool, recipes_only: bool = False) -> list[tuple[str, str, dict]]:
+def configs(arch: str, quick: bool) -> list[tuple[str, str, dict]]:
     skip = ["lm_head", "dt_proj"]  # transformers' Mamba1 reads dt_proj.weight directly
     rows = [("fp", "-", {})]
     recipes = ["naive", "quamba1"] + (["quamba2"] if arch == "mamba2" else [])
     for bits in (["w4a8"] if quick else ["w8a8", "w4a8"]):
         rows += [("quamba2", f"{bits} {r}", {"bits": bits, "recipe": r}) for r in recipes]
-    if recipes_only:
-        return rows
     rows.append(("quamba2", f"w4a8 {recipes[-1]} + int4 embedding", {"bits": "w4a8", "recipe": recipes[-1],
                                                                      "quantize_embedding": True}))
     rows.append(("quamba2", "w4a16 hadamard+gptq", {"bits": "w4a16"}))
@@ -157,7 +164,7 @@ def bench(model: str, label: str, arch: str, args) -> list[dict]:
     speed = {"method": "speed", "params": {"prompt_len": 64, "new_tokens": 16, "repeats": 2}}
     calib = {"calib_samples": args.calib_samples, "calib_seq_len": 256}
     rows, fp_bytes = [], fp_file_bytes(model)
-    for method, fmt, params in configs(arch, args.quick, args.recipes_only):
+    for method, fmt, params in configs(arch, args.quick):
         if method == "quamba2":
             params = {**params, **calib}
         for seed in args.seeds if method == "quamba2" else args.seeds[:1]:
@@ -198,6 +205,59 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
+def compare(model: str, label: str, args) -> None:
+    """``--recipes-only``: the two recipe comparisons through the comparison runner on ``model``."""
+    import shutil
+
+    from llmx.core.compare import runner
+    from llmx.core.plugins import host
+
+    root = Path(__file__).resolve().parents[1] / "runs" / "compare"
+    # --quick: the comparisons' own quick sizes
+    sets = [] if args.quick else [f"*.calib_samples={args.calib_samples}", f"eval.max_tokens={args.max_tokens}"]
+    for name in ("quamba2", "quamba2-w8a8"):
+        stem = result_name(f"compare_{name}_{file_label(label)}", args, names_model=True)
+        p = runner.plan(host().comparison(name), out=root / stem, model=model, data=args.data, seeds=args.seeds,
+                        quick=args.quick, sets=sets)
+        runner.run(p, progress=False, say=print)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        for ext in ("json", "md", "png"):
+            if (p.out / f"{runner.RESULT}.{ext}").is_file():
+                shutil.copyfile(p.out / f"{runner.RESULT}.{ext}", RESULTS / f"{stem}.{ext}")
+        print((RESULTS / f"{stem}.md").read_text())
+
+
+def recipes_only(args) -> None:
+    from llmx.core.models import load
+
+    for (label, model), given in zip(targets(args), args.models, strict=True):
+        if load(model)[0].config.model_type != "mamba2":
+            print(f"{label}: skipped (the recipe comparisons run on Mamba2 models)")
+            continue
+        compare(model, label, args)
+        with tempfile.TemporaryDirectory() as tmp:
+            injected, _ = inject_outliers(model, given, args, Path(tmp) / "m")
+            plain_floats(Path(injected) / "config.json")
+            compare(injected, f"{label}_outliers", args)
+
+
+def plain_floats(config: Path) -> None:
+    """Rewrite transformers' ``{"__float__": "Infinity"}`` (Mamba2's ``time_step_limit``) as a JSON float and sign
+    the folder again: the comparison's model-kind check reads config.json with ``AutoConfig.for_model``, which
+    refuses the marker (a bug of ``core/models/meta.py`` for every saved Mamba2 folder)."""
+    import json
+
+    from llmx.core import manifest
+
+    def plain(v):
+        if isinstance(v, dict):
+            return float(v["__float__"]) if set(v) == {"__float__"} else {k: plain(x) for k, x in v.items()}
+        return [plain(x) for x in v] if isinstance(v, list) else v
+
+    config.write_text(json.dumps(plain(json.loads(config.read_text())), indent=2))
+    manifest.write(config.parent, manifest.SAVED)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_target_args(ap, ["ref:mamba2-bench", "ref:mamba-bench"], seeds=[0, 1, 2])
@@ -207,10 +267,14 @@ def main() -> None:
     ap.add_argument("--outlier-factor", type=float, default=25.0)
     ap.add_argument("--outlier-steps", type=int, default=150, help="Fine-tune steps after the injection.")
     ap.add_argument("--quick", action="store_true", help="A few rows only (a smoke run of this script).")
-    ap.add_argument("--recipes-only", action="store_true", help="The naive / quamba1 / quamba2 rows at W8A8 and W4A8 "
-                    "only (no embedding, W4A16, RTN or NF4 rows): the seeded comparison, in a third of the time.")
+    ap.add_argument("--recipes-only", action="store_true", help="The naive / quamba1 / quamba2 recipes at W8A8 and "
+                    "W4A8 only, as `llmx compare quamba2` and `quamba2-w8a8` (on each Mamba2 and its outlier copy).")
     args = ap.parse_args()
     from llmx.core.models import load
+
+    if args.recipes_only:
+        recipes_only(args)
+        return
 
     for (label, model), given in zip(targets(args), args.models, strict=True):
         arch = load(model)[0].config.model_type
@@ -221,8 +285,7 @@ def main() -> None:
                 tag = f"{label} + outliers ({args.outlier_channels} ch x{args.outlier_factor:g}, {args.outlier_steps} steps)"
                 rows += bench(injected, tag, arch, args)
             extra["outlier_strength"] = {"reference": outlier_strength(*load(model), args), **strength}
-        stem = "quamba2_recipes" if args.recipes_only else "quamba2"
-        name = result_name(f"{stem}_{file_label(label)}", args, names_model=True)
+        name = result_name(f"quamba2_{file_label(label)}", args, names_model=True)
         columns = ["model", "method", "format", "seed", "perplexity", "ppl_increase_pct", "stored_weight_bytes",
                    "vs_fp32_files", "quantized_vs_fp16", "decode_tok_s"]
         summary = summarise(rows)
