@@ -1,5 +1,9 @@
 """BlockDialect against MXFP4, NVFP4, INT4 blocks and bitsandbytes on trained reference models, in one run.
 
+Kept as a script: KL to FP and top-1 agreement, every tensor's relative MSE, the W4A16 and W4A4-linears settings, the
+exhaustive-selection oracle and the bitsandbytes rows (a comparison pairs one metric per item under one setting); the
+full-path W4A4 perplexity comparison is ``llmx compare blockdialect``.
+
     python benchmarks/bench_blockdialect.py [--models ref:llama-bench ref:opt-bench] [--data stdlib] [--quick]
 
 For each model and format, at W4A16 (linears, weights only), W4A4 (linears, weights and inputs) and the full path

@@ -1,5 +1,8 @@
 """GPTQ's CPU cost before and after issue 65, in one process, interleaved rounds, one thread.
 
+Script-only (not a comparison): a microbenchmark of the GPTQ solver's time and memory against its previous code (same
+outputs), not a technique beside its baselines.
+
     python benchmarks/bench_gptq_speed.py [--rows 4096 --cols 11008 --group 128 --rounds 3 --threads 1] [--quick]
 
 Three pieces of what ``--method gptq`` spends per layer, each against the code before issue 65:

@@ -1,5 +1,9 @@
 """GuidedQuant and LNQ against RTN, GPTQ, SqueezeLLM and NF4 on trained reference models, at 2, 3 and 4 bits.
 
+Kept as a script: the 11-method ablation at three widths, KL to FP and the layer objectives each method minimised (a
+comparison pairs one metric per item); the seeded, judged comparison is ``llmx compare guidedquant --seeds 1 2 3``
+(2 bits; 3 bits: ``--set '*.bits=w3a16'``).
+
     python benchmarks/bench_guidedquant.py [--models ref:llama-bench ref:opt-bench] [--data stdlib] [--calib 128] [--quick]
     python benchmarks/bench_guidedquant.py --bits w2a16 --seeds 1 2 3 --only LNQ "LNQ + GQ g=4" "GPTQ g64" "GPTQ g64 + GQ g=4"
 

@@ -1,6 +1,11 @@
 """Weight quantization baselines side by side: FP, RTN, GPTQ and bitsandbytes at 8/4/3 bits, group 128 and per channel
 (full-range symmetric grid; the restricted grid as extra rows), GPTQ over calibration seeds.
 
+Kept as a script: decode and prefill tokens/s per format (a speed stage beside the perplexity), the saved files' bytes
+on disk, GPTQ's layer objective against RTN's and the grid of widths x granularities on a Llama and a Mamba2; the
+paired perplexity comparisons at matched bits are ``llmx compare quant`` (4 bits: GPTQ, RTN, NF4) and ``llmx compare
+gptq`` (3 bits).
+
     python benchmarks/bench_quant.py [--models ref:llama-bench ref:mamba2-bench] [--data stdlib] [--seeds 0 1 2]
     python benchmarks/bench_quant.py --data notes.txt --models ref:llama-bench   # the presets trained on notes.txt
 

@@ -1,5 +1,8 @@
 """CPU decode speed of packed models against FP, side by side and interleaved in one run, one thread, batch 1.
 
+Script-only (not a comparison): decode speed in interleaved rounds, not a metric per item; the formats' perplexity at
+matched bits is ``llmx compare quant``.
+
     python benchmarks/bench_quant_decode.py [--model ref:llama-bench] [--data stdlib] [--rounds 5] [--new-tokens 64]
 
 Every configuration is quantized once in memory; then each round times greedy decoding of ``--new-tokens`` tokens

@@ -1,5 +1,7 @@
 """GPTQ's memory and time against depth, on a Llama with real widths (random weights).
 
+Script-only (not a comparison): one method's peak memory and wall time against depth, on random weights.
+
     python benchmarks/bench_quant_scaling.py [--layers 4 8] [--calib-samples 4]
 
 Hidden 2048, intermediate 8192, 16 heads, 4 KV heads, attention biases, 2048-token vocabulary; GPTQ w4a16 group 128
