@@ -3,6 +3,11 @@ reference, next to the best any policy can reach at that KL.
 
     python benchmarks/bench_align.py [--model ref:llama] [--workers 2] [--eval-prompts 50] [--seed 0]
 
+A script, not a comparison: it sweeps each method's strength and compares families at matched KL by interpolating
+along those sweeps, against the oracle frontier and the constant policy, on one dataset shared by every run; the
+equal-steps comparisons at each method's best strength are ``llmx compare align``, ``pipa``, ``pipa-unpaired`` and
+``confpo``.
+
 Data: the reference model's own samples on 400 training prompts of standard-library code (4 each), judged by a
 program (the completed line has balanced brackets): paired rows, unpaired rows, and each prompt's first passing
 sample (for SFT on the chosen responses). Every method trains from the same model with the same lr, batch and

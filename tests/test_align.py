@@ -298,3 +298,25 @@ def test_conversations_render_with_the_chat_template_and_the_response_is_what_it
     assert (text, response) == ("<user>2+2</><assistant>", "4</>")
     e = encode(tok, text, response, 64)
     assert tok.decode(e.ids[e.start:]) == "4</></s>"
+
+
+def test_an_align_stage_without_data_trains_on_the_runs_own_judged_samples(tmp_path):
+    """What ``llmx compare align / pipa / confpo`` runs: each arm samples and judges its own preference rows, then
+    aligns on them; the rows' kind follows the method (KTO and PIPA's run_rows: unpaired take the labelled samples)."""
+    from llmx import api
+    from llmx.errors import UsageError
+
+    short = {"steps": 1, "batch_size": 2, "max_len": 64, "save": False}
+    run = lambda *stages: [s["metrics"] for s in api.run(  # noqa: E731
+        {"model": "ref:llama-test", "threads": 1, "seed": 0, "pipeline": list(stages)},
+        output_dir=tmp_path / "runs")["stages"]]
+    made, dpo, kto, pipa = run(
+        {"method": "task", "stage": "analyze", "params": {"task": "brackets", "splits": ["train"], "limit": 8,
+                                                          "samples": 4}},
+        {"method": "dpo", "params": short}, {"method": "kto", "params": short},
+        {"method": "pipa", "params": {**short, "run_rows": "unpaired"}})
+    assert (dpo["data_kind"], dpo["train_rows"] + dpo["eval_rows"]) == ("paired", made["train_paired"])
+    assert (kto["data_kind"], kto["train_rows"] + kto["eval_rows"]) == ("unpaired", made["train_unpaired"])
+    assert (pipa["data_kind"], pipa["train_rows"] + pipa["eval_rows"]) == ("unpaired", made["train_unpaired"])
+    with pytest.raises(UsageError, match="no preference data: pass data"):
+        run({"method": "confpo", "params": short})

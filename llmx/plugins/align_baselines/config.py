@@ -2,23 +2,30 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from llmx.core.refs import DataFile
 from llmx.core.train.align.params import AlignParams
+from llmx.plugins.align_baselines.rundata import DEFAULT
 
 
-class DPOParams(AlignParams):
+class PairedParams(AlignParams):
+    data: DataFile | None = Field(None, description=DEFAULT.format(kind="paired"))
+
+
+class DPOParams(PairedParams):
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Conservative DPO smoothing (0 = plain DPO).")
 
 
-class IPOParams(AlignParams):
+class IPOParams(PairedParams):
     beta: float = Field(0.1, gt=0, description="IPO's tau: the target margin is 1 / (2 tau).")
     length_normalize: bool = Field(True, description="Per-token mean log-probs (TRL); false: sums (the paper).")
 
 
-class SimPOParams(AlignParams):
+class SimPOParams(PairedParams):
     beta: float = Field(2.0, gt=0)
     gamma: float = Field(0.5, ge=0, description="Target reward margin.")
 
 
 class KTOParams(AlignParams):
+    data: DataFile | None = Field(None, description=DEFAULT.format(kind="unpaired"))
     desirable_weight: float = Field(1.0, gt=0)
     undesirable_weight: float = Field(1.0, gt=0)

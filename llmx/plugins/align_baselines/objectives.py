@@ -5,6 +5,7 @@ from __future__ import annotations
 from llmx.core import preference as P
 from llmx.core.train.align.run import LogpBatch, run
 from llmx.plugins.align_baselines.config import DPOParams, IPOParams, KTOParams, SimPOParams
+from llmx.plugins.align_baselines.rundata import with_data
 
 
 class DPO:
@@ -62,16 +63,20 @@ class KTO:
 
 
 def dpo(ctx, p: DPOParams) -> dict:
+    p = with_data(ctx, p, "paired")
     return run(ctx, p, DPO(p), "dpo")
 
 
 def ipo(ctx, p: IPOParams) -> dict:
+    p = with_data(ctx, p, "paired")
     return run(ctx, p, IPO(p), "ipo")
 
 
 def simpo(ctx, p: SimPOParams) -> dict:
+    p = with_data(ctx, p, "paired")
     return run(ctx, p, SimPO(p), "simpo")
 
 
 def kto(ctx, p: KTOParams) -> dict:
+    p = with_data(ctx, p, "unpaired")
     return run(ctx, p, KTO(p), "kto")

@@ -18,3 +18,24 @@ def llmx_methods():
     yield MethodSpec("kto", (Stage.ALIGN,), "llmx.plugins.align_baselines.objectives:kto",
                      "llmx.plugins.align_baselines.config:KTOParams",
                      summary="KTO on unpaired desirable / undesirable data (baseline).", paper="Ethayarajh et al., 2024")
+
+
+@hookimpl
+def llmx_comparisons():
+    from llmx.core.compare.spec import Arm, ComparisonSpec
+    from llmx.plugins.align_baselines.compare import COMMON, aligned
+
+    yield ComparisonSpec(
+        name="align",
+        summary="The preference baselines' own family at equal steps, data, batch and rate: DPO (beta 0.1) against "
+                "IPO, SimPO and KTO, each at its best strength in bench_align; the brackets task's held-out "
+                "preferred rate per prompt, KL from the starting model drawn.",
+        paper="llmx's cross-method table (benchmarks/bench_align.py; Rafailov et al. 2023, Azar et al. 2024, "
+              "Meng et al. 2024, Ethayarajh et al. 2024)",
+        target="dpo", baselines=("ipo", "simpo", "kto"),
+        arms=(Arm("start", family="start"),
+              Arm("dpo", aligned("dpo", beta=0.1), family="dpo"),
+              Arm("ipo", aligned("ipo", beta=0.1), family="ipo"),
+              Arm("simpo", aligned("simpo", beta=1.0, gamma=0.5), family="simpo"),
+              Arm("kto", aligned("kto", beta=0.3), family="kto")),
+        **COMMON)

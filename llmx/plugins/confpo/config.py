@@ -4,10 +4,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmx.core.refs import DataFile
 from llmx.core.train.align.params import AlignParams
+from llmx.plugins.align_baselines.rundata import DEFAULT
 
 
 class ConfPOParams(AlignParams):
+    data: DataFile | None = Field(None, description=DEFAULT.format(kind="paired"))
     base: Literal["simpo", "dpo"] = Field("simpo", description="simpo: the official code; dpo: the same selection on "
                                           "the DPO log-ratio (derived, not in the public code).")
     beta: float = Field(1.5, gt=0, description="Official default with SimPO: 1.5.")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from llmx.core import preference as P
 from llmx.core.train.align.run import LogpBatch, run
+from llmx.plugins.align_baselines.rundata import with_data
 from llmx.plugins.confpo.config import ConfPOParams
 
 
@@ -28,4 +29,5 @@ class ConfPO:
 
 
 def confpo(ctx, p: ConfPOParams) -> dict:
+    p = with_data(ctx, p, "paired")
     return {"base": p.base, **run(ctx, p, ConfPO(p), "confpo")}

@@ -4,10 +4,16 @@ from typing import Literal
 
 from pydantic import Field
 
+from llmx.core.refs import DataFile
 from llmx.core.train.align.params import AlignParams
+from llmx.plugins.align_baselines.rundata import DEFAULT
 
 
 class PIPAParams(AlignParams):
+    data: DataFile | None = Field(None, description=DEFAULT.format(kind="run_rows"))
+    run_rows: Literal["paired", "unpaired"] = Field("paired", description="When data is left out: which of the "
+                                                    "run's own judged rows to train on (pairs, or every sample "
+                                                    "with its label).")
     variant: Literal["m", "n"] = Field("n", description="m: the prior constrains the marginal p(y|x) = p0(y|x); "
                                        "n: it constrains the negative conditional p(y|x,c=0) = p0(y|x).")
     pair_mode: Literal["conditional", "independent"] = Field(
