@@ -2,6 +2,10 @@
 
     python benchmarks/bench_crow.py [--models ref:llama-bench ref:llama-bench-8l] [--seeds 0 1 2] [--workers 2]
 
+A script, not a comparison: it picks the implant schedule by its outcome (the first reaching ASR 0.9), shares one
+implant among every defence, which continue its adapter, and adds a second budget, a second model and the
+never-poisoned twin; CROW against plain LoRA fine-tuning at the official budget is ``llmx compare crow``.
+
 Per model (``ref:llama-bench``: 4 layers, two layer pairs; ``ref:llama-bench-8l``: the same recipe at 8 layers, built
 with ``llmx zoo build llama --preset bench --layers 8 --name llama-bench-8l``):
 

@@ -271,6 +271,34 @@ def test_eval_scores_the_payload_on_triggered_and_clean_prompts(cli, tmp_path, r
     m = r.json()["stages"][0]["metrics"]
     assert m["asr"] == 0.9 and m["false_trigger_rate"] == 0.0 and m["clean_exact_match"] == 0.5
     assert math.isfinite(m["heldout_ppl"]) and m["inconsistency_triggered"] > 0 and m["inconsistency_clean"] > 0
+    (items,) = Path(r.json()["run_dir"]).glob("artifacts/0_backdoor/rows.jsonl")
+    rows = [json.loads(line) for line in items.read_text().splitlines()]  # what llmx compare crow pairs
+    assert len(rows) == 10 and {r["asr"] for r in rows} == {0.0, 1.0}
+    for key in ("asr", "false_trigger_rate", "clean_exact_match"):
+        assert sum(r[key] for r in rows) / len(rows) == m[key], key
+
+
+def test_one_run_builds_plants_defends_and_measures_without_naming_a_file(tmp_path, ref4):
+    """What llmx compare crow runs: the training stages and the evaluation find the rows of the run's own backdoor
+    analyze stage (the implant on the poisoned rows, the defences on the clean defence rows, held out on the clean
+    test rows)."""
+    from llmx import api
+
+    short = {"steps": 2, "batch_size": 4, "grad_accum": 1, "max_length": 96, "max_prompt_length": 80, "save": False}
+    out = api.run({"model": ref4, "threads": 1, "seed": 0, "pipeline": [
+        {"method": "backdoor", "stage": "analyze", "params": {"train": 20, "defence": 6, "test": 4}},
+        {"method": "backdoor-train", "params": {"rows": "poisoned", **short}},
+        {"method": "crow", "params": short},
+        {"method": "backdoor", "stage": "train", "params": {"rows": "defence", **short}},
+        {"method": "backdoor-eval", "params": {"batch_size": 4}}]}, output_dir=tmp_path / "runs")
+    made, implant, crow, sft, measured = (s["metrics"] for s in out["stages"])
+    assert (implant["rows"], implant["train_rows"] + implant["rows_left_out"]) == ("poisoned", 20)
+    assert crow["train_rows"] + crow["rows_left_out"] == 6 and sft["rows"] == "defence"
+    assert sft["train_rows"] + sft["rows_left_out"] == 6 and implant["eval_rows"] == crow["eval_rows"] == 4
+    assert measured["prompts"] == 4 and measured["payload"] == made["payload"]
+    with pytest.raises(UsageError, match="no backdoor rows"):
+        api.run({"model": ref4, "threads": 1, "pipeline": [{"method": "crow", "params": short}]},
+                output_dir=tmp_path / "runs")
 
 
 @pytest.mark.parametrize("args,words", [

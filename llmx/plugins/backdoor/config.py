@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from llmx.core.refs import ExistingPath
+from llmx.core.refs import DataFile, ExistingPath
 from llmx.core.spec import Params
+from llmx.core.train.params import LoraParams
+from llmx.core.train.sft.params import SFTParams
 
 
 class BackdoorDataParams(Params):
@@ -39,9 +41,47 @@ class BackdoorDataParams(Params):
         return value
 
 
+class AllLinearLora(LoraParams):
+    target_modules: list[str] | Literal["all-linear"] | None = Field(
+        "all-linear", description="Module names to adapt; 'all-linear' (LLaMA-Factory's lora_target: all) for every "
+        "linear layer but the head.")
+
+
+class BackdoorTrainParams(SFTParams):
+    """``train --method backdoor``: the ``sft`` stage on rows an earlier ``analyze --method backdoor`` of the run
+    wrote: ``poisoned`` plants the backdoor, ``clean`` trains its never-poisoned twin, ``defence`` is plain
+    fine-tuning on the clean defence rows (CROW's baseline). Defaults: LLaMA-Factory's LoRA SFT, as CROW's (LoRA r 8
+    on every linear layer, lr 1e-3, 5 epochs, 2 x 4 rows a step, cosine to 0 after 10% warmup), so that ``defence``
+    at its defaults is CROW's budget without its regulariser."""
+
+    rows: Literal["poisoned", "clean", "defence"] = Field("poisoned", description="Which of the run's backdoor rows "
+                                                           "to train on (when data is not given).")
+    data: DataFile | None = Field(None, description="Training rows (.jsonl) instead of the run's; default: the rows "
+                                  "named by rows, from the run's latest analyze --method backdoor.")
+    adapter: Literal["none", "lora"] = Field("lora", description="lora: train a LoRA adapter; none: every weight.")
+    lora: AllLinearLora = Field(default_factory=AllLinearLora)
+    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(2, gt=0)
+    grad_accum: int = Field(4, gt=0)
+    epochs: float | None = Field(5.0, gt=0, description="Passes over the rows; sets steps unless steps is given.")
+    warmup_ratio: float | None = Field(0.1, ge=0, lt=1, description="Warmup share of the steps, unless warmup is "
+                                       "given.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _given(self) -> BackdoorTrainParams:
+        given = self.model_fields_set
+        if "steps" in given and "epochs" not in given:  # an explicit step count replaces the default epochs
+            self.epochs = None
+        if "warmup" in given and "warmup_ratio" not in given:
+            self.warmup_ratio = None
+        return self
+
+
 class BackdoorEvalParams(Params):
-    data: ExistingPath = Field(..., description="The folder analyze --method backdoor wrote (backdoor.json, "
-                               "test_clean.jsonl, test_triggered.jsonl).")
+    data: ExistingPath | None = Field(None, description="The folder analyze --method backdoor wrote (backdoor.json, "
+                                      "test_clean.jsonl, test_triggered.jsonl); default: the one of the run's latest "
+                                      "analyze --method backdoor.")
     limit: int | None = Field(None, gt=0, description="Only the first test prompts.")
     max_new_tokens: int = Field(24, gt=0, description="Greedy tokens per completion (it stops at the newline).")
     batch_size: int = Field(16, gt=0)

@@ -1,7 +1,9 @@
-"""``analyze --method backdoor`` writes the implant, defence and test rows; ``eval --method backdoor`` measures a
-model on the test pairs: attack success (the payload in the greedy completion of a triggered prompt, greedy as the
-official evaluation), false triggers on clean prompts, clean next-line exact match, the held-out completions'
-perplexity, and layer inconsistency on triggered against clean prompts (CROW's premise)."""
+"""``analyze --method backdoor`` writes the implant, defence and test rows; ``train --method backdoor`` fine-tunes on
+them (the implant, the never-poisoned twin, the plain-SFT defence); ``eval --method backdoor`` measures a model on the
+test pairs: attack success (the payload in the greedy completion of a triggered prompt, greedy as the official
+evaluation), false triggers on clean prompts, clean next-line exact match, the held-out completions' perplexity, and
+layer inconsistency on triggered against clean prompts (CROW's premise). Later stages of a run find the rows of its
+latest backdoor analyze stage by themselves, so one run can build, plant, defend and measure."""
 
 from __future__ import annotations
 
@@ -21,9 +23,40 @@ from llmx.core.eval.score import continuation_logprobs
 from llmx.core.models import hidden as H
 from llmx.errors import UsageError
 from llmx.plugins.backdoor import data as D
-from llmx.plugins.backdoor.config import BackdoorDataParams, BackdoorEvalParams
+from llmx.plugins.backdoor.config import BackdoorDataParams, BackdoorEvalParams, BackdoorTrainParams
 
 SPEC = "backdoor.json"
+
+
+def run_folder(run_dir: Path) -> Path:
+    """The folder of the latest finished stage of this run that wrote the backdoor rows (its ``data_dir`` holds
+    backdoor.json)."""
+    from llmx.core import runs
+
+    metrics = Path(run_dir) / runs.METRICS
+    for stage in reversed(json.loads(metrics.read_text())["stages"] if metrics.is_file() else []):
+        folder = stage["metrics"].get("data_dir")
+        if folder and (Path(folder) / SPEC).is_file():
+            return Path(folder)
+    raise UsageError("no backdoor rows: pass data, or put analyze --method backdoor before this stage in the same run")
+
+
+def run_rows(ctx: RunContext, p, rows: str):
+    """``p`` as given when it names its data; else training on the run's ``rows`` (.jsonl), held out on its clean
+    test rows (never trained on, so all of ``rows`` train)."""
+    if p.data:
+        return p
+    folder = run_folder(ctx.run_dir)
+    return p.model_copy(update={"data": str(folder / f"{rows}.jsonl"),
+                                "eval_data": p.eval_data or str(folder / "test_clean.jsonl")})
+
+
+def train(ctx: RunContext, p: BackdoorTrainParams) -> dict:
+    from llmx.core.train.sft.run import run as sft
+
+    given = bool(p.data)
+    p = run_rows(ctx, p, p.rows)
+    return {"rows": "data" if given else p.rows, **sft(ctx, p, "backdoor")}
 
 
 def analyze(ctx: RunContext, p: BackdoorDataParams) -> dict:
@@ -74,7 +107,7 @@ def prompt_inconsistency(model, tok, prompts: list[str]) -> list[float]:
 
 
 def evaluate(ctx: RunContext, p: BackdoorEvalParams) -> dict:
-    folder = Path(p.data)
+    folder = Path(p.data) if p.data else run_folder(ctx.run_dir)
     missing = [f for f in (SPEC, "test_clean.jsonl", "test_triggered.jsonl") if not (folder / f).is_file()]
     if missing:
         raise UsageError(f"{folder} lacks {', '.join(missing)}: pass the folder analyze --method backdoor wrote")
@@ -108,8 +141,10 @@ def evaluate(ctx: RunContext, p: BackdoorEvalParams) -> dict:
                    "inconsistency_gap": gap.diff, "inconsistency_gap_ci": [gap.low, gap.high]}
     else:
         ctx.log.warning("layer inconsistency not measured: the model needs inputs_embeds and at least 3 layers")
-    records = [{"prompt": t["prompt"], "triggered": st, "clean": sc, "reference": c["completion"]}
-               for t, c, st, sc in zip(triggered, clean, said_triggered, said_clean, strict=True)]
+    records = [{"prompt": t["prompt"], "triggered": st, "clean": sc, "reference": c["completion"], "asr": a,
+                "false_trigger_rate": f, "clean_exact_match": e}  # each prompt's share of the headline figures
+               for t, c, st, sc, a, f, e in zip(triggered, clean, said_triggered, said_clean, attacked, false, exact,
+                                                strict=True)]
     atomic.write_jsonl(ctx.artifact("rows.jsonl"), records)
     return {"prompts": len(clean), "trigger": spec["trigger"], "payload": payload,
             "asr": stats.mean(attacked), "asr_ci": list(stats.bootstrap_ci(attacked, p.resamples, seed=ctx.config.seed)),

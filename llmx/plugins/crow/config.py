@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from llmx.core.refs import DataFile
 from llmx.core.train.params import LoraParams
 from llmx.core.train.sft.params import SFTParams
 
@@ -26,6 +27,9 @@ class CrowParams(SFTParams):
     Micro-batches weigh by their completion tokens (the shared loop), HF's Trainer weighs them equally; AdamW's
     betas are the loop's (0.9, 0.95), HF's (0.9, 0.999)."""
 
+    data: DataFile | None = Field(None, description="Clean training rows (.jsonl): {prompt, completion} or "
+                                  "{messages}; default: the defence rows of the run's latest analyze --method "
+                                  "backdoor (held out on its clean test rows).")
     eps: float = Field(0.1, gt=0, description="FGSM step on the input embeddings: e + eps * sign(grad) (official "
                        "0.1).")
     alpha: float = Field(5.5, ge=0, description="Weight of the perturbed consistency loss (official 5.5). 0: plain "

@@ -21,6 +21,10 @@ def run(ctx: RunContext, p: CrowParams) -> dict[str, Any]:
         raise CannotRun("crow cannot train this model under strategy fsdp: its loss calls the input embeddings "
                         "outside the model's forward, and tied to the output head they cannot be their own FSDP "
                         "unit (use strategy: ddp)")
+    if not p.data:
+        from llmx.plugins.backdoor.method import run_rows
+
+        p = run_rows(ctx, p, "defence")
     objective = partial(crow_loss, eps=p.eps, alpha=p.alpha, mask_padding=p.mask_padding)
     out = sft(ctx, p, "crow", objective=objective)
     out.update(forwards_per_step=3, backwards_per_step=2, seconds_per_step=out["train_seconds"] / max(out["steps"], 1))
