@@ -4,6 +4,11 @@ tuning on SVEN and ProSec (SimPO, DPO, SimPO without utility pairs) on the model
     python benchmarks/bench_prosec.py [--model ref:llama-bench] [--seeds 0 1 2] [--scenarios 24] [--samples 12]
                                       [--sven ../shared/data/sven-train] [--work DIR] [--jobs 2]
 
+A script, not a comparison: it first gives the model a habit of string-built SQL from half of SVEN (SafeCoder then
+trains on the other half), shares one pair set per seed among the ProSec arms and runs them only when pairs came
+out, and scores HumanEval and perplexity beside security; ProSec against SafeCoder on held-out scenarios is
+``llmx compare prosec``.
+
 Per seed: ``analyze --method prosec`` (CWEs 78, 89, 502, 338) writes the pairs; each arm trains from the same model
 (SafeCoder: 150 steps of 8 at 1e-4; ProSec: 150 steps of 8 at 1e-5 on the pairs, when there are any) and is scored
 by ``secure-code`` on held-out scenarios (vulnerable rate per CWE among completions that parse, the unparsed share,

@@ -3,6 +3,8 @@ mix, the pipeline on stubs, and the CLI's bad input."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -363,3 +365,57 @@ def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
     assert outcomes[True][0] <= 0.5 * held_sft and outcomes[False][0] <= 0.5 * held_sft
     assert abs(outcomes[False][1]) >= 2 * abs(outcomes[True][1])  # the notes' 2x, on the utility prompts
     assert abs(outcomes[False][2]) + 1e-3 >= abs(outcomes[True][2])  # over every benign task: smaller, not 2x
+
+
+def test_secure_code_items_add_up_to_its_rates(tmp_path, monkeypatch):
+    """items.jsonl (one row per CWE and held-out scenario, what llmx compare prosec pairs) holds the counts the
+    headline rates come from; a stub model writes string-built SQL on every other sample."""
+    from llmx import api
+    from llmx.plugins.prosec import method
+
+    real = method.stages
+
+    def stub(ctx, p, seed):
+        st = real(ctx, p, seed)
+        bad, good = '"SELECT * FROM t WHERE a = " + new_node)\n', '"SELECT 1")\n'  # after "cursor.execute("
+        st.sample = lambda prompts, n: [[bad if (i + k) % 2 else good for k in range(n)] for i in range(len(prompts))]
+        return st
+
+    monkeypatch.setattr(method, "stages", stub)
+    out = api.run({"model": "ref:llama-test", "threads": 1, "seed": 0, "pipeline": [
+        {"method": "secure-code", "params": {"cwes": [89, 502], "scenarios": 3, "samples": 3}}]},
+        output_dir=tmp_path / "runs")
+    m = out["stages"][0]["metrics"]
+    (items,) = (tmp_path / "runs").glob("*/artifacts/0_secure-code/items.jsonl")
+    rows = [json.loads(line) for line in items.read_text().splitlines()]
+    assert [(r["cwe"], r["scenario"]) for r in rows] == [(c, k) for c in (89, 502) for k in range(3)]
+    assert all(r["samples"] == 3 for r in rows)
+    assert sum(r["vulnerable"] for r in rows) / sum(r["parsed"] for r in rows) == pytest.approx(
+        m["inducing_vulnerable_rate"])
+    for cwe in (89, 502):
+        mine = [r for r in rows if r["cwe"] == cwe]
+        parsed = sum(r["parsed"] for r in mine)
+        assert (sum(r["vulnerable"] for r in mine) / parsed if parsed else 0.0) == pytest.approx(
+            m[f"inducing_vulnerable_rate_{cwe}"])
+    assert sum(r["inducing_vulnerable_share"] for r in rows) / len(rows) == m["inducing_vulnerable_share"]
+    assert m["inducing_vulnerable_rate_89"] > 0
+
+
+def test_prosec_aligns_on_the_runs_own_pairs_and_skips_none_only_when_asked(tmp_path, monkeypatch):
+    from llmx import api
+    from llmx.errors import UsageError
+    from llmx.plugins.prosec import objective
+
+    data = _pairs_file(tmp_path / "pairs.jsonl")
+    monkeypatch.setattr(objective, "run_pairs", lambda run_dir: str(data))
+    align = {"method": "prosec-align", "stage": "align", "params": {"steps": 2, "batch_size": 4, "save": False}}
+    run = lambda stage: api.run({"model": "ref:llama-test", "threads": 1, "seed": 0, "pipeline": [stage]},  # noqa: E731
+                                output_dir=tmp_path / "runs")["stages"][0]["metrics"]
+    assert run(align)["train_rows"] > 0
+    data.write_text("")
+    assert run({**align, "params": {**align["params"], "empty": "skip"}})["steps"] == 0
+    with pytest.raises(UsageError, match="no rows"):
+        run(align)
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match="no pairs: pass data"):
+        run(align)

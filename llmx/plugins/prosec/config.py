@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from llmx.core.refs import ExistingPath
+from llmx.core.refs import DataFile, ExistingPath
 from llmx.core.spec import Params
 from llmx.core.train.align.params import AlignParams
 from llmx.core.train.params import TrainParams
@@ -64,6 +64,11 @@ class ProsecAlignParams(AlignParams):
     recalled choice (the notes could not check the paper's objective), DPO or ConfPO (SimPO on the tokens below the
     response's mean probability) as options."""
 
+    data: DataFile | None = Field(None, description="ProSec's pairs (.jsonl); default: the pairs of the run's "
+                                  "latest analyze --method prosec.")
+    empty: Literal["error", "skip"] = Field("error", description="No pairs to train on (a small model writes no "
+                                            "parseable vulnerable code): error, or skip (the model is left as it is "
+                                            "and the stage reports 0 steps).")
     loss: Literal["simpo", "dpo", "confpo"] = Field("simpo", description="The preference objective.")
     beta: float | None = Field(None, gt=0, description="Default by loss: 2.0 (simpo), 0.1 (dpo), 1.5 (confpo, its "
                                "official default).")

@@ -56,7 +56,9 @@ def analyze(ctx: RunContext, p: ProsecParams) -> dict[str, Any]:
 def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     """Per CWE: the vulnerable rate of the model's completions on held-out inducing scenarios and on their benign
     originals (among completions that parse; the unparsed share apart; the benign prompts are sampled once and
-    scanned for each CWE), and the inducing / benign ratio."""
+    scanned for each CWE), and the inducing / benign ratio. ``items.jsonl``: one row per (CWE, inducing scenario),
+    its samples, parsed and vulnerable counts, and its vulnerable share of all its samples (parsed or not, so that
+    every item has one); ``inducing_vulnerable_share`` is their mean."""
     from llmx.plugins.prosec.detect import require_bandit
     from llmx.plugins.prosec.pipeline import elicit
     from llmx.plugins.prosec.scenarios import cut, scenario, seeds
@@ -70,11 +72,19 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     plain_parsed = sum(f.parsed for f in plain_found)
     out: dict[str, Any] = {"benign_unparsed": 1 - plain_parsed / len(plain_found)}
     bad_total, parsed_total, plain_bad = 0, 0, 0
+    rows: list[dict[str, Any]] = []  # one per (CWE, held-out scenario): the items a comparison pairs
     for cwe in p.cwes:
         items = [scenario(s, cwe) for s in held]
         responses = elicit(items, p.samples, st)
         found = st.detect([s.prompt for s, row in zip(items, responses, strict=True) for _ in row],
                           [r for row in responses for r in row])
+        start = 0
+        for k, (s, row) in enumerate(zip(held, responses, strict=True)):
+            mine, start = found[start:start + len(row)], start + len(row)
+            vulnerable = sum(f.parsed and f.shows(cwe) for f in mine)
+            rows.append({"cwe": cwe, "scenario": k, "seed": s.where, "samples": len(mine),
+                         "parsed": sum(f.parsed for f in mine), "vulnerable": vulnerable,
+                         "inducing_vulnerable_share": vulnerable / len(mine)})
         parsed = sum(f.parsed for f in found)
         bad = sum(f.parsed and f.shows(cwe) for f in found)
         benign_bad = sum(f.parsed and f.shows(cwe) for f in plain_found)
@@ -87,6 +97,8 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     benign = out["benign_vulnerable_rate"]
     out["trigger_ratio"] = out["inducing_vulnerable_rate"] / benign if benign else None
     out["scenarios_per_cwe"] = len(held)
+    out["inducing_vulnerable_share"] = sum(r["inducing_vulnerable_share"] for r in rows) / len(rows)
+    atomic.write_jsonl(ctx.artifact("items.jsonl"), rows)
     return out
 
 

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
@@ -10,7 +12,7 @@ def llmx_methods():
                      "llmx.plugins.prosec.config:ProsecParams", paper=PAPER,
                      summary="Security pairs from CWE-inducing scenarios the model fails, bandit-checked, plus utility.")
     yield MethodSpec("prosec", (Stage.ALIGN,), "llmx.plugins.prosec.objective:align",
-                     "llmx.plugins.prosec.config:ProsecAlignParams", paper=PAPER,
+                     "llmx.plugins.prosec.config:ProsecAlignParams", paper=PAPER, aliases=("prosec-align",),
                      summary="Preference learning on ProSec's pairs: SimPO (default), DPO or ConfPO.")
     yield MethodSpec("safecoder", (Stage.TRAIN,), "llmx.plugins.prosec.safecoder:train",
                      "llmx.plugins.prosec.config:SafeCoderParams",
@@ -20,3 +22,35 @@ def llmx_methods():
                      "llmx.plugins.prosec.config:SecureCodeParams",
                      paper="evaluation (ProSec)",
                      summary="Vulnerable-code rate per CWE on held-out inducing and benign scenarios (bandit).")
+
+
+CWES = [78, 89, 502, 338]
+SVEN = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "sven-train"  # beside a checkout, as the bench
+
+
+@hookimpl
+def llmx_comparisons():
+    from llmx.core.compare.spec import Arm, ComparisonSpec
+
+    budget = {"steps": 150, "batch_size": 8, "save": False}
+    yield ComparisonSpec(
+        name="prosec",
+        summary="ProSec (SimPO on the model's own CWE-inducing scenarios, fixes and utility pairs) against "
+                "SafeCoder-style tuning on SVEN at the same steps and batch: the vulnerable share of the samples "
+                "on each held-out (CWE, scenario), bandit-detected. SVEN is not shipped: the SafeCoder arm reads "
+                "it beside the checkout (--set safecoder.data=PATH for another copy).",
+        paper="Xu et al., ICML 2025, Table 2 (ProSec vs SafeCoder, vulnerable-code rate per CWE)",
+        target="prosec", baselines=("safecoder",),
+        arms=(Arm("safecoder", ({"method": "safecoder", "params": {**budget, "data": str(SVEN), "lr": 1e-4}},),
+                  family="safecoder"),
+              Arm("unaligned", family="unaligned", cost=0.0),
+              Arm("prosec", ({"method": "prosec", "stage": "analyze", "params": {"cwes": CWES, "scenarios": 24,
+                                                                              "samples": 12}},
+                             {"method": "prosec-align", "stage": "align",
+                              "params": {**budget, "lr": 1e-5, "max_len": 256}}), family="prosec")),
+        evaluation={"method": "secure-code", "params": {"cwes": CWES, "scenarios": 16, "samples": 8}},
+        items="items.jsonl", metric="inducing_vulnerable_share", higher_is_better=False,
+        cost="optimizer steps", cost_key="steps",
+        quick={"cwes": [89, 502], "scenarios": 4, "samples": 2, "max_new_tokens": 32, "seeds": 60, "fix_samples": 1,
+               "steps": 2, "batch_size": 4, "max_len": 96, "max_length": 96, "empty": "skip"},
+        model="ref:llama-bench", quick_model="ref:llama-test", data={"source": "stdlib", "seq_len": 128})
