@@ -4,6 +4,10 @@ SFT or DPO on the same dialogues?
     python benchmarks/bench_reper.py [--model ref:llava] [--base-steps 600] [--scenes 2500] [--steps 150]
                                      [--lr 2e-4] [--test 100] [--seeds 0 1 2] [--jobs 2]
 
+A script, not a comparison: it trains the base captioner first (LLaVA stage 2), builds one dialogue set for every
+arm, sweeps rates and alpha, and decodes with two critics (rule and noisy) and checks the issue's goals; RPL against
+the base, SFT and DPO with the rule critic is ``llmx compare reper``.
+
 One base policy: ``ref:llava`` after a brief LLaVA stage 2 on English captions of train scenes (so it still errs).
 It writes the Visual Reflection Dataset once (``analyze --method reper``: 8 captions per scene at temperatures 0 to
 1.4, the rule critic, gap 4). Every arm then trains from the base on those dialogues at the same steps, batch and

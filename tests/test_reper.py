@@ -501,15 +501,21 @@ def test_one_trial_is_the_greedy_caption_and_later_turns_read_the_feedback(llava
     assert [d[1].answer for d in two] == reply(model, proc, asked, sc, 24)
 
 
-def test_the_smoke_pipeline_builds_trains_and_reflects(tmp_path):
+def test_the_smoke_pipeline_builds_trains_and_reflects_and_its_items_average_to_the_figures(tmp_path):
     out = _run("ref:llava-test", [
         {"method": "reper", "stage": "analyze", "params": {"scenes": 6, "candidates": "corrupt"}},
         {"method": "reper", "stage": "align", "params": {"steps": 2, "batch_size": 2, "save": False}},
-        {"method": "reper", "stage": "decode", "params": {"scenes": 3, "max_trials": 2, "max_new_tokens": 16,
-                                                           "noise": 0.3}}], tmp_path)
+        {"method": "reper-decode", "stage": "decode", "params": {"scenes": 3, "max_trials": 2,
+                                                                  "max_new_tokens": 16, "noise": 0.3}}], tmp_path)
     assert out[0]["dialogues"] == out[1]["dialogues"] > 0
     assert sum(out[0][f"dialogues_{t}_turns"] for t in (1, 2, 3)) == out[0]["dialogues"]
     assert {"turn1_f1", "turn2_hallucination", "final_rubric"} <= set(out[2])
+    (items,) = (tmp_path / "runs").glob("*/artifacts/2_reper/items.jsonl")  # what llmx compare reper pairs
+    rows = [json.loads(line) for line in items.read_text().splitlines()]
+    assert [r["scene"] for r in rows] == [0, 1, 2]
+    for key in ("final_f1", "final_precision", "final_rubric", "turn1_f1", "turn2_recall"):
+        assert sum(r[key] for r in rows) / len(rows) == pytest.approx(out[2][key]), key
+    assert sum(r["final_critic_score"] for r in rows) / len(rows) == pytest.approx(out[2]["final_critic_score"])
 
 
 @pytest.mark.gpu

@@ -137,4 +137,21 @@ def decode(ctx: RunContext, p: TurnsParams) -> dict[str, Any]:
     if not p.data:
         out.update({f"final_{k}": v for k, v in summary(images, [e.answer for e in ends], [e.score for e in ends],
                                                          ctx.config.seed).items()})
+        atomic.write_jsonl(ctx.artifact("items.jsonl"), items(images, dialogues, ends))
     return out
+
+
+def items(images: list, dialogues: list, ends: list) -> list[dict[str, Any]]:
+    """One row per scene: its caption's figures at each turn and at the end (``final_f1`` and the rest average to
+    the stage's ``final_*`` figures), the items a comparison pairs."""
+    from llmx.plugins.reper.turns import caption_metrics
+
+    rows = []
+    for i, (scene, turns, end) in enumerate(zip(images, dialogues, ends, strict=True)):
+        row: dict[str, Any] = {"scene": i}
+        for t, turn in enumerate(turns, 1):
+            row.update({f"turn{t}_{k}": v for k, v in caption_metrics(scene, turn.answer).items()})
+        row.update({f"final_{k}": v for k, v in caption_metrics(scene, end.answer).items()})
+        row["final_critic_score"] = end.score
+        rows.append(row)
+    return rows
