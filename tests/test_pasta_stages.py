@@ -92,6 +92,29 @@ def test_the_smoke_chain_annotates_trains_and_decodes(cli, tmp_path):
     assert decoded["rows"] == 2 and decoded["judge_nll_mean"] > 0
     rows = [json.loads(x) for x in open(decoded["decoded"])]
     assert all(r["promises"] > 0 or r["steps"] == r["tokens"] for r in rows)  # no promise: sequential decoding
+    items = [json.loads(x) for x in open(Path(decoded["decoded"]).with_name("prompts.jsonl"))]  # llmx compare's
+    assert [i["steps"] for i in items] == [r["steps"] for r in rows] and [i["prompt"] for i in items] == [0, 1]
+    assert [i["judge_nll"] for i in items if not i["empty"]] == [r["judge_nll"] for r in rows if r["judge_nll"]]
+    assert sum(i["judge_nll"] for i in items) / 2 == pytest.approx(decoded["judge_nll"])
+    assert sum(i["steps"] for i in items) / 2 == pytest.approx(decoded["steps_mean"])
+
+
+def test_an_empty_response_is_scored_by_the_judges_nll_of_ending_at_once(kit):
+    from llmx.plugins.pasta import decode as D
+
+    model, tok, _, rows = kit
+    prompt = rows[0]["prompt"]
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    with torch.no_grad():
+        expected = -torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)[tok.eos_token_id].item()
+    (end,) = D.judge_end_nll(model, tok, [prompt])
+    assert end == pytest.approx(expected, rel=1e-5)
+    decoded = [{"steps": 3, "plain_tokens": 3, "parses": True, "capped": False, "judge_nll": 1.5},
+               {"steps": 4, "plain_tokens": 0, "parses": False, "capped": False, "judge_nll": None}]
+    items = D.items(decoded, {1: end})
+    assert [i["judge_nll"] for i in items] == [1.5, end] and [i["empty"] for i in items] == [False, True]
+    assert [i["speedup"] for i in items] == [1.0, 0.25]
+    assert "judge_nll" not in D.items([{k: v for k, v in decoded[0].items() if k != "judge_nll"}])[0]  # no judge
 
 
 @pytest.mark.parametrize("line,words", [

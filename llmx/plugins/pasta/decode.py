@@ -113,3 +113,27 @@ def judge_nll(judge, judge_tok, rows: list[dict[str, Any]], batch_size: int = 8)
 
     scored = continuation_logprobs(judge, judge_tok, [(r["prompt"], r["plain"]) for r in rows], batch_size)
     return [-s.logprob / s.tokens if s.tokens else None for s in scored]
+
+
+def judge_end_nll(judge, judge_tok, prompts: list[str]) -> list[float]:
+    """The judge's NLL of ending the response at once (its EOS right after the prompt): what an empty response scores
+    among the per-prompt items ``llmx compare pasta`` pairs, where ``judge_nll`` has no tokens to average."""
+    from llmx.core.eval.score import token_logprobs
+
+    scored = token_logprobs(judge, judge_tok, [(judge_tok(q)["input_ids"], [judge_tok.eos_token_id]) for q in prompts])
+    return [-s.logprob for s in scored]
+
+
+def items(rows: list[dict[str, Any]], end_nll: dict[int, float] | None = None) -> list[dict[str, Any]]:
+    """One row per prompt (``prompts.jsonl``, the items ``llmx compare pasta`` pairs across arms on the same
+    prompts): steps, theoretical speedup, whether it parses, whether it hit the budget, and with a judge its
+    ``judge_nll`` (an empty response: ``end_nll``, the judge's NLL of ending at once; ``empty`` says which)."""
+    out = []
+    for i, r in enumerate(rows):
+        row = {"prompt": i, "steps": r["steps"], "speedup": speedup(r["plain_tokens"], r["steps"]),
+               "parses": float(r["parses"]), "capped": r["capped"]}
+        if "judge_nll" in r:
+            empty = r["judge_nll"] is None
+            row.update(judge_nll=(end_nll or {})[i] if empty else r["judge_nll"], empty=empty)
+        out.append(row)
+    return out

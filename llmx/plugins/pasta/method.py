@@ -1,6 +1,7 @@
 """``analyze --method pasta-annotate`` writes Pasta-Lang rows (train.jsonl, validation.jsonl) under the run model's
 tokenizer equipped with the six tag tokens (a copy: the run's tokenizer is left as it was); ``train --method pasta``
-runs Pasta-SFT (or Baseline-SFT); ``decode --method pasta`` runs the interpreter over prompts and measures it."""
+runs Pasta-SFT (or Baseline-SFT); ``decode --method pasta`` runs the interpreter over prompts and measures it
+(``decoded.jsonl``, and ``prompts.jsonl``: the per-prompt items ``llmx compare pasta`` pairs)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,14 @@ def decode(ctx: RunContext, p: PastaDecodeParams) -> dict[str, Any]:
             r["judge_nll"] = nll
         scored = [r["judge_nll"] for r in decoded if r["judge_nll"] is not None]
         out["judge_nll_mean"] = statistics.fmean(scored) if scored else None
+        empty = [i for i, r in enumerate(decoded) if r["judge_nll"] is None]
+        ends = D.judge_end_nll(judge, judge_tok, [decoded[i]["prompt"] for i in empty]) if empty else []
+        items = D.items(decoded, dict(zip(empty, ends, strict=True)))
+        out["judge_nll"] = statistics.fmean(r["judge_nll"] for r in items)  # the items' mean, empty ones included
+        out["empty_responses"] = len(empty)
+        atomic.write_jsonl(ctx.artifact("prompts.jsonl"), items)
+    else:
+        atomic.write_jsonl(ctx.artifact("prompts.jsonl"), D.items(decoded))
     atomic.write_jsonl(ctx.artifact("decoded.jsonl"), decoded)
     return {"positions": p.positions, **out, "decoded": str(ctx.artifact("decoded.jsonl"))}
 
