@@ -65,8 +65,8 @@ def llmx_comparisons():
         summary="CoSD-Rule (alpha = beta = 0.5; the code expert drafts, the docs expert assists) against each expert "
                 "alone, lossless speculative decoding and token-level averaging: exact match per held-out api-facts "
                 "line.",
-        paper="Wang et al., ICML 2025, Tables 2-3 (complementary-knowledge fusion: CoSD vs draft, assistant, "
-              "speculative decoding, averaging)",
+        paper="Wang et al., ICML 2025: the complementary-knowledge pairs (CoSD-Rule against the draft, the "
+              "assistant, speculative decoding and token-level averaging; accuracy per benchmark)",
         target="cosd-rule", baselines=("draft-alone", "assistant-alone", "speculative", "average"),
         arms=(_arm("cosd-rule", "cosd"),
               _arm("draft-alone", "single", strategy="draft"),
