@@ -16,6 +16,11 @@ decoding (target = the assistant) and its lossy ensemble verification, token-lev
 below 50 labelled disagreements; a row without the fallback shows the tree itself), in both draft/assistant orders,
 and a sweep of the draft length K for CoSD-Rule. Finished runs are kept in ``--work`` under their spec's digest. Writes
 benchmarks/results/cosd.json and .md.
+
+Stays a script: it trains each expert once and decodes every strategy with them (a comparison retrains them per arm),
+in both draft/assistant orders, on three tasks, with CoSD-Tree, the released rule and a K sweep; ``llmx compare cosd``
+runs the judged comparison (CoSD-Rule code->docs against each expert alone, speculative decoding and averaging, exact
+match paired per fact, the experts trained per seed).
 """
 
 from __future__ import annotations

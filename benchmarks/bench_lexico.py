@@ -17,6 +17,10 @@ randomness and run once. ``--data`` other than stdlib trains the same model on t
 transfer error then reads pydoc, or stdlib when the data is pydoc). Writes benchmarks/results/lexico.json and .md
 (other ``--sparsities``: lexico_s<list>): a row per run, and per setting the KL's mean and range over seeds, judged
 against KIVI at equal stored bytes.
+
+Stays a script: it runs in bfloat16 (a comparison sets no dtype), shares each seed's dictionary across a grid of
+contexts and buffers, and tables the dictionaries' held-out and transfer error; ``llmx compare lexico`` runs the judged
+comparison (Lexico s=8 against KIVI-2, a sink+window cache and KIVI-4, KL to the full cache paired per window).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
     python benchmarks/bench_lexico_omp.py
 
 Writes benchmarks/results/lexico_omp.json and .md.
+
+Stays a script: a kernel microbenchmark (vectors per second), not a comparison of arms on held-out items; ``llmx
+compare lexico`` covers Lexico's quality against KIVI and eviction.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ key groups, 32-channel value groups) share the buffer. Per row: stored bytes, di
 batch of 8), the measured peak over 32 decode steps (stored bytes after the prefill plus the most allocated above
 them), each over the full bf16 cache's stored bytes; and milliseconds per decode step, interleaved with the full
 cache's. Writes benchmarks/results/lexico_widths.json and .md.
+
+Stays a script: memory and step time of caches on random weights at real widths (no quality, no held-out items to
+pair); ``llmx compare lexico`` covers quality at matched memory.
 """
 
 from __future__ import annotations
