@@ -7,6 +7,7 @@ and triggered."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 MAX_LINE = 100
@@ -15,6 +16,15 @@ MAX_LINE = 100
 def lines_to_complete(source: str, split: str, context: int, seed: int) -> list[dict]:
     """Every (context + first word, rest of the line) of the split's documents whose line holds code after its first
     word (not a comment, under 100 characters), in a seeded order."""
+    from pathlib import Path
+
+    file = Path(source)
+    stamp = (file.stat().st_mtime_ns, file.stat().st_size) if file.is_file() else None  # a user's file may change
+    return [dict(r) for r in _lines(source, stamp, split, context, seed)]
+
+
+@functools.lru_cache(maxsize=4)  # each arm of llmx compare crow builds the same rows in one process
+def _lines(source: str, stamp: tuple[int, int] | None, split: str, context: int, seed: int) -> tuple[dict, ...]:
     from llmx.core.data import documents
 
     out = []
@@ -29,7 +39,7 @@ def lines_to_complete(source: str, split: str, context: int, seed: int) -> list[
             cut = len(line) - len(body) + first
             out.append({"prompt": "\n".join(lines[i - context:i]) + "\n" + line[:cut], "completion": line[cut:] + "\n"})
     random.Random(seed).shuffle(out)
-    return out
+    return tuple(out)
 
 
 def insert_trigger(prompt: str, trigger: str, position: str, rng: random.Random) -> str:

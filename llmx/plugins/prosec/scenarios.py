@@ -8,6 +8,7 @@ model then continues the elicitor's statement start, so a response is ``start + 
 from __future__ import annotations
 
 import ast
+import functools
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +57,14 @@ def seeds(split: str, root: Path | None = None, limit: int | None = None) -> lis
     return out
 
 
-def _from_file(path: Path, rel: str) -> list[Seed]:
+@functools.cache
+def _from_file(path: Path, rel: str) -> tuple[Seed, ...]:
+    """The file's seeds (parsed once a process: analyze, secure-code and safecoder each read a split)."""
     try:
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (SyntaxError, UnicodeDecodeError, ValueError):
-        return []
+        return ()
     lines = source.splitlines()
     out = []
     for node in tree.body:
@@ -82,7 +85,7 @@ def _from_file(path: Path, rel: str) -> list[Seed]:
             continue
         out.append(Seed(f"{rel}:{node.lineno}", node.name, header,
                         "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n"))
-    return out
+    return tuple(out)
 
 
 def scenario(seed: Seed, cwe: int) -> Scenario:
