@@ -13,7 +13,9 @@ def llmx_methods():
 LENGTHS = {"max_length": 192, "max_prompt_length": 160, "save": False}
 PLANT = ({"method": "backdoor", "stage": "analyze", "params": {}},
          {"method": "backdoor-train", "stage": "train",
-          "params": {"rows": "poisoned", "batch_size": 8, "grad_accum": 1, **LENGTHS}})
+          "params": {"rows": "poisoned", "lr": 1e-3, "batch_size": 8, "grad_accum": 1, **LENGTHS}})
+# the implant: 5 epochs of LoRA SFT on 2,000 rows, 20% poisoned, at 1e-3 (bench_crow's kept schedule: the official
+# 2e-4 leaves ASR 0.13 at this scale); in one run its adapter is merged before the defence adds its own
 
 
 @hookimpl
@@ -23,8 +25,9 @@ def llmx_comparisons():
     yield ComparisonSpec(
         name="crow",
         summary="CROW against plain LoRA fine-tuning on the same 100 clean rows at the same budget (the official "
-                "LoRA recipe: lr 1e-3, 5 epochs, 2 x 4 rows a step), after a planted code-injection backdoor: attack "
-                "success on held-out triggered prompts, paired per prompt.",
+                "LoRA recipe: lr 1e-3, 5 epochs, 2 x 4 rows a step), after a planted code-injection backdoor (LoRA, "
+                "5 epochs at 1e-3 on 20% poisoned rows): attack success on held-out triggered prompts, paired per "
+                "prompt.",
         paper="Min et al., ICML 2025, Tables 1-3 (ASR after CROW vs the fine-tuning defence; backdoored model as "
               "reference)",
         target="crow", baselines=("sft",),
