@@ -43,5 +43,5 @@ def llmx_comparisons():
         tolerance=0.25,
         # no calibration and no randomness: every seed would repeat the same runs
         seeds=(0,),
-        quick={"max_tokens": 512},
+        quick={"max_tokens": 256},
         model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128})

@@ -41,5 +41,7 @@ def llmx_comparisons():
               Arm("lnq-gq-w2", (_stage("guidedquant"),), family="lnq + guidedquant")),
         evaluation={"method": "perplexity", "params": {"max_tokens": 16384}},
         tolerance=0.25,
-        quick={"calib_samples": 4, "calib_seq_len": 64, "max_tokens": 512, "iterations": 2, "cd_cycles": 1},
+        # quick: one saliency group (each group runs its own k-means seed, the slow part on a loaded CPU)
+        quick={"calib_samples": 4, "calib_seq_len": 64, "max_tokens": 512, "iterations": 2, "cd_cycles": 1,
+               "num_groups": 1},
         model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128})
