@@ -27,8 +27,9 @@ Finished runs are kept in ``--work`` under their spec's digest, so an interrupte
 benchmarks/results/pasta.json and .md (other ``--epochs`` or ``--sft-only``: pasta_e<epochs>[_sft].json and .md).
 
 Stays a script: its held-out prompts are whole modules topped up to ``--heldout`` (not the annotate stage's
-validation split), BoNBoN's selector is the Baseline-SFT model another arm trains, and it times decoding and splits
-out the prompts neither response capped; ``llmx compare pasta`` runs the judged comparison (Pasta-SFT against
+validation split), BoNBoN's selector is the Baseline-SFT model another arm trains, it decodes one Pasta-SFT model at
+predicted, oracle and fixed positions (a comparison retrains per arm), and it times decoding and splits out the
+prompts neither response capped; ``llmx compare pasta`` runs the judged comparison (Pasta-SFT against
 Baseline-SFT, the judge's NLL paired per held-out prompt, decode steps on the cost axis)."""
 
 from __future__ import annotations

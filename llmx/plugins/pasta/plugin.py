@@ -52,14 +52,13 @@ def llmx_comparisons():
                 "sequentially, same rows and budget: the judge's per-token NLL of each held-out response (quality), "
                 "against decode steps per response (the cost axis).",
         paper="Jin et al., ICML 2025: quality (AlpacaEval win rate against sequential decoding) against speedup of "
-              "Pasta-Lang decoding, Baseline-SFT decoded sequentially; the position-id ablation (oracle lengths)",
+              "Pasta-Lang decoding, Baseline-SFT decoded sequentially",
         target="pasta-sft", baselines=("baseline-sft",),
         arms=(_arm("pasta-sft", "pasta"),
-              _arm("baseline-sft", "sequential", annotated=False),
-              _arm("pasta-oracle", "pasta positions", positions="oracle")),
+              _arm("baseline-sft", "sequential", annotated=False)),
         evaluation=None, items="prompts.jsonl", metric="judge_nll", higher_is_better=False,
         cost="decode steps per response", cost_key="steps_mean",
         seeds=(0, 1, 2), model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, kinds=KINDS,
-        quick={"limit": 80, "epochs": 0.02, "batch_size": 1, "max_length": 400, "max_new_tokens": 12,
+        quick={"limit": 80, "epochs": 0.02, "batch_size": 1, "max_length": 300, "max_new_tokens": 8,
                "judge": "ref:llama-test"},
         quick_model="ref:llama-test", quick_seeds=(0,))
