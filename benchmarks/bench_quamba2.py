@@ -208,6 +208,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 def compare(model: str, label: str, args) -> None:
     """``--recipes-only``: the two recipe comparisons through the comparison runner on ``model``."""
     import shutil
+    from dataclasses import replace
 
     from llmx.core.compare import runner
     from llmx.core.plugins import host
@@ -217,8 +218,9 @@ def compare(model: str, label: str, args) -> None:
     sets = [] if args.quick else [f"*.calib_samples={args.calib_samples}", f"eval.max_tokens={args.max_tokens}"]
     for name in ("quamba2", "quamba2-w8a8"):
         stem = result_name(f"compare_{name}_{file_label(label)}", args, names_model=True)
-        p = runner.plan(host().comparison(name), out=root / stem, model=model, data=args.data, seeds=args.seeds,
-                        quick=args.quick, sets=sets)
+        spec = host().comparison(name)
+        spec = replace(spec, data={**spec.data, **data_config(args)})  # --data with its split
+        p = runner.plan(spec, out=root / stem, model=model, seeds=args.seeds, quick=args.quick, sets=sets)
         runner.run(p, progress=False, say=print)
         RESULTS.mkdir(parents=True, exist_ok=True)
         for ext in ("json", "md", "png"):
