@@ -72,6 +72,7 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
         for seed in chosen:
             folder = p.out / "arms" / slug(arm.name) / f"seed-{seed}"
             raw = {"name": f"{spec.name}-{slug(arm.name)}", "model": model, "seed": seed, "data": dict(data_cfg),
+                   **({"zoo": dict(spec.quick_zoo)} if spec.quick_zoo and model == spec.quick_model else {}),
                    "output_dir": str(folder),
                    "pipeline": [*copy.deepcopy(stages[arm.name]), *([dict(evaluation)] if evaluation else [])]}
             p.runs.append(Planned(arm, seed, folder, resolve(raw, methods)))
@@ -88,13 +89,14 @@ def _check_kind(spec: ComparisonSpec, model: str) -> None:
         raise UsageError(f"comparison '{spec.name}' runs on {', '.join(spec.kinds)} models; {model} is {kind}")
 
 
-def _fields(method: str, methods) -> set[str]:
-    return set(methods.get(method).config.model_fields)
+def _fields(stage: dict, methods) -> set[str]:
+    """The params of the stage's method, for the stage it runs as (a name may serve several stages)."""
+    return set(methods.get(stage["method"], stage.get("stage")).config.model_fields)
 
 
 def _override(stage: dict, values: dict[str, Any], methods) -> bool:
     """Set each of ``values`` the stage's method has as a param; whether any was set."""
-    known = _fields(stage["method"], methods)
+    known = _fields(stage, methods)
     hit = {k: v for k, v in values.items() if k in known}
     stage.setdefault("params", {}).update(hit)
     return bool(hit)

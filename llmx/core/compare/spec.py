@@ -54,6 +54,7 @@ class ComparisonSpec:
     quick_seeds: tuple[int, ...] = (0,)
     model: str = "ref:llama"
     quick_model: str = "ref:llama-test"
+    quick_zoo: Mapping[str, Any] | None = None  # how to build the quick model where no preset is (a recipe's zoo)
     data: Mapping[str, Any] = field(default_factory=lambda: {"source": "stdlib", "seq_len": 128})
     kinds: tuple[str, ...] = ()
     paper: str = ""
@@ -95,4 +96,5 @@ class ComparisonSpec:
                 "cost": self.cost, "tolerance": self.tolerance, "seeds": list(self.seeds),
                 "quick": dict(self.quick), "quick_seeds": list(self.quick_seeds), "model": self.model,
                 "quick_model": self.quick_model,
+                "quick_zoo": dict(self.quick_zoo or {}),
                 "data": dict(self.data), "kinds": list(self.kinds), "plugin": self.plugin}

@@ -4,7 +4,7 @@ from pydantic import Field
 
 from llmx.core.refs import DataFile
 from llmx.core.train.align.params import AlignParams
-from llmx.plugins.align_baselines.rundata import DEFAULT
+from llmx.core.train.align.rundata import DEFAULT
 
 
 class PairedParams(AlignParams):

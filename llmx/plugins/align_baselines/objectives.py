@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from llmx.core import preference as P
 from llmx.core.train.align.run import LogpBatch, run
+from llmx.core.train.align.rundata import with_data
 from llmx.plugins.align_baselines.config import DPOParams, IPOParams, KTOParams, SimPOParams
-from llmx.plugins.align_baselines.rundata import with_data
 
 
 class DPO:

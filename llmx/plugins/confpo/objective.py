@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from llmx.core import preference as P
 from llmx.core.train.align.run import LogpBatch, run
-from llmx.plugins.align_baselines.rundata import with_data
+from llmx.core.train.align.rundata import with_data
 from llmx.plugins.confpo.config import ConfPOParams
 
 

@@ -39,4 +39,6 @@ def llmx_comparisons():
         items="rows.jsonl", metric="asr", higher_is_better=False,
         cost="defence epochs on the clean rows", cost_key=None, tolerance=0.0,
         quick={"train": 32, "defence": 8, "test": 8, "steps": 3, "batch_size": 4, "grad_accum": 1},
-        model="ref:llama-bench", quick_model="ref:llama-test-4l", data={"source": "stdlib", "seq_len": 128})
+        model="ref:llama-bench", quick_model="ref:llama-test-4l",
+        quick_zoo={"arch": "llama", "preset": "test", "layers": 4, "steps": 60, "name": "llama-test-4l"},
+        data={"source": "stdlib", "seq_len": 128})

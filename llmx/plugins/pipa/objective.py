@@ -77,7 +77,7 @@ class PIPA:
 
 def pipa(ctx, p: PIPAParams) -> dict:
     from llmx.core.train.align.data import load
-    from llmx.plugins.align_baselines.rundata import with_data
+    from llmx.core.train.align.rundata import with_data
 
     p = with_data(ctx, p, p.run_rows)
     kind, _ = load(p.data)
