@@ -73,6 +73,13 @@ def test_a_rerun_reuses_finished_arms_even_after_an_interruption(tmp_path, monke
     assert calls == ["rtn-w2"]  # a changed arm is a new run; the others are reused
 
 
+def test_a_baseline_whose_measured_cost_is_not_matched_is_not_judged(tmp_path):
+    result = runner.run(runner.plan(_spec(seeds=(0,), tolerance=1.0), out=tmp_path), progress=False)
+    verdicts = {v["baseline"]: v["verdict"] for v in result["verdicts"]}
+    assert verdicts["start-again"] == "within noise" and verdicts["rtn-w2"].startswith("unmatched")
+    assert "| rtn-w2 | rtn |" in (tmp_path / "result.md").read_text()
+
+
 def test_the_two_level_bootstrap_reduces_to_the_items_with_one_seed_and_widens_with_seed_spread():
     one = stats.clustered([[1.0, 2.0, 3.0, 4.0]], seed=0)
     assert one[0] == 2.5 and one[1] < 2.5 < one[2]

@@ -249,3 +249,13 @@ def test_frozen_linears_keep_no_input(llama):
     lora = plan_stage(config, sft(adapter="lora", lora={"r": 16, "target_modules": ["q_proj", "v_proj"]}), 1)
     d, f = 4096, 14336  # o_proj's input (q = d wide), the post-attention norm's output, down_proj's input; float32
     assert full - lora.part("activations").device == 2048 * 32 * 4 * (d + d + f)
+
+
+def test_a_saved_config_with_an_infinity_reads_as_transformers_writes_it(tmp_path):
+    import json
+
+    from llmx.core.models.meta import model_config
+
+    config = {"model_type": "mamba2", "time_step_limit": [0.0, {"__float__": "Infinity"}]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert model_config(str(tmp_path)).time_step_limit[1] == float("inf")

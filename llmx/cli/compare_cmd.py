@@ -85,8 +85,8 @@ def _render(result: dict, out) -> None:
     for a in result["arms"]:
         v = by_name.get(a["name"])
         rows.append([a["name"], a["family"], a["cost"], a[metric],
-                     f"{v['improvement']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}]" if v else
-                     "(target)" if a["target"] else "(reference)",
+                     f"{v['improvement']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}]" if v and v["improvement"] is not None
+                     else "-" if v else "(target)" if a["target"] else "(reference)",
                      v["verdict"] if v else ""])
     table(f"{result['comparison']}: {result['target']} against each baseline",
           ["arm", "family", result["cost"], metric, "improvement [95%]", "verdict"], rows)

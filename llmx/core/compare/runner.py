@@ -72,6 +72,7 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
         for seed in chosen:
             folder = p.out / "arms" / slug(arm.name) / f"seed-{seed}"
             raw = {"name": f"{spec.name}-{slug(arm.name)}", "model": model, "seed": seed, "data": dict(data_cfg),
+                   **({"threads": 1} if quick else {}),  # a smoke check on a shared machine: no oversubscription
                    **({"zoo": dict(spec.quick_zoo)} if spec.quick_zoo and model == spec.quick_model else {}),
                    "output_dir": str(folder),
                    "pipeline": [*copy.deepcopy(stages[arm.name]), *([dict(evaluation)] if evaluation else [])]}
@@ -190,7 +191,14 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     sign = 1.0 if spec.higher_is_better else -1.0
     target = {r["seed"]: r["items"] for r in rows[spec.target]}
     verdicts = []
+    target_cost = _mean_cost(rows[spec.target])
     for arm in map(spec.arm, spec.judged):
+        cost = _mean_cost(rows[arm.name])
+        if spec.tolerance is not None and None not in (cost, target_cost) and abs(cost - target_cost) > spec.tolerance:
+            verdicts.append({"baseline": arm.name, "improvement": None, "low": None, "high": None,
+                             "verdict": f"unmatched: {cost:.3g} against {target_cost:.3g} {spec.cost}",
+                             "pairs": 0, "seeds": 0})
+            continue
         groups = []
         for r in rows[arm.name]:
             t = target[r["seed"]]
@@ -206,15 +214,19 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for arm in spec.arms:
         runs = [{k: v for k, v in r.items() if k != "items"} for r in rows[arm.name]]
         values = [r["value"] for r in runs if r["value"] is not None]
-        costs = [r["cost"] for r in runs if r["cost"] is not None]
         arms.append({"name": arm.name, "family": arm.line, "target": arm.name == spec.target,
-                     "cost": sum(costs) / len(costs) if costs else None,
+                     "cost": _mean_cost(runs),
                      spec.metric: sum(values) / len(values) if values else None, "runs": runs})
     return {"comparison": spec.name, "summary": spec.summary, "paper": spec.paper, "model": p.model, "data": p.data,
             "seeds": list(p.seeds), "quick": p.quick, "metric": spec.metric, "higher_is_better": spec.higher_is_better,
             "cost": spec.cost, "target": spec.target, "arms": arms, "verdicts": verdicts, "machine": _machine(),
             "improvement": f"{'target - baseline' if spec.higher_is_better else 'baseline - target'} in {spec.metric}, "
                            "per item, paired on (seed, item); interval: seeds then items resampled (95%)"}
+
+
+def _mean_cost(runs: list[dict[str, Any]]) -> float | None:
+    costs = [r["cost"] for r in runs if r["cost"] is not None]
+    return sum(costs) / len(costs) if costs else None
 
 
 def _machine() -> dict[str, Any]:
@@ -238,8 +250,8 @@ def markdown(result: dict[str, Any]) -> str:
     by_name = {v["baseline"]: v for v in result["verdicts"]}
     for a in result["arms"]:
         v = by_name.get(a["name"])
-        cell = (f"{v['improvement']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}]" if v else
-                "(target)" if a["target"] else "(reference)")
+        cell = (f"{v['improvement']:+.4f} [{v['low']:+.4f}, {v['high']:+.4f}]" if v and v["improvement"] is not None
+                else "-" if v else "(target)" if a["target"] else "(reference)")
         cost = "-" if a["cost"] is None else f"{a['cost']:.3g}"
         value = "-" if a[metric] is None else f"{a[metric]:.4f}"
         lines.append(f"| {a['name']} | {a['family']} | {cost} | {value} | {cell} | {v['verdict'] if v else ''} |")

@@ -33,9 +33,10 @@ class ComparisonSpec:
     item: a window, a prompt) whose ``metric`` field is paired across arms on the same (seed, item). ``baselines``
     are the arms judged against the target (default: every other arm; the rest are references, drawn and tabled at
     their own cost). ``cost_key`` names the stage metric giving an arm's cost when it declares none; arms whose
-    costs differ from the target's by more than ``tolerance`` are refused as unmatched (``None``: the axis is only
-    drawn). ``quick`` holds param overrides for CI, applied to every stage whose params have the field, and
-    ``quick_seeds`` its seeds. ``kinds`` are the ``model_type`` values it can run on (empty: any causal LM)."""
+    costs differ from the target's by more than ``tolerance`` are refused before any run when their costs are
+    declared, and judged "unmatched" when measured (``None``: the axis is only drawn). ``quick`` holds param
+    overrides for CI, applied to every stage whose params have the field, and ``quick_seeds`` its seeds. ``kinds``
+    are the ``model_type`` values it can run on (empty: any causal LM)."""
 
     name: str
     summary: str

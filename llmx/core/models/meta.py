@@ -50,8 +50,11 @@ def model_config(name: str) -> Any:
 def _read(file: Path) -> Any:
     from transformers import AutoConfig
 
+    def floats(d: dict) -> Any:  # transformers writes infinities and NaN as {"__float__": "Infinity"}
+        return float(d["__float__"]) if d.keys() == {"__float__"} else d
+
     try:
-        return AutoConfig.for_model(**json.loads(file.read_text()))
+        return AutoConfig.for_model(**json.loads(file.read_text(), object_hook=floats))
     except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"{file}: not a model config ({first})") from None
