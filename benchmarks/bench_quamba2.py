@@ -239,25 +239,7 @@ def recipes_only(args) -> None:
         compare(model, label, args)
         with tempfile.TemporaryDirectory() as tmp:
             injected, _ = inject_outliers(model, given, args, Path(tmp) / "m")
-            plain_floats(Path(injected) / "config.json")
             compare(injected, f"{label}_outliers", args)
-
-
-def plain_floats(config: Path) -> None:
-    """Rewrite transformers' ``{"__float__": "Infinity"}`` (Mamba2's ``time_step_limit``) as a JSON float and sign
-    the folder again: the comparison's model-kind check reads config.json with ``AutoConfig.for_model``, which
-    refuses the marker (a bug of ``core/models/meta.py`` for every saved Mamba2 folder)."""
-    import json
-
-    from llmx.core import manifest
-
-    def plain(v):
-        if isinstance(v, dict):
-            return float(v["__float__"]) if set(v) == {"__float__"} else {k: plain(x) for k, x in v.items()}
-        return [plain(x) for x in v] if isinstance(v, list) else v
-
-    config.write_text(json.dumps(plain(json.loads(config.read_text())), indent=2))
-    manifest.write(config.parent, manifest.SAVED)
 
 
 def main() -> None:
