@@ -64,7 +64,7 @@ def llmx_comparisons():
         evaluation=None, items="windows.jsonl", metric="kl_to_full", higher_is_better=False,
         cost="KV memory / fp16 cache (dictionaries over 8 sequences)", cost_key="kv_memory_fraction_amortised",
         seeds=(0, 1, 2), model="ref:llama-long", data={"source": "stdlib", "seq_len": 1024}, kinds=KV_KINDS,
-        quick={"atoms": 64, "steps": 20, "windows": 2, "seq_len": 64, "held_out_windows": 1, "context_len": 48,
-               "continuation_len": 8, "generate_tokens": 4, "recall_cue": 8, "recall_tokens": 4, "buffer_length": 8,
+        quick={"atoms": 64, "steps": 10, "windows": 2, "seq_len": 64, "held_out_windows": 1, "context_len": 48,
+               "continuation_len": 8, "generate_tokens": 2, "recall_cue": 8, "recall_tokens": 2, "buffer_length": 8,
                "chunk": 8, "group": 8, "window": 12},
         quick_model="ref:llama-test", quick_seeds=(0,))
