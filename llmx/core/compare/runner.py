@@ -73,6 +73,7 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
             folder = p.out / "arms" / slug(arm.name) / f"seed-{seed}"
             raw = {"name": f"{spec.name}-{slug(arm.name)}", "model": model, "seed": seed, "data": dict(data_cfg),
                    **({"threads": 1} if quick else {}),  # a smoke check on a shared machine: no oversubscription
+                   **({"dtype": spec.dtype} if spec.dtype else {}),
                    **({"zoo": dict(spec.quick_zoo)} if spec.quick_zoo and model == spec.quick_model else {}),
                    "output_dir": str(folder),
                    "pipeline": [*copy.deepcopy(stages[arm.name]), *([dict(evaluation)] if evaluation else [])]}

@@ -58,6 +58,7 @@ class ComparisonSpec:
     quick_zoo: Mapping[str, Any] | None = None  # how to build the quick model where no preset is (a recipe's zoo)
     data: Mapping[str, Any] = field(default_factory=lambda: {"source": "stdlib", "seq_len": 128})
     kinds: tuple[str, ...] = ()
+    dtype: str | None = None  # the runs' dtype (default: the run config's), e.g. bfloat16 where the paper measures it
     paper: str = ""
     plugin: str = field(default="", compare=False)
 
@@ -98,4 +99,4 @@ class ComparisonSpec:
                 "quick": dict(self.quick), "quick_seeds": list(self.quick_seeds), "model": self.model,
                 "quick_model": self.quick_model,
                 "quick_zoo": dict(self.quick_zoo or {}),
-                "data": dict(self.data), "kinds": list(self.kinds), "plugin": self.plugin}
+                "data": dict(self.data), "kinds": list(self.kinds), "dtype": self.dtype, "plugin": self.plugin}
