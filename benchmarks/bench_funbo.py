@@ -13,7 +13,12 @@
 4. A BoTorch re-check of the OOD AFs and EI in a standard loop (random start, GP refitted every trial) on a
    subset; ``hf``'s valid-program rate with ``ref:llama-test`` as the sampler.
 
-Writes benchmarks/results/funbo.json and .md."""
+Writes benchmarks/results/funbo.json and .md.
+
+Not a comparison: ``llmx compare funbo`` runs part 1's FunBO arm against EI, UCB, PI, MEAN and random search on the
+OOD test set, paired per problem; this script adds the seed-only ablation (a search whose sampler sees EI alone,
+set up in Python), the in-distribution setting, the OOD AF the notes recall, the BoTorch re-check and the hf
+sampler's valid-program rate."""
 
 from __future__ import annotations
 

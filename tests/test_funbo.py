@@ -337,6 +337,21 @@ def test_eval_finds_random_search_worse_than_ei(cli, tmp_path):
     assert e["mean_regret"] > e["against_mean_regret"]
 
 
+def test_eval_writes_one_item_per_problem_whose_final_regrets_average_to_the_stage(cli, tmp_path):
+    """The items ``llmx compare funbo`` pairs: one row per problem, its final normalised regret."""
+    r = cli("--json", "eval", "--method", "acquisition", "--set", "af=ucb", "--set",
+            "functions=branin,sphere-2d", "--set", "instances=2", "--set", "grid_points=64", "--set", "trials=8",
+            "-o", tmp_path / "e")
+    assert r.code == 0, r.err
+    e = r.json()["stages"][0]["metrics"]
+    rows = [json.loads(x) for x in next((tmp_path / "e").glob("*/artifacts/0_acquisition/problems.jsonl"))
+            .read_text().splitlines()]
+    assert [row["problem"] for row in rows] == ["branin#0", "branin#1", "sphere-2d#0", "sphere-2d#1"]
+    assert all(row["final_regret"] == row["regret"][-1] and len(row["regret"]) == 9 for row in rows)
+    assert e["trials"] == 8 and e["final_regret"] == e["mean_regret"] == pytest.approx(
+        sum(row["final_regret"] for row in rows) / 4)
+
+
 @pytest.mark.parametrize("sets, words", [
     (["seed_af=BAD"], "syntax error"),
     (["seed_af=SIG"], "signature"),

@@ -1,5 +1,6 @@
 """``analyze --method funbo`` evolves an acquisition function and saves it as ``acquisition_function.py``;
-``eval --method acquisition`` scores an AF file or a baseline on a function set, paired against another."""
+``eval --method acquisition`` scores an AF file or a baseline on a function set, paired against another; its
+``problems.jsonl`` holds one row per problem with the final normalised regret (the items ``llmx compare`` pairs)."""
 
 from __future__ import annotations
 
@@ -163,7 +164,9 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
     problems = names(p.functions, p.instances, p.instance_seed)
     specs = _specs(ctx, problems, p)
     rows = score(p.af, specs, p, p.backend)
-    out: dict[str, Any] = {"af": p.af, "backend": p.backend, "problems": len(rows), **_summary(rows)}
+    out: dict[str, Any] = {"af": p.af, "backend": p.backend, "problems": len(rows), "trials": p.trials,
+                           **_summary(rows)}
+    out["final_regret"] = out["mean_regret"]  # the mean of problems.jsonl's items (llmx compare pairs them)
     if p.against and p.against == p.af:
         ctx.log.info("acquisition: against is the af itself; no paired comparison")
     elif p.against:
@@ -173,5 +176,6 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
     for name, r in zip(problems, rows, strict=True):
         per_function.setdefault(name.partition("#")[0], []).append(r["regret"][-1])
     out["per_function_mean_regret"] = {k: float(np.mean(v)) for k, v in per_function.items()}
-    atomic.write_jsonl(ctx.artifact("problems.jsonl"), [{"problem": n, **r} for n, r in zip(problems, rows, strict=True)])
+    atomic.write_jsonl(ctx.artifact("problems.jsonl"), [{"problem": n, "final_regret": r["regret"][-1], **r}
+                                                        for n, r in zip(problems, rows, strict=True)])
     return out
