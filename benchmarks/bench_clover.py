@@ -21,6 +21,11 @@ Per model (NLL in nats on 16k held-out tokens of ``--data``, windows of 128 with
 - ``sweep``: recovery at every ratio, vanilla-pruned + raw cores against CLOVER-pruned + CLOVER cores, as above;
   "ahead" only where the seed ranges do not overlap.
 Writes benchmarks/results/clover_<model>.json and .md (``--only``: clover_<sections>_<model>).
+
+Not a comparison: ``llmx compare clover-prune`` (70% of the pairs, CLOVER against vanilla and activation-norm
+pruning) and ``llmx compare clover-finetune`` (the transfer setting at the rates picked here, CLOVER cores against
+LoRA and PiSSA) pair their perplexity windows; this script adds the ratio sweeps and the Q-K curve (a figure over
+many ratios), the per-tuner learning-rate search and the recovery setting.
 """
 
 from __future__ import annotations
