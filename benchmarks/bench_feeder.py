@@ -19,7 +19,11 @@
    under a fixed held-out map first, FEEDER only if that shows in-context learning.
 
 Finished runs are kept in ``--work`` under their spec's digest, so an interrupted run resumes. Writes
-benchmarks/results/feeder.json and .md (``--cut redundancy``: feeder_cut_redundancy.json and .md)."""
+benchmarks/results/feeder.json and .md (``--cut redundancy``: feeder_cut_redundancy.json and .md).
+
+Not a comparison: ``llmx compare feeder`` runs the 8-shot random-selector arms of part 2 (FEEDER set, random subset
+of its size, full pool) paired per test row; this script adds the in-context-learning check over several maps, the
+similarity selector, the fine-tuning of part 3 and the natural-data part 4."""
 
 from __future__ import annotations
 

@@ -365,3 +365,25 @@ def test_a_collapsed_reselection_keeps_the_previous_rounds_set(cli, tmp_path, ep
     first, second = m["rounds"]
     assert not first["kept_previous_selection"] and second["kept_previous_selection"]
     assert second["selected_rows"] == first["selected_rows"] == len(calls[0]) > 1
+
+
+def test_a_run_reads_the_episodes_an_earlier_stage_wrote_and_its_rows_average_to_the_accuracy(cli, tmp_path):
+    """What ``llmx compare feeder`` runs: episodes (the run's seed picks the map), the FEEDER set and k-shot eval
+    with no data named; each test row's ``accuracy`` (the item the comparison pairs) averages to the stage's."""
+    import yaml
+
+    pipeline = [{"method": "icl-episodes", "params": {"cues": 6, "labels": 3, "pool": 30, "test": 12}},
+                {"method": "feeder", "params": {"depth": 2}},
+                {"method": "icl", "params": {"pool": "feeder", "shots": 3, "context": 128}}]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "episodes", "model": MODEL, "seed": 3, "pipeline": pipeline}))
+    r = cli("--json", "run", recipe, "-o", tmp_path / "runs")
+    episodes, sel, m = (_stage(r, k) for k in range(3))
+    assert episodes["map_seed"] == 3
+    assert json.loads(Path(sel["set_file"]).read_text())["template"] == E.TEMPLATE  # the episodes' own template
+    rows = [json.loads(x) for x in Path(m["rows_file"]).read_text().splitlines()]
+    assert len(rows) == m["test_rows"] == 12 and m["demo_pool_rows"] == sel["feeder_rows"]
+    assert all(row["accuracy"] == float(row["k_shot"] == row["label"]) for row in rows)
+    assert sum(row["accuracy"] for row in rows) / len(rows) == pytest.approx(m["accuracy"])
+    alone = cli("eval", "--method", "icl", "--model", MODEL, "-o", tmp_path / "alone")
+    assert alone.code == 2 and "run analyze --method icl-episodes first" in alone.err

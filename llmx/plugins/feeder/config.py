@@ -17,7 +17,9 @@ from llmx.core.train.params import TrainParams
 class IclData(Params):
     """Rows ``{input, label}`` (.jsonl) read in context through a template."""
 
-    data: DataFile = Field(description="The demonstration pool (.jsonl rows {input, label}); --data sets it.")
+    data: DataFile | None = Field(None, description="The demonstration pool (.jsonl rows {input, label}); --data sets "
+                                  "it. Default: the pool an earlier analyze --method icl-episodes stage of the run "
+                                  "wrote (with its template, unless template is set).")
     labels: list[str] | None = Field(None, min_length=2, description="The label words scored (default: the pool's "
                                      "own, sorted); a pool label outside them is an error.")
     template: str = Field(DEFAULT_TEMPLATE, description="One row: {input} then {label}; a query is the template up "
@@ -75,7 +77,8 @@ class FeederParams(IclData, TreeParams):
 
 
 class IclEvalParams(IclData):
-    test: DataFile = Field(description="Rows to classify (.jsonl {input, label}).")
+    test: DataFile | None = Field(None, description="Rows to classify (.jsonl {input, label}); default: the test rows "
+                                  "of an earlier analyze --method icl-episodes stage of the run.")
     shots: int = Field(8, ge=1, description="Demonstrations per query (0-shot accuracy is always reported too).")
     selector: Literal["random", "similarity"] = Field("random", description="random: k pool rows per query; "
                                                       "similarity: the k nearest by cosine of the model's mean "
@@ -123,4 +126,4 @@ class EpisodeParams(Params):
     pool: int = Field(400, gt=0, description="Pool rows (noisy).")
     test: int = Field(200, gt=0, description="Test rows (noise-free).")
     noise: float = Field(0.05, ge=0, lt=1, description="Share of pool rows with another label.")
-    map_seed: int = Field(0, description="Which held-out map.")
+    map_seed: int | None = Field(None, description="Which held-out map (default: the run's seed).")

@@ -1,7 +1,9 @@
 """``analyze --method feeder`` selects the FEEDER set with the run's model; ``eval --method icl`` measures 0-shot and
 k-shot accuracy with demonstrations from the full pool, the FEEDER set or a random subset of its size; ``train
 --method feeder`` runs the bi-level loop (select with the current model, fine-tune on in-context sequences of the
-selection); ``analyze --method icl-episodes`` writes a held-out map's pool and test rows."""
+selection); ``analyze --method icl-episodes`` writes a held-out map's pool and test rows, which the later stages of
+the same run read where they name no data. ``eval --method icl``'s ``rows.jsonl`` holds each test row's k-shot
+``accuracy`` (1/0): the items ``llmx compare feeder`` pairs."""
 
 from __future__ import annotations
 
@@ -22,6 +24,25 @@ from llmx.plugins.feeder.oracle import KnnOracle, LMOracle, Oracle
 from llmx.plugins.feeder.tree import Selection, select
 
 SET_FILE = "feeder.json"
+EPISODES = "icl_episodes"  # ctx.state: the pool, test rows and template an icl-episodes stage wrote
+
+
+def _from_run(ctx: RunContext, p: Any) -> Any:
+    """``p`` with the pool (and, for eval, the test rows) of an earlier ``icl-episodes`` stage of this run where it
+    names none; that stage's template too unless ``template`` is set."""
+    made = ctx.state.get(EPISODES)
+    need = [k for k in ("data", "test") if k in type(p).model_fields and getattr(p, k) is None
+            and (k == "data" or not isinstance(p, FeederTrainParams))]
+    if not need:
+        return p
+    if made is None:
+        raise UsageError(f"no {' and no '.join(need)} rows: pass --data (a .jsonl of {{input, label}} rows)"
+                         f"{' and --set test=FILE' if 'test' in need else ''}, or run analyze --method icl-episodes "
+                         "first in the same run")
+    update = {k: made["pool" if k == "data" else "test"] for k in need}
+    if "data" in need and "template" not in p.model_fields_set:
+        update["template"] = made["template"]
+    return p.model_copy(update=update)
 
 
 def _pool(p: IclData) -> tuple[list[dict], list[str], Format]:
@@ -70,6 +91,7 @@ def _summary(sel: Selection, pool: int) -> dict[str, Any]:
 
 
 def analyze(ctx: RunContext, p: FeederParams) -> dict[str, Any]:
+    p = _from_run(ctx, p)
     rows, labels, fmt = _pool(p)
     sel = _choose(ctx, p, rows, labels, fmt, p.batch_size)
     record = {"indices": sel.indices, **_provenance(ctx, p.data, rows, labels, fmt), **_summary(sel, len(rows)),
@@ -126,6 +148,7 @@ def _subset(ctx: RunContext, subset: str, rows: list[dict], labels: list[str], f
 def evaluate(ctx: RunContext, p: IclEvalParams) -> dict[str, Any]:
     from llmx.core.eval import icl
 
+    p = _from_run(ctx, p)
     rows, labels, fmt = _pool(p)
     test = load_rows(p.test, labels)[:p.limit]
     model, tok = ctx.model, ctx.tokenizer
@@ -145,12 +168,12 @@ def evaluate(ctx: RunContext, p: IclEvalParams) -> dict[str, Any]:
                        labels, p.batch_size, ctx.progress, limit)
     right0 = [float(s == r["label"]) for s, r in zip(zero, test, strict=True)]
     right = [float(s == r["label"]) for s, r in zip(few, test, strict=True)]
-    rows_file = atomic.write_jsonl(ctx.artifact("rows.jsonl"), [{"input": r["input"], "label": r["label"], "zero_shot": z,
-                                                     "k_shot": f, "demos": c}
-                                                    for r, z, f, c in zip(test, zero, few, chosen, strict=True)])
+    rows_file = atomic.write_jsonl(ctx.artifact("rows.jsonl"), [  # "accuracy": the items llmx compare pairs
+        {"input": r["input"], "label": r["label"], "zero_shot": z, "k_shot": f, "demos": c, "accuracy": a,
+         "accuracy_0shot": a0} for r, z, f, c, a, a0 in zip(test, zero, few, chosen, right, right0, strict=True)])
     seed = ctx.config.seed
     return {"test_rows": len(test), "shots": p.shots, "selector": p.selector, "pool": p.pool,
-            "pool_rows": len(pool), "demos_per_query": stats.mean([float(len(c)) for c in chosen]),
+            "pool_rows": len(pool), "demo_pool_rows": len(pool), "demos_per_query": stats.mean([float(len(c)) for c in chosen]),
             "labels": labels, "chance": 1 / len(labels),
             "accuracy_0shot": stats.mean(right0), "accuracy_0shot_ci": list(stats.bootstrap_ci(right0, p.resamples,
                                                                                                  seed=seed)),
@@ -176,6 +199,7 @@ def train(ctx: RunContext, p: FeederTrainParams) -> dict[str, Any]:
     from llmx.core.train.sft.params import SFTParams
     from llmx.core.train.sft.run import run as sft
 
+    p = _from_run(ctx, p)
     rows, labels, fmt = _pool(p)
     tok = ctx.tokenizer
     rng = random.Random(ctx.config.seed)
@@ -229,11 +253,13 @@ def train(ctx: RunContext, p: FeederTrainParams) -> dict[str, Any]:
 
 def episodes(ctx: RunContext, p: EpisodeParams) -> dict[str, Any]:
     spec = E.Spec(cues=p.cues, labels=p.labels, noise=p.noise)
-    made = E.heldout(spec, p.pool, p.test, p.map_seed)
-    atomic.write_jsonl(ctx.artifact("pool.jsonl"), made["pool"])
-    atomic.write_jsonl(ctx.artifact("test.jsonl"), made["test"])
+    map_seed = ctx.config.seed if p.map_seed is None else p.map_seed
+    made = E.heldout(spec, p.pool, p.test, map_seed)
+    pool = atomic.write_jsonl(ctx.artifact("pool.jsonl"), made["pool"])
+    test = atomic.write_jsonl(ctx.artifact("test.jsonl"), made["test"])
+    ctx.state[EPISODES] = {"pool": str(pool), "test": str(test), "template": E.TEMPLATE}
     atomic.write_json(ctx.artifact("map.json"), {"map": made["map"], "labels": made["labels"]})
     noisy = sum(r["label"] != made["map"][r["cue"]] for r in made["pool"])
     cues = len({r["cue"] for r in made["pool"]})
-    return {"pool_rows": p.pool, "test_rows": p.test, "cues": p.cues, "cues_in_pool": cues, "labels": made["labels"],
-            "noisy_pool_rows": noisy, "template": E.TEMPLATE, "data_dir": str(ctx.artifact("pool.jsonl").parent)}
+    return {"pool_rows": p.pool, "test_rows": p.test, "map_seed": map_seed, "cues": p.cues, "cues_in_pool": cues,
+            "labels": made["labels"], "noisy_pool_rows": noisy, "template": E.TEMPLATE, "data_dir": str(pool.parent)}

@@ -1,3 +1,4 @@
+from llmx.core.compare.spec import Arm, ComparisonSpec
 from llmx.core.spec import DatasetSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
@@ -27,3 +28,33 @@ def llmx_datasets():
     yield DatasetSpec("icl-episodes", "llmx.plugins.feeder.episodes:documents",
                       "in-context episodes: a fresh cue-word -> label-word map per document, one cue among distractors "
                       "per input, 5% label noise (6000 train / 300 validation episodes)")
+
+
+# bench_feeder.py's setting: per seed a held-out map (6 cues, 4 labels) of 400 noisy pool rows and 200 clean test
+# rows; the tree to one node, its necessity pass checking the whole pool (the notes' wording); 8 demonstrations per
+# query drawn at random from what each arm keeps.
+EPISODES = {"method": "icl-episodes", "params": {"cues": 6, "labels": 4, "pool": 400, "test": 200}}
+SELECT = {"method": "feeder", "params": {"batch_size": 32, "necessity_check": "pool"}}
+
+
+def _icl(pool: str) -> dict:
+    return {"method": "icl", "params": {"pool": pool, "shots": 8, "selector": "random", "batch_size": 32}}
+
+
+@hookimpl
+def llmx_comparisons():
+    yield ComparisonSpec(
+        name="feeder",
+        summary="k-shot demonstrations drawn from the FEEDER set against a random subset of its size and the whole "
+                "pool, on a held-out cue -> label map a model that learns in context never saw: each test row's "
+                "8-shot accuracy paired across arms.",
+        paper=f"{PAPER}, Table 1 (in-context learning: FEEDER's set against the full training set and random "
+              "subsets, with a random demonstration selector)",
+        target="feeder", baselines=("random-subset", "full-pool"),
+        arms=(Arm("full-pool", (EPISODES, _icl("full")), family="full pool"),
+              Arm("random-subset", (EPISODES, SELECT, _icl("random")), family="random subset"),
+              Arm("feeder", (EPISODES, SELECT, _icl("feeder")), family="feeder")),
+        evaluation=None, items="rows.jsonl", metric="accuracy", higher_is_better=True,
+        cost="demonstration pool (rows)", cost_key="demo_pool_rows",
+        quick={"cues": 4, "shots": 2, "oracle": "knn", "limit": 12},
+        model="ref:llama-icl", quick_model="ref:llama-test", data={"source": "icl-episodes", "seq_len": 64})
