@@ -16,6 +16,12 @@ Diagnostics: the overlap of the LIFT (f 8) and magnitude supports on the base we
 update energy (seed 0) that each support of the base weights holds, against the top-k of |delta W| itself (the
 ceiling; the density is the share a blind support holds): whether principal weights exist at this scale.
 Writes benchmarks/results/lift_<model>.json and .md.
+
+Not a comparison: ``llmx compare lift`` runs LIFT against magnitude, random and dense sparse fine-tuning at the rates
+picked here, paired per test program; this script adds what a comparison cannot: the per-arm learning-rate sweep on
+the validation split, LoRA and Full FT through the ``sft`` stage (whose rows must be a file before the run starts; a
+comparison run generates its tracing rows inside the ``lift`` stage), retention (a second metric) and the support
+diagnostics.
 """
 
 from __future__ import annotations

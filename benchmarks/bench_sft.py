@@ -12,6 +12,10 @@ memory is its own (PEFT is imported in every run, so library overhead is equal).
 optimiser bytes (measured on the AdamW state), peak RSS and the resident set while training (sampled), seconds per
 step, test completion loss (mean and min-max
 over seeds). Writes benchmarks/results/sft_<model>.json and .md.
+
+Script only: its figures are memory and time per configuration (optimiser bytes, resident set, seconds per step)
+beside the loss, and its rows are generated before the runs (a comparison run cannot hand a generated file to the
+``sft`` stage); ``llmx compare lift`` covers sparse fine-tuning against dense fine-tuning of the same weights.
 """
 
 from __future__ import annotations

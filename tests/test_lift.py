@@ -311,3 +311,20 @@ def test_optimizer_on_cuda_matches_cpu(kind, svd):
     both = moved["cpu"] & moved["cuda"]
     assert (out["cpu"][0] - w).abs().max() > 1e-3 and both.float().mean() > 0.8 * moved["cpu"].float().mean()
     assert (out["cpu"][0] - out["cuda"][0])[both].abs().max() < 1e-5
+
+
+def test_without_data_lift_trains_on_tracing_programs_it_writes_to_the_run(cli, tmp_path):
+    """What ``llmx compare lift`` runs: no data named, so the tracing task's first training programs (and as many
+    validation programs, the held-out rows) are written to the run's artifacts and trained on."""
+    import json
+
+    r = cli("--json", "train", "--method", "lift", "--model", "ref:llama-test", "--set", "tracing_rows=24",
+            "--set", "steps=2", "--set", "batch_size=4", "--set", "save=false", "-o", tmp_path / "run")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    folder = next((tmp_path / "run").glob("*/artifacts/0_lift"))
+    train = [json.loads(x) for x in (folder / "tracing_train.jsonl").read_text().splitlines()]
+    held = [json.loads(x) for x in (folder / "tracing_validation.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in train] == [row["prompt"] for row in tracing.rows("train", 0)[:24]]
+    assert len(held) == m["eval_rows"] == 24 and m["train_rows"] == 24
+    assert not {row["prompt"] for row in train} & {row["prompt"] for row in held}

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from llmx.core.refs import DataFile
 from llmx.core.train.sft.params import SFTParams
 
 
@@ -13,6 +14,12 @@ class LiftParams(SFTParams):
     """The ``sft`` stage with LIFT's sparse optimiser in place of AdamW (official defaults where they fit a small
     model: the budget rank and filter rank scale with the width, see each field)."""
 
+    data: DataFile | None = Field(None, description="Training rows (.jsonl): {prompt, completion} or {messages: "
+                                  "[{role, content}]}. Default: the tracing task's first tracing_rows training "
+                                  "programs, written to the run's artifacts (eval_data, unless given: as many of "
+                                  "its validation programs, at most 500).")
+    tracing_rows: int = Field(2000, gt=0, le=10_000, description="data left out: tracing training programs "
+                              "(bench_lift.py's 2,000, the paper's small-data regime).")
     lr: float = Field(2e-4, gt=0, description="Peak learning rate (official: 2e-4 on the math configs).")
     warmup: int = Field(10, ge=0, description="Linear warmup steps (official: 3% of the steps).")
     schedule: Literal["cosine", "linear", "constant", "wsd"] = Field(

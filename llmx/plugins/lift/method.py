@@ -39,7 +39,26 @@ def check_filter_rank(named: dict[str, torch.nn.Parameter], p: LiftParams) -> No
                          f"({t.shape[0]} x {t.shape[1]}): choose 1..{min(t.shape)}")
 
 
+def tracing_data(ctx: RunContext, p: LiftParams) -> LiftParams:
+    """``p`` with ``data`` (and ``eval_data`` where not given) set to the tracing task's programs, written to the
+    run's artifacts as ``analyze --method tracing`` writes them (prompt, the answer line as the completion)."""
+    from llmx.core import atomic
+    from llmx.plugins.tasks import tracing
+
+    def write(split: str, count: int) -> str:
+        rows = [{"prompt": r["prompt"], "completion": r["reference"], "answer": r["answer"]}
+                for r in tracing.rows(split, 0)[:count]]
+        return str(atomic.write_jsonl(ctx.artifact(f"tracing_{split}.jsonl"), rows))
+
+    update = {"data": write("train", p.tracing_rows)}
+    if p.eval_data is None:
+        update["eval_data"] = write("validation", min(p.tracing_rows, 500))
+    return p.model_copy(update=update)
+
+
 def run(ctx: RunContext, p: LiftParams) -> dict[str, Any]:
+    if p.data is None:
+        p = tracing_data(ctx, p)
     held: dict[str, Any] = {}
 
     def optimise(model: torch.nn.Module):
