@@ -222,7 +222,7 @@ def test_saved_full_path_model_reloads_with_identical_perplexity(cli, tmp_path, 
     r = cli("--json", "quantize", "--method", method, "--bits", "w4a4", "--model", "ref:llama-test", "--eval",
             "perplexity", "--set", "perplexity.max_tokens=512", "-o", tmp_path / "q")
     assert r.code == 0, r.err
-    quant, ppl = r.json()["stages"][0]["metrics"], r.json()["stages"][1]["metrics"]["perplexity"]
+    quant, ppl = r.json()["stages"][-2]["metrics"], r.json()["stages"][-1]["metrics"]["perplexity"]
     assert quant["targets"] == ["linear", "attn_qk", "attn_pv"]
     again = cli("--json", "eval", "--method", "perplexity", "--model", quant["model_dir"], "--set", "max_tokens=512",
                 "-o", tmp_path / "e")

@@ -273,7 +273,7 @@ def test_saved_model_reloads_with_identical_perplexity(cli, tmp_path, backend):
             "--set", "calib_seq_len=64", "--set", f"backend={backend}", "--set", "iterations=2",
             "--set", "group_size=32", "-o", tmp_path / "q")
     assert r.code == 0, r.err
-    quant, ppl = r.json()["stages"][0]["metrics"], r.json()["stages"][1]["metrics"]["perplexity"]
+    quant, ppl = r.json()["stages"][-2]["metrics"], r.json()["stages"][-1]["metrics"]["perplexity"]
     again = cli("--json", "eval", "--method", "perplexity", "--model", quant["model_dir"], "--set", "max_tokens=512",
                 "-o", tmp_path / "e")
     assert again.code == 0, again.err

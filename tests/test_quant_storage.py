@@ -56,7 +56,9 @@ def test_saved_model_reloads_and_evaluates_identically(cli, tmp_path, method, bi
             "--set", "perplexity.max_tokens=1024", *(["--set", "calib_samples=8"] if method == "gptq" else []),
             "-o", tmp_path / "q")
     assert r.code == 0, r.err
-    quant, ppl = r.json()["stages"][0]["metrics"], r.json()["stages"][1]["metrics"]["perplexity"]
+    start, quant, ppl = (r.json()["stages"][i]["metrics"] for i in range(3))
+    ppl = ppl["perplexity"]
+    assert start["perplexity"] != ppl  # the starting model is scored before the stage, beside the result
     assert quant["stored_weight_bytes"] > 0
     again = cli("--json", "eval", "--method", "perplexity", "--model", quant["model_dir"], "--set", "max_tokens=1024",
                 "-o", tmp_path / "e")

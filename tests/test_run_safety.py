@@ -16,7 +16,7 @@ from llmx.core import runs
 def test_a_typo_in_a_later_stage_stops_before_the_first(cli, tmp_path):
     r = cli("quantize", "--method", "rtn", "--bits", "w4a16", "--model", "tiny:llama", "--eval", "perplexity",
             "--set", "perplexity.source=typo.txt", "-o", tmp_path / "runs")
-    assert r.code == 2 and "pipeline.1.params.source" in r.err and "typo.txt" in r.err
+    assert r.code == 2 and "pipeline.0.params.source" in r.err and "typo.txt" in r.err
     assert not (tmp_path / "runs").exists()
     for args, where in ((("--model", "ref:lamma"), "Did you mean 'ref:llama'?"),
                         (("--model", "tiny:llama", "--set", "calib_source=nope.txt"), "calib_source")):
@@ -38,8 +38,10 @@ def test_a_typo_in_a_later_stage_stops_before_the_first(cli, tmp_path):
 def test_a_later_failure_keeps_the_earlier_stages_artifacts(cli, tmp_path):
     latin = tmp_path / "latin.txt"
     latin.write_bytes("caf\u00e9 ".encode("latin-1") * 200)  # exists, so only reading it fails
-    r = cli("quantize", "--method", "rtn", "--bits", "w4a16", "--model", "tiny:llama", "--eval", "perplexity",
-            "--set", f"perplexity.source={latin}", "-o", tmp_path / "runs")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"model: tiny:llama\npipeline:\n- {{method: rtn, params: {{bits: w4a16}}}}\n"
+                      f"- {{method: perplexity, params: {{source: '{latin}'}}}}\n")
+    r = cli("run", recipe, "-o", tmp_path / "runs")
     assert r.code == 2 and "not UTF-8" in r.err and "Run folder kept" in r.err and "0:rtn finished" in r.err
     (folder,) = (tmp_path / "runs").iterdir()
     meta = json.loads((folder / runs.META).read_text())

@@ -146,8 +146,8 @@ def test_eval_flag_names_a_task(cli):
     r = cli("--json", "--dry-run", "quantize", "--method", "rtn", "--model", "tiny:llama", "--eval", "brackets",
             "--eval", "perplexity")
     pipeline = r.json()["config"]["pipeline"]
-    assert pipeline[1]["method"] == "task" and pipeline[1]["params"]["task"] == "brackets"
-    assert pipeline[2]["method"] == "perplexity"
+    assert [s["method"] for s in pipeline] == ["task", "perplexity", "rtn", "task", "perplexity"]  # before and after
+    assert pipeline[3]["params"]["task"] == "brackets" and pipeline[0] == pipeline[3]
 
 
 def hand_greedy(model, tok, prompt: str, max_new: int, stops: list[str], include: bool) -> str:

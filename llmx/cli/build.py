@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,14 @@ def _stage_of(entry: dict[str, Any]) -> str | None:
 
 
 def resolve_cli(raw: dict[str, Any], sets: list[str] | None, default_stage: int | None, source: str | None,
-                files: list[Path] | None = None) -> ResolvedRun:
-    """``files``: the recipes given; relative paths in them resolve from the first one's folder."""
+                files: list[Path] | None = None, score_start: bool = False) -> ResolvedRun:
+    """``files``: the recipes given; relative paths in them resolve from the first one's folder. ``score_start``
+    (a quantize or prune command with ``--eval``): the evaluations after the stage, with their ``--set`` params,
+    also run before it, so the starting model's figures sit beside the result and the change."""
     from llmx.core.plugins import host
 
     folder = Path(files[0]).parent if files else None
-    return resolve(apply_sets(raw, sets or [], default_stage), host().methods, source=source, folder=folder)
+    out = apply_sets(raw, sets or [], default_stage)
+    if score_start and len(out.get("pipeline") or []) > 1:
+        out["pipeline"] = [copy.deepcopy(e) for e in out["pipeline"][1:]] + out["pipeline"]
+    return resolve(out, host().methods, source=source, folder=folder)

@@ -155,7 +155,8 @@ def _stage_command(stage_name: str):
 
             raw = route_data(raw, stage, data, host().methods)
         source = ", ".join(str(c) for c in configs) if configs else None
-        execute(resolve_cli(raw, sets, 0, source=source, files=configs))
+        execute(resolve_cli(raw, sets, 0, source=source, files=configs,
+                            score_start=bool(evals) and stage in (Stage.QUANTIZE, Stage.PRUNE)))
 
     command.__doc__ = (STAGE_HELP[stage_name][0] + " Builds the same RunConfig as `llmx run`;"
                        " `--set KEY=VALUE` sets the method's params; `--data` is the method's own `data` param where"
