@@ -12,7 +12,11 @@ probe at distances 32..256; RoPE + YaRN (factor 8, training-free) on every RoPE 
 (50 more steps at T = 128, batch 16) for RoPE and FoPE, evaluated at 128..1024. Two runs in parallel, one thread
 each; finished runs are kept in ``--work`` under their spec's digest, so an interrupted run
 resumes. Writes benchmarks/results/fope.json
-and .md."""
+and .md.
+
+Not a comparison: ``llmx compare fope`` runs the from-scratch arms (FoPE against RoPE and ALiBi, the two ablations
+drawn) paired per 8T window; this script adds RoPE + YaRN (another evaluation for one arm), the 64 -> 128 extension
+(arms continuing from another arm's saved model) and the per-bucket and copy-probe tables."""
 
 from __future__ import annotations
 

@@ -369,3 +369,21 @@ def test_lengths_shorter_than_the_training_length_are_exit_2(cli, tmp_path):
     assert r.code == 2 and "shorter than the training length 64" in r.err, r.err
     assert len(r.err.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []
+
+
+def test_length_writes_one_item_per_longest_window_that_agrees_with_its_perplexity(cli, tmp_path):
+    """The items ``llmx compare fope`` pairs: each window at the longest length, whose NLLs average to the stage's
+    ``nll`` (log of ppl at that length), each with its NLL beyond T and that minus its NLL within T."""
+    import json
+    from pathlib import Path
+
+    r = cli("eval", "--method", "length", "--model", "ref:llama-test", "--set", "lengths=[64,256]", "--set",
+            "windows=3", "--set", "copy_samples=2", "-o", tmp_path, "--json")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    rows = [json.loads(x) for x in next(Path(tmp_path).glob("*/artifacts/0_length/windows.jsonl")).read_text().splitlines()]
+    assert len(rows) == 3 and all(row["tokens"] == 255 for row in rows)
+    assert sum(row["nll"] for row in rows) / 3 == pytest.approx(m["nll"]) == pytest.approx(math.log(m["ppl@256"]))
+    within = [(row["nll"] * 255 - row["nll_beyond"] * 191) / 64 for row in rows]  # 64 predictions within T = 64
+    expected = [row["nll_beyond"] - w for row, w in zip(rows, within, strict=True)]
+    assert [row["degradation"] for row in rows] == pytest.approx(expected, abs=1e-5)

@@ -8,7 +8,11 @@ Sec. 5: perplexity as the window grows, and retrieval from far back).
   degradation: last bucket minus first;
 - a copy probe: a held-out segment repeated at distance d (text between), scored on the repeat after its first
   token, a retrieval check that needs no passkey fine-tune;
-- ``yarn_factor``: a RoPE model evaluated with YaRN through transformers' ``rope_parameters`` (training-free)."""
+- ``yarn_factor``: a RoPE model evaluated with YaRN through transformers' ``rope_parameters`` (training-free).
+
+``windows.jsonl`` holds one row per window at the longest length: its mean NLL (``nll``, whose mean over windows is
+the stage's ``nll``), the NLL of its predictions made with more than T tokens of context (``nll_beyond``) and that
+minus the NLL of those made within T (``degradation``): the items ``llmx compare fope`` pairs across arms."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any
 
 import torch
 
+from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
 from llmx.errors import UsageError
@@ -43,6 +48,16 @@ def token_losses(model: torch.nn.Module, windows: torch.Tensor, batch_size: int)
         logits = model(input_ids=x, use_cache=False).logits[:, :-1].float()
         out.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none").cpu())
     return torch.cat(out)
+
+
+def write_windows(ctx: RunContext, losses: torch.Tensor, train_len: int) -> None:
+    """One row per window at the longest length (the items ``llmx compare`` pairs): its mean NLL, the mean NLL of
+    its predictions past the training length (context longer than T), and those minus the ones within it."""
+    within, beyond = losses[:, :train_len], losses[:, train_len:]  # the buckets [0, T) and [T, ...)
+    rows = [{"nll": float(w.mean()), "nll_beyond": float(b.mean()) if b.numel() else None,
+             "degradation": float(b.mean() - a.mean()) if b.numel() else None, "tokens": int(w.numel())}
+            for w, a, b in zip(losses, within, beyond, strict=True)]
+    atomic.write_jsonl(ctx.artifact("windows.jsonl"), rows)
 
 
 def recorded_train_len(ctx: RunContext) -> int | None:
@@ -130,6 +145,8 @@ def run(ctx: RunContext, p: LengthParams) -> dict[str, Any]:
             losses = token_losses(model, tokens[:n * length].view(n, length), p.batch_size)
             result[f"ppl@{length}"] = math.exp(float(losses.mean()))
             if length == longest:
+                write_windows(ctx, losses, train_len)
+                result["nll"] = float(losses.mean())
                 per_position = losses.mean(0)
                 result["buckets"] = {f"[{lo},{hi})": float(per_position[lo:hi].mean())
                                      for lo, hi in buckets(train_len, longest)}
