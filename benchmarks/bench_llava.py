@@ -9,6 +9,11 @@ then answers the same held-out scenes (test-split handwriting) asked in all six 
 letter scoring) and open (the reply parsed to the word it names). Reported per arm, seed and format: the accuracy
 per language, the non-English mean and English minus that mean. Writes benchmarks/results/llava_premise_<model>.json
 and .md.
+
+Not a comparison: ``llmx compare llava`` runs the three arms (open questions, pooled over the six languages,
+paired per question); this script adds the per-language split and English minus the non-English mean (the premise
+itself; the runner pairs one pooled metric), the multiple-choice format beside the open one, and each seed's own
+training scenes.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ questions on held-out scenes (the reply parsed to the word it names). Reported p
 language, the non-English mean, and for Parrot the nearest-centroid language accuracy of its gates before and after
 training. Child runs are cached in ``--work`` (a temporary folder by default). Writes
 benchmarks/results/parrot_<mix>[_s<steps>].json and .md.
+
+Not a comparison: ``llmx compare parrot`` runs the same three arms and stage 2 (imbalanced mix) paired per MMMB
+question over all six languages; this script adds what a comparison cannot report: accuracy per language and the
+non-English mean (the runner pairs one pooled metric), the open-question evaluation beside MMMB, the per-seed
+training rows and the gates' routing accuracy.
 """
 
 from __future__ import annotations

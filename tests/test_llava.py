@@ -171,6 +171,10 @@ def test_a_llava_hf_folder_trains_and_evaluates(cli, tmp_path, tiny_llava):
     assert r.code == 0, r.err
     metrics = r.json()["stages"][0]["metrics"]
     assert metrics["questions"] == 6 and {"accuracy_en", "accuracy_ar", "accuracy_non_english"} <= set(metrics)
+    answers = tmp_path / "runs" / r.json()["run_dir"] / "artifacts" / "0_scenes-vqa" / "answers.jsonl"
+    items = [json.loads(x) for x in answers.read_text().splitlines()]  # the items llmx compare llava pairs
+    assert all(i["accuracy"] == i["score"] for i in items)
+    assert sum(i["accuracy"] for i in items) / 6 == pytest.approx(metrics["accuracy"])
 
 
 def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path, tiny_llava):

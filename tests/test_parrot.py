@@ -513,3 +513,27 @@ def test_tsv_quirks_a_bom_a_dangling_image_reference_and_mixed_benchmarks(tmp_pa
         (tmp_path / "two" / name).write_text(text, encoding="utf-8")
     with pytest.raises(UsageError, match="two files of one language"):
         mmmb.read(tmp_path / "two")
+
+
+def test_mmmb_writes_one_item_per_question_after_circular_eval_averaging_to_its_accuracy(cli, tiny_llava, tmp_path):
+    """The items ``llmx compare parrot`` pairs: a question is right only when all its rotated copies are."""
+    from pathlib import Path
+
+    mmmb.write(tmp_path / "gen", 3, 0, ["en"])
+    rows = list(csv.DictReader(open(tmp_path / "gen" / "mmmb_en.tsv", encoding="utf-8"), delimiter="\t"))
+    copies = [c for r in rows for c in ({**r}, {**r, "index": str(int(r["index"]) + 1_000_000), "image": r["index"]})]
+    (tmp_path / "mmb").mkdir()
+    _tsv(tmp_path / "mmb" / "mmbench_dev_en.tsv", [list(r.values()) for r in copies], list(copies[0]))
+    r = cli("--json", "eval", "--method", "mmmb", "--model", tiny_llava(tmp_path / "m"), "--data", tmp_path / "mmb",
+            "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    folder = next(Path(tmp_path / "runs").glob("*/artifacts/0_mmmb"))
+    answers = [json.loads(x) for x in (folder / "answers.jsonl").read_text().splitlines()]
+    items = [json.loads(x) for x in (folder / "questions.jsonl").read_text().splitlines()]
+    assert m["circular"] and len(answers) == m["rows"] == 6 and len(items) == m["questions"] == 3
+    by_index = {}
+    for a in answers:
+        by_index.setdefault(int(a["where"].rsplit(":", 1)[1]) // 2, []).append(a["score"])
+    assert [i["accuracy"] for i in items] == [float(all(v)) for v in by_index.values()]
+    assert sum(i["accuracy"] for i in items) / 3 == pytest.approx(m["accuracy"])

@@ -4,7 +4,10 @@ Training follows LLaVA-1.5's recipe on the shared loop: the conversation rendere
 (``USER: <image>\\n... ASSISTANT: ...</s>``), labels on the assistant turns only, the vision tower frozen; stage 1
 trains ``multi_modal_projector`` alone, stage 2 also the language model (and its head), with an optional separate
 projector rate. Rows are encoded and every image file decoded once before the first step, so a bad row fails the
-run before anything trains or is written; pixels are computed per micro-batch."""
+run before anything trains or is written; pixels are computed per micro-batch.
+
+``scenes-vqa`` writes ``answers.jsonl``, one row per question with its ``score`` (1/0, or the caption's F1), also
+as ``accuracy``: the items ``llmx compare llava`` pairs, whose mean is the stage's ``accuracy``."""
 
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ def evaluate(ctx: RunContext, p: ScenesVQAParams) -> dict[str, Any]:
     scores = [judge(c, r) for c, r in zip(convs, replies, strict=True)]
     atomic.write_text(ctx.artifact("answers.jsonl"), "".join(
         json.dumps({"language": c.meta["language"], "kind": c.meta["kind"], "question": c.messages[0]["content"],
-                    "expected": c.messages[1]["content"], "reply": r, "score": s}, ensure_ascii=False) + "\n"
+                    "expected": c.messages[1]["content"], "reply": r, "score": s, "accuracy": s},
+                   ensure_ascii=False) + "\n"
         for c, r, s in zip(convs, replies, scores, strict=True)))
     out: dict[str, Any] = {"format": p.format, "questions": len(convs), "accuracy": sum(scores) / len(scores)}
     table = per_language([c.meta["language"] for c in convs], scores, ctx.config.seed)

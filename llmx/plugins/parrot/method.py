@@ -3,7 +3,11 @@
 Training is LLaVA's stage on the shared loop (``core/multimodal/stage``) with Parrot's MoE as the model's visual
 adapter (``core/multimodal/adapter``: the text embeddings, the question mask and ``inputs_embeds`` into the real
 ``LlavaForConditionalGeneration``). A model whose processor drops CLS (llava-hf's ``default`` strategy, 576 tokens
-for CLIP-L/336) is switched to ``full`` (577): the MoE's query is the CLS token."""
+for CLIP-L/336) is switched to ``full`` (577): the MoE's query is the CLS token.
+
+The evaluation writes ``answers.jsonl`` (one row per TSV row: the reply, the letter picked, its score) and
+``questions.jsonl`` (one row per question after CircularEval, its ``accuracy``: the items ``llmx compare parrot``
+pairs; their mean is the stage's ``accuracy``)."""
 
 from __future__ import annotations
 
@@ -120,6 +124,9 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
                     "picked": k, "answer": it.answer, "score": s}, ensure_ascii=False) + "\n"
         for it, q, r, k, s in zip(items, prompts, replies, picks, scores, strict=True)))
     questions, graded = mmmb.grouped(items, scores, circular)
+    atomic.write_jsonl(ctx.artifact("questions.jsonl"), [
+        {"where": q.where, "index": q.index, "language": q.language, "category": q.category, "accuracy": g}
+        for q, g in zip(questions, graded, strict=True)])  # the items llmx compare pairs (CircularEval applied)
     table = per_language([q.language for q in questions], graded, ctx.config.seed)
     out: dict[str, Any] = {"questions": len(graded), "rows": len(items), "circular": circular,
                            "accuracy": sum(graded) / len(graded), "row_accuracy": sum(scores) / len(scores),
