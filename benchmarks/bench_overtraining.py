@@ -10,6 +10,10 @@ overtraining``): L_pre on 64 held-out stdlib windows, S(T, gamma) for gamma in 0
 std 0.02 on the matrices), and every checkpoint fine-tuned for 100 steps (batch 8 x 128) on the pydoc prose and on
 Tiny Shakespeare (../shared/data) at three rates, 2 seeds, on both series. The verdict per curve: the Spearman
 correlation with T and the last-to-first ratio. Writes benchmarks/results/overtraining.json and .md.
+
+Not a comparison: the sensitivity curves S(T, gamma), the turning points and the trends over a doubling series are an
+analysis of one run's checkpoints, not arms judged on paired items; ``llmx compare overtraining`` covers one pair (a
+1x and a 4x pre-training budget, fine-tuned identically, paired per held-out pre-training window).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ scratch gets its own rate: a sweep of 1e-3 to 8e-3 to 1M tokens, its series at t
 upcycled runs keep 2e-3, untuned, which favours the baseline). ``--scale``
 multiplies every token budget (0.05 for a quick check). Finished runs are kept in ``--work`` under their spec's
 digest, so an interrupted run resumes. Writes benchmarks/results/upcycling.json and .md.
+
+Not a comparison: a law fitted over a D1 x D2 grid of checkpoint series is a study, not arms judged on paired items;
+``llmx compare upcycling`` covers one cell of it (the model in hand upcycled against the same MoE from scratch at
+equal D2 tokens, paired per perplexity window).
 """
 
 from __future__ import annotations
