@@ -10,6 +10,8 @@ enough to fill ``--length`` tokens, through ``llmx.core.pipeline`` in-process wi
 ``PeakMemory`` section (the CPU profiler's allocation log: every byte torch allocates, above what was held before).
 The plan is ``plan_run`` of the same resolved run (device cpu: AdamW's per-tensor path). Writes
 benchmarks/results/plan_vs_measured.json and .md with the CPU (its model and torch's CPU capability).
+
+Script only: the memory plan against measured peaks, no method judged against a baseline on paired items.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ optimiser and the engine, and read per rank:
 Two processes on a 2-core machine share its cores with nothing else to give: world 2's step time is not a speedup
 claim. Writes benchmarks/results/scaling.json and .md (``--quick``: sft only, 3 steps, one round, scaling_quick.*)
 with the CPU (its model and torch's CPU capability) and the load average. About 4 minutes on 2 cores.
+
+Script only: memory and step time of the distributed strategies, no method judged against a baseline on paired items.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ the BPE tokenizer, training and the final held-out evaluation, all on one thread
 on ``stdlib`` (code) and on ``pydoc`` (prose) and scores each model on both held-out sets. Perplexity per token
 depends on the tokenizer (each model has its own), so the cross-domain figures are bits per UTF-8 byte of the scored
 text, which any two models share.
+
+Script only: build time and the quality of the reference models themselves, no method judged against a baseline.
 """
 
 from __future__ import annotations
