@@ -32,8 +32,10 @@ def test_a_better_arm_is_ahead_an_identical_one_within_noise_and_the_results_are
     tok.save_pretrained(tmp_path / "model")
     text = Path(llmx.__file__).parent / "core" / "compare" / "runner.py"
     (tmp_path / "notes.txt").write_text(text.read_text() * 3)
-    result = runner.run(runner.plan(_spec(), out=tmp_path / "cmp", model=str(tmp_path / "model"),
-                                    data=str(tmp_path / "notes.txt")), progress=False)
+    own = runner.run(runner.plan(_spec(seeds=(0,)), out=tmp_path / "own", model=str(tmp_path / "model"),
+                                 data=str(tmp_path / "notes.txt")), progress=False)
+    assert own["data"]["source"].endswith("notes.txt") and all(v["pairs"] > 10 for v in own["verdicts"])
+    result = runner.run(runner.plan(_spec(), out=tmp_path / "cmp", model=str(tmp_path / "model")), progress=False)
     tmp_path = tmp_path / "cmp"
     verdicts = {v["baseline"]: v for v in result["verdicts"]}
     assert verdicts["rtn-w2"]["verdict"] == "ahead" and verdicts["rtn-w2"]["low"] > 0
@@ -78,6 +80,11 @@ def test_a_baseline_whose_measured_cost_is_not_matched_is_not_judged(tmp_path):
     verdicts = {v["baseline"]: v["verdict"] for v in result["verdicts"]}
     assert verdicts["start-again"] == "within noise" and verdicts["rtn-w2"].startswith("unmatched")
     assert "| rtn-w2 | rtn |" in (tmp_path / "result.md").read_text()
+
+
+def test_quick_overrides_reach_every_stage_with_the_field_or_only_the_named_methods():
+    assert runner._quick_for({"max_tokens": 64, "rtn.group_size": 16}, "rtn") == {"max_tokens": 64, "group_size": 16}
+    assert runner._quick_for({"max_tokens": 64, "rtn.group_size": 16}, "perplexity") == {"max_tokens": 64}
 
 
 def test_the_two_level_bootstrap_reduces_to_the_items_with_one_seed_and_widens_with_seed_spread():

@@ -31,8 +31,9 @@ def compare(
     words = list(words or ["list"])
     if words == ["list"]:
         data_ = [_row(s) for s in sorted(host().comparisons.values(), key=lambda s: s.name)]
-        emit(data_, lambda: table("comparisons", ["name", "target", "arms", "cost", "summary"],
-                                  [[d["name"], d["target"], len(d["arms"]), d["cost"], d["summary"]] for d in data_]))
+        emit(data_, lambda: table("comparisons (llmx compare show NAME for the arms)", ["name", "target", "arms", "cost",
+                                                                                 "plugin"],
+                                  [[d["name"], d["target"], len(d["arms"]), d["cost"], d["plugin"]] for d in data_]))
         return
     if words[0] == "show":
         if len(words) != 2:

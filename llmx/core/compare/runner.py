@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
     if quick:
         for arm_stages in (*stages.values(), [evaluation] if evaluation else []):
             for s in arm_stages:
-                _override(s, dict(spec.quick), methods)
+                _override(s, _quick_for(spec.quick, s["method"]), methods)
     for item in sets:
         _apply_set(spec, item, stages, evaluation, methods)
     _check_costs(spec, stages)
@@ -79,6 +79,14 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
                    "pipeline": [*copy.deepcopy(stages[arm.name]), *([dict(evaluation)] if evaluation else [])]}
             p.runs.append(Planned(arm, seed, folder, resolve(raw, methods)))
     return p
+
+
+def _quick_for(quick: Mapping[str, Any], method: str) -> dict[str, Any]:
+    """The quick overrides for a stage running ``method``: bare keys (every stage with the field) and ``METHOD.key``
+    (only that method's stages, where two methods share a field name)."""
+    out = {k: v for k, v in quick.items() if "." not in k}
+    out.update({k.split(".", 1)[1]: v for k, v in quick.items() if k.split(".", 1)[0] == method and "." in k})
+    return out
 
 
 def _check_kind(spec: ComparisonSpec, model: str) -> None:

@@ -35,8 +35,9 @@ class ComparisonSpec:
     their own cost). ``cost_key`` names the stage metric giving an arm's cost when it declares none; arms whose
     costs differ from the target's by more than ``tolerance`` are refused before any run when their costs are
     declared, and judged "unmatched" when measured (``None``: the axis is only drawn). ``quick`` holds param
-    overrides for CI, applied to every stage whose params have the field, and ``quick_seeds`` its seeds. ``kinds``
-    are the ``model_type`` values it can run on (empty: any causal LM)."""
+    overrides for CI, applied to every stage whose params have the field (``METHOD.key``: that method's stages
+    only), and ``quick_seeds`` its seeds. ``kinds`` are the ``model_type`` values it can run on (empty: any causal
+    LM)."""
 
     name: str
     summary: str
