@@ -87,9 +87,14 @@ def test_quick_overrides_reach_every_stage_with_the_field_or_only_the_named_meth
     assert runner._quick_for({"max_tokens": 64, "rtn.group_size": 16}, "perplexity") == {"max_tokens": 64}
 
 
-def test_the_two_level_bootstrap_reduces_to_the_items_with_one_seed_and_widens_with_seed_spread():
+def test_the_bootstrap_reduces_to_the_items_with_one_seed_gains_nothing_from_repeats_and_widens_with_seed_spread():
     one = stats.clustered([[1.0, 2.0, 3.0, 4.0]], seed=0)
     assert one[0] == 2.5 and one[1] < 2.5 < one[2]
+    import numpy as np
+
+    items = list(np.random.default_rng(1).normal(0.03, 0.3, 128))
+    alone, repeated = stats.clustered([items], seed=0), stats.clustered([items] * 3, seed=0)
+    assert abs((repeated[2] - repeated[1]) / (alone[2] - alone[1]) - 1) < 0.15  # a deterministic arm's seeds
     agree = stats.clustered([[1.0, 1.1, 0.9]] * 3, seed=0)
     spread = stats.clustered([[0.0, 0.1, -0.1], [1.0, 1.1, 0.9], [2.0, 2.1, 1.9]], seed=0)
     assert spread[2] - spread[1] > 5 * (agree[2] - agree[1])

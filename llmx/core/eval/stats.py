@@ -63,19 +63,27 @@ def paired(a: Sequence[float], b: Sequence[float], resamples: int = 1000, level:
 
 def clustered(groups: Sequence[Sequence[float]], resamples: int = 2000, level: float = 0.95,
               seed: int = 0) -> tuple[float, float, float]:
-    """The mean of paired differences grouped by seed, and a two-level percentile-bootstrap interval: the seeds
-    (independent runs) resampled, then the items within each drawn seed (the items a seed's arms share). One seed
-    reduces to the items' bootstrap."""
+    """The mean of paired differences grouped by seed, and a percentile-bootstrap interval over seeds and items.
+    Where every seed scored the same items (the usual case: one held-out set, one row per item in each seed), the
+    items are crossed with the seeds: each resample draws seeds and one set of items applied to every drawn seed, so
+    seeds that repeat each other (a deterministic arm) add no confidence. Seeds with items of their own (different
+    lengths) are nested: the items are drawn within each drawn seed. One seed reduces to the items' bootstrap."""
     import numpy as np
 
     arrays = [np.asarray(g, dtype=np.float64) for g in groups if len(g)]
     if not arrays:
         return math.nan, math.nan, math.nan
     rng = np.random.default_rng(seed)
+    crossed = len({len(a) for a in arrays}) == 1
+    table = np.stack(arrays) if crossed else None
     means = np.empty(resamples)
     for r in range(resamples):
-        drawn = [arrays[i] for i in rng.integers(len(arrays), size=len(arrays))]
-        means[r] = np.concatenate([a[rng.integers(len(a), size=len(a))] for a in drawn]).mean()
+        seeds = rng.integers(len(arrays), size=len(arrays))
+        if crossed:
+            means[r] = table[np.ix_(seeds, rng.integers(table.shape[1], size=table.shape[1]))].mean()
+        else:
+            means[r] = np.concatenate([arrays[i][rng.integers(len(arrays[i]), size=len(arrays[i]))]
+                                       for i in seeds]).mean()
     tail = (1 - level) / 2
     total = float(np.concatenate(arrays).mean())
     return total, float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
