@@ -75,6 +75,15 @@ def test_a_rerun_reuses_finished_arms_even_after_an_interruption(tmp_path, monke
     assert calls == ["rtn-w2"]  # a changed arm is a new run; the others are reused
 
 
+def test_a_changed_arm_loses_its_declared_cost(tmp_path):
+    spec = _spec(seeds=(0,), tolerance=1.0, arms=(Arm("start", cost=16.0), Arm("start-again", cost=16.0),
+                 Arm("rtn-w8", ({"method": "rtn", "params": {"bits": "w8a16", "save": False}},), cost=16.0)))
+    changed = runner.plan(spec, out=tmp_path, sets=["rtn-w8.bits=w2a16"])
+    assert [r.declared for r in changed.runs] == [16.0, 16.0, None]  # measured instead: about 2.5 bits
+    verdicts = {v["baseline"]: v["verdict"] for v in runner.run(changed, progress=False)["verdicts"]}
+    assert verdicts["rtn-w8"].startswith("unmatched")
+
+
 def test_a_baseline_whose_measured_cost_is_not_matched_is_not_judged(tmp_path):
     result = runner.run(runner.plan(_spec(seeds=(0,), tolerance=1.0), out=tmp_path), progress=False)
     verdicts = {v["baseline"]: v["verdict"] for v in result["verdicts"]}

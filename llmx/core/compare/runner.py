@@ -29,6 +29,7 @@ class Planned:
     seed: int
     folder: Path
     run: Any  # the ResolvedRun
+    declared: float | None = None  # the arm's declared cost, while its stages are as declared
 
 
 @dataclass
@@ -66,8 +67,11 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
                 _override(s, _quick_for(spec.quick, s["method"]), methods)
     for item in sets:
         _apply_set(spec, item, stages, evaluation, methods)
-    _check_costs(spec, stages)
+    changed = {a.name for a in spec.arms if stages[a.name] != [dict(s) for s in a.stages]}
+    _check_costs(spec, changed)
     p = Plan(spec, model, data_cfg, chosen, quick, Path(out))
+    from llmx.core.pipeline import check_requirements
+
     for arm in spec.arms:
         for seed in chosen:
             folder = p.out / "arms" / slug(arm.name) / f"seed-{seed}"
@@ -77,7 +81,9 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
                    **({"zoo": dict(spec.quick_zoo)} if spec.quick_zoo and model == spec.quick_model else {}),
                    "output_dir": str(folder),
                    "pipeline": [*copy.deepcopy(stages[arm.name]), *([dict(evaluation)] if evaluation else [])]}
-            p.runs.append(Planned(arm, seed, folder, resolve(raw, methods)))
+            resolved = resolve(raw, methods)
+            check_requirements(resolved)  # a missing package or device: exit 3 before the first arm runs
+            p.runs.append(Planned(arm, seed, folder, resolved, None if arm.name in changed else arm.cost))
     return p
 
 
@@ -134,14 +140,14 @@ def _apply_set(spec: ComparisonSpec, item: str, stages: dict[str, list[dict]], e
         raise UsageError(f"--set {item!r}: no stage of {who!r} has a param '{key}'")
 
 
-def _check_costs(spec: ComparisonSpec, stages: dict[str, list[dict]]) -> None:
-    """Declared costs must match the target's within the tolerance (an arm whose stages were changed by ``--set``
-    is measured instead, after its run)."""
-    if spec.tolerance is None:
+def _check_costs(spec: ComparisonSpec, changed: set[str]) -> None:
+    """Declared costs must match the target's within the tolerance. An arm whose stages ``--set`` or the quick form
+    changed has no declared cost any more: it is measured after its run (``cost_key``), or left unjudged."""
+    if spec.tolerance is None or spec.target in changed:
         return
     target = spec.arm(spec.target)
     for arm in map(spec.arm, spec.judged):
-        if arm.cost is None or target.cost is None:
+        if arm.cost is None or target.cost is None or arm.name in changed:
             continue
         if abs(arm.cost - target.cost) > spec.tolerance:
             raise UsageError(f"comparison '{spec.name}': arm '{arm.name}' costs {arm.cost:g} {spec.cost} against "
@@ -188,7 +194,7 @@ def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, 
     if not items_file.is_file():
         raise UsageError(f"{folder}: the evaluation wrote no {spec.items} to pair items on")
     items = [json.loads(line)[spec.metric] for line in items_file.read_text().splitlines() if line.strip()]
-    cost = planned.arm.cost
+    cost = planned.declared
     if cost is None and spec.cost_key:
         cost = next((s["metrics"][spec.cost_key] for s in stages if s["metrics"].get(spec.cost_key) is not None), None)
     return {"seed": planned.seed, "run_dir": str(folder), "value": last["metrics"].get(spec.metric),
@@ -203,10 +209,15 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     target_cost = _mean_cost(rows[spec.target])
     for arm in map(spec.arm, spec.judged):
         cost = _mean_cost(rows[arm.name])
-        if spec.tolerance is not None and None not in (cost, target_cost) and abs(cost - target_cost) > spec.tolerance:
+        if spec.tolerance is not None and (cost is None) != (target_cost is None):
+            unmatched = f"unmatched: {spec.cost} unknown (changed and not measured)"
+        elif spec.tolerance is not None and cost is not None and abs(cost - target_cost) > spec.tolerance:
+            unmatched = f"unmatched: {cost:.3g} against {target_cost:.3g} {spec.cost}"
+        else:
+            unmatched = ""
+        if unmatched:
             verdicts.append({"baseline": arm.name, "improvement": None, "low": None, "high": None,
-                             "verdict": f"unmatched: {cost:.3g} against {target_cost:.3g} {spec.cost}",
-                             "pairs": 0, "seeds": 0})
+                             "verdict": unmatched, "pairs": 0, "seeds": 0})
             continue
         groups = []
         for r in rows[arm.name]:
