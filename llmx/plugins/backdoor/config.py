@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from llmx.core.refs import DataFile, ExistingPath
 from llmx.core.spec import Params
@@ -67,15 +67,6 @@ class BackdoorTrainParams(SFTParams):
     warmup_ratio: float | None = Field(0.1, ge=0, lt=1, description="Warmup share of the steps, unless warmup is "
                                        "given.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
-
-    @model_validator(mode="after")
-    def _given(self) -> BackdoorTrainParams:
-        given = self.model_fields_set
-        if "steps" in given and "epochs" not in given:  # an explicit step count replaces the default epochs
-            self.epochs = None
-        if "warmup" in given and "warmup_ratio" not in given:
-            self.warmup_ratio = None
-        return self
 
 
 class BackdoorEvalParams(Params):

@@ -51,11 +51,6 @@ class CrowParams(SFTParams):
 
     @model_validator(mode="after")
     def _padded(self) -> CrowParams:
-        given = self.model_fields_set
-        if "steps" in given and "epochs" not in given:  # an explicit step count replaces the default epochs
-            self.epochs = None
-        if "warmup" in given and "warmup_ratio" not in given:
-            self.warmup_ratio = None
         if self.packing:
             raise ValueError("crow runs padded batches through inputs_embeds (official): packing must be false")
         return self

@@ -30,6 +30,8 @@ class SFTParams(TrainParams):
         for a, b in (("steps", "epochs"), ("warmup", "warmup_ratio")):
             if {a, b} <= given and getattr(self, b) is not None:
                 raise ValueError(f"{a} and {b} both set the schedule; give one")
+            if a in given and b not in given:  # an explicit count replaces a method's default epochs or ratio
+                setattr(self, b, None)
         if self.max_prompt_length >= self.max_length:
             raise ValueError(f"max_prompt_length ({self.max_prompt_length}) must be below max_length "
                              f"({self.max_length}), so every completion keeps a token")
