@@ -1,4 +1,5 @@
 from llmx.core.compare.spec import Arm, ComparisonSpec
+from llmx.core.quant.params import strongest_int
 from llmx.core.spec import LayerSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
@@ -23,11 +24,6 @@ def llmx_layers():
     yield LayerSpec("bnb_linear8bit", "llmx.plugins.bnb.layers:rebuild8", "bitsandbytes LLM.int8() linear")
 
 
-def _int(method: str, bits: str, **extra) -> dict:
-    """The integer formats at their strongest common setting: asymmetric, group 128 (GPTQ with act-order)."""
-    return {"method": method, "params": {"bits": bits, "group_size": 128, "symmetric": False, "save": False, **extra}}
-
-
 @hookimpl
 def llmx_comparisons():
     yield ComparisonSpec(
@@ -41,10 +37,10 @@ def llmx_comparisons():
         arms=(Arm("float16", family="float", cost=16.0),
               Arm("rtn-w8", ({"method": "rtn", "params": {"bits": "w8a16", "group_size": -1, "save": False}},)),
               Arm("llm-int8", ({"method": "bnb", "params": {"bits": "w8a8", "save": False}},), family="bnb"),
-              Arm("rtn-w4", (_int("rtn", "w4a16"),)),
+              Arm("rtn-w4", (strongest_int("rtn", "w4a16"),)),
               Arm("nf4-b64", ({"method": "bnb", "params": {"bits": "w4a16", "quant_type": "nf4", "blocksize": 64,
                                                            "save": False}},), family="bnb"),
-              Arm("gptq-w4", (_int("gptq", "w4a16", actorder=True),))),
+              Arm("gptq-w4", (strongest_int("gptq", "w4a16", actorder=True),))),
         evaluation={"method": "perplexity", "params": {"max_tokens": 16384}},
         tolerance=0.25,
         quick={"calib_samples": 8, "calib_seq_len": 64, "max_tokens": 512},
