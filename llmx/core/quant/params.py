@@ -3,7 +3,7 @@ No torch import here: method listings load this module."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -38,12 +38,6 @@ class GridParams(Params):
                                                 "(scale = absmax / ((2^b - 1) / 2), as the reference GPTQ code, "
                                                 "compressed-tensors and Quamba2's code); restricted leaves -2^(b-1) "
                                                 "unused (scale = absmax / (2^(b-1) - 1)).")
-
-
-def strongest_int(method: str, bits: str, **extra) -> dict[str, Any]:
-    """A comparison arm's stage for an integer weight format at its strongest common setting: asymmetric, groups of
-    128, not saved (GPTQ with ``actorder=True`` in ``extra``)."""
-    return {"method": method, "params": {"bits": bits, "group_size": 128, "symmetric": False, "save": False, **extra}}
 
 
 class WeightQuantParams(BitsParams, GridParams):

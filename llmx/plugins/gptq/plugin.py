@@ -1,5 +1,5 @@
+from llmx.core.compare.arms import strongest_int
 from llmx.core.compare.spec import Arm, ComparisonSpec
-from llmx.core.quant.params import strongest_int
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
