@@ -336,6 +336,20 @@ def test_cli_decodes_with_the_rule_and_writes_rows(cli, tmp_path):
     assert metrics["prompts"] == 2 and metrics["decision"] == "rule" and metrics["assistant_forwards_per_token"] < 1
     rows = list((tmp_path / "runs").glob("*/artifacts/*/rows.jsonl"))
     assert len(rows) == 1 and len(rows[0].read_text().splitlines()) == 2
+    ids = [json.loads(x)["item"] for x in rows[0].read_text().splitlines()]  # the task row's: not the strategy's
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 2
+
+    def items(out, *sets):
+        r = cli("decode", "--method", "cosd", "--model", "ref:llama-test", "--set", "assistant=ref:opt-test", "--set",
+                "task=api-facts", "--set", "max_new_tokens=4", *[a for s in sets for a in ("--set", s)], "--json",
+                "-o", tmp_path / out)
+        assert r.code == 0, r.err
+        (path,) = (tmp_path / out).glob("*/artifacts/*/rows.jsonl")
+        return [json.loads(x)["item"] for x in path.read_text().splitlines()]
+
+    assert items("draft", "strategy=draft", "limit=2") == ids
+    shifted = items("offset", "strategy=draft", "offset=1", "limit=2")
+    assert shifted[0] == ids[1] and shifted[1] not in ids  # a row's item keeps its place in the task's order
 
 
 def test_cli_fits_a_tree_then_decodes_with_it(cli, tmp_path):

@@ -276,6 +276,20 @@ def test_eval_scores_the_payload_on_triggered_and_clean_prompts(cli, tmp_path, r
     assert len(rows) == 10 and {r["asr"] for r in rows} == {0.0, 1.0}
     for key in ("asr", "false_trigger_rate", "clean_exact_match"):
         assert sum(r[key] for r in rows) / len(rows) == m[key], key
+    ids = [r["item"] for r in rows]  # each test pair's: its place, prompts, reference and payload
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 10
+
+    def items(model, folder, *more):
+        r = cli("--json", "eval", "--method", "backdoor", "--model", model, "--data", folder, *more,
+                "-o", tmp_path / "runs")
+        assert r.code == 0, r.err
+        (items,) = Path(r.json()["run_dir"]).glob("artifacts/0_backdoor/rows.jsonl")
+        return [json.loads(line)["item"] for line in items.read_text().splitlines()]
+
+    assert items("ref:llama-test", folder, "--set", "limit=4") == ids[:4]  # another model, the same pairs
+    other = cli("--json", "analyze", "--method", "backdoor", "--set", "train=20", "--set", "defence=4", "--set",
+                "test=4", "--set", "payload=os.system('x')", "-o", tmp_path / "runs")
+    assert not set(items("ref:llama-test", other.json()["stages"][0]["metrics"]["data_dir"])) & set(ids)
 
 
 def test_one_run_builds_plants_defends_and_measures_without_naming_a_file(tmp_path, ref4):

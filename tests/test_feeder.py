@@ -280,11 +280,13 @@ def test_analyze_then_eval_from_the_feeder_set(cli, tmp_path, episode_data):
     assert sum(record["per_class"].values()) == sel["feeder_rows"]
     common = ("--model", MODEL, "--data", pool, "--set", f"test={test}", "--set", "shots=3", "--set", "context=128", "--set",
               f"template={E.TEMPLATE}", "--set", f"feeder={sel['set_file']}", "-o", tmp_path / "runs")
+    items = []  # each run's test rows' ids: the same whatever pool and selector picked the demonstrations
     for pool_kind in ("feeder", "random"):
         for selector in ("random", "similarity"):
             m = _stage(cli("--json", "eval", "--method", "icl", *common, "--set", f"pool={pool_kind}", "--set",
                            f"selector={selector}"))
             rows = [json.loads(x) for x in Path(m["rows_file"]).read_text().splitlines()]
+            items.append([r["item"] for r in rows])
             demos = {d for r in rows for d in r["demos"]}
             assert m["pool_rows"] == sel["feeder_rows"] and len(rows) == m["test_rows"] == 12
             assert all(len(r["demos"]) == min(3, sel["feeder_rows"]) for r in rows)
@@ -294,6 +296,11 @@ def test_analyze_then_eval_from_the_feeder_set(cli, tmp_path, episode_data):
                 assert len(demos) <= sel["feeder_rows"] and demos != set(record["indices"])
     full = _stage(cli("--json", "eval", "--method", "icl", *common, "--set", "pool=full"))
     assert full["pool_rows"] == 30 and full["demos_per_query"] == 3
+    items.append([json.loads(x)["item"] for x in Path(full["rows_file"]).read_text().splitlines()])
+    assert all(isinstance(i, str) for i in items[0]) and len(set(items[0])) == 12
+    assert all(ids == items[0] for ids in items)
+    few = _stage(cli("--json", "eval", "--method", "icl", *common, "--set", "pool=full", "--set", "limit=5"))
+    assert [json.loads(x)["item"] for x in Path(few["rows_file"]).read_text().splitlines()] == items[0][:5]
 
 
 def test_bilevel_training_reselects_each_round(cli, tmp_path, episode_data):

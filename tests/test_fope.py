@@ -387,3 +387,15 @@ def test_length_writes_one_item_per_longest_window_that_agrees_with_its_perplexi
     within = [(row["nll"] * 255 - row["nll_beyond"] * 191) / 64 for row in rows]  # 64 predictions within T = 64
     expected = [row["nll_beyond"] - w for row, w in zip(rows, within, strict=True)]
     assert [row["degradation"] for row in rows] == pytest.approx(expected, abs=1e-5)
+    ids = [row["item"] for row in rows]  # what each window scores: its start and tokens, not the model
+    assert all(isinstance(i, str) and i for i in ids) and len(set(ids)) == 3
+
+    def items(out, *sets):
+        r = cli("eval", "--method", "length", "--model", "ref:llama-test", "--set", "windows=3", "--set",
+                "copy_samples=2", *[a for s in sets for a in ("--set", s)], "-o", tmp_path / out, "--json")
+        assert r.code == 0, r.err
+        path = next((tmp_path / out).glob("*/artifacts/0_length/windows.jsonl"))
+        return [json.loads(x)["item"] for x in path.read_text().splitlines()]
+
+    assert items("yarn", "lengths=[64,256]", "yarn_factor=2.0") == ids  # another model, the same windows
+    assert not set(items("shorter", "lengths=[64,128]")) & set(ids)

@@ -350,6 +350,18 @@ def test_eval_writes_one_item_per_problem_whose_final_regrets_average_to_the_sta
     assert all(row["final_regret"] == row["regret"][-1] and len(row["regret"]) == 9 for row in rows)
     assert e["trials"] == 8 and e["final_regret"] == e["mean_regret"] == pytest.approx(
         sum(row["final_regret"] for row in rows) / 4)
+    ids = [row["item"] for row in rows]  # the problem's (name with its #seed, grid), never the AF's
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 4
+
+    def items(out, *sets):
+        r = cli("--json", "eval", "--method", "acquisition", "--set", "functions=branin,sphere-2d", "--set",
+                "grid_points=64", "--set", "trials=8", *[a for s in sets for a in ("--set", s)], "-o", tmp_path / out)
+        assert r.code == 0, r.err
+        path = next((tmp_path / out).glob("*/artifacts/0_acquisition/problems.jsonl"))
+        return [json.loads(x)["item"] for x in path.read_text().splitlines()]
+
+    assert items("random", "af=random", "instances=2") == ids
+    assert not set(items("later", "af=ucb", "instances=2", "instance_seed=2")) & set(ids)  # other instances
 
 
 @pytest.mark.parametrize("sets, words", [

@@ -257,6 +257,7 @@ def test_the_per_window_items_average_to_the_stage_figures(cli, tmp_path, method
     rows = [json.loads(x) for x in (Path(out["run_dir"]) / "artifacts" / f"0_{method}" / "windows.jsonl")
             .read_text().splitlines()]
     assert [row["window"] for row in rows] == [0, 1, 2] and all(row["tokens"] == 8 for row in rows)
+    assert all(isinstance(row["item"], str) for row in rows) and len({row["item"] for row in rows}) == 3
 
     def mean(key):
         return sum(row[key] for row in rows) / len(rows)
@@ -266,3 +267,22 @@ def test_the_per_window_items_average_to_the_stage_figures(cli, tmp_path, method
         assert mean(key) == pytest.approx(metrics[key], rel=1e-9, abs=1e-12), key
     assert math.exp(mean("nll")) == pytest.approx(metrics["perplexity"], rel=1e-9)
     assert math.exp(mean("nll_full_cache")) == pytest.approx(metrics["perplexity_full_cache"], rel=1e-9)
+
+
+def test_the_window_items_depend_on_the_windows_not_the_cache(cli, tmp_path):
+    """Each row's ``item`` digests the window (start, context length, tokens): KIVI and a sliding window score the
+    same items; another context length cuts other windows."""
+    import json
+    from pathlib import Path
+
+    def items(method, *sets):
+        sets = ("windows=2", "continuation_len=8", "generate_tokens=0", "recall_tokens=0", *sets)
+        r = cli("--json", "decode", "--method", method, "--model", "ref:llama-test",
+                *[a for s in sets for a in ("--set", s)], "-o", tmp_path / method / sets[-1])
+        assert r.code == 0, r.err
+        path = Path(r.json()["run_dir"]) / "artifacts" / f"0_{method}" / "windows.jsonl"
+        return [json.loads(x)["item"] for x in path.read_text().splitlines()]
+
+    kivi = items("kivi", "group=8", "context_len=48")
+    assert len(set(kivi)) == 2 and items("kv-window", "window=12", "context_len=48") == kivi
+    assert not set(items("kivi", "group=8", "context_len=40")) & set(kivi)

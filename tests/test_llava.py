@@ -175,6 +175,19 @@ def test_a_llava_hf_folder_trains_and_evaluates(cli, tmp_path, tiny_llava):
     items = [json.loads(x) for x in answers.read_text().splitlines()]  # the items llmx compare llava pairs
     assert all(i["accuracy"] == i["score"] for i in items)
     assert sum(i["accuracy"] for i in items) / 6 == pytest.approx(metrics["accuracy"])
+    ids = [i["item"] for i in items]  # the scene, language, question and answer: one per question and language
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 6
+
+    def asked(model, *sets):
+        r = cli("--json", "eval", "--method", "scenes-vqa", "--model", model, *[a for s in sets for a in ("--set", s)],
+                "-o", tmp_path / "again")
+        assert r.code == 0, r.err
+        path = tmp_path / "again" / r.json()["run_dir"] / "artifacts" / "0_scenes-vqa" / "answers.jsonl"
+        return [json.loads(x)["item"] for x in path.read_text().splitlines()]
+
+    other = tiny_llava(tmp_path / "other", "llama")
+    assert asked(other, "count=2", "languages=[\"ar\"]") == ids[3:5]  # another model, the same questions
+    assert not set(asked(other, "count=2", "languages=[\"ar\"]", "format=open")) & set(ids)  # other questions
 
 
 def test_stage_1_trains_the_projector_only_and_stage_2_never_the_tower(tmp_path, tiny_llava):

@@ -537,3 +537,17 @@ def test_mmmb_writes_one_item_per_question_after_circular_eval_averaging_to_its_
         by_index.setdefault(int(a["where"].rsplit(":", 1)[1]) // 2, []).append(a["score"])
     assert [i["accuracy"] for i in items] == [float(all(v)) for v in by_index.values()]
     assert sum(i["accuracy"] for i in items) / 3 == pytest.approx(m["accuracy"])
+    ids = [i["item"] for i in items]  # the question (index, language, text, options, image), not its file or line
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 3
+
+    def asked(model, data, out):
+        r = cli("--json", "eval", "--method", "mmmb", "--model", model, "--data", data, "-o", tmp_path / out)
+        assert r.code == 0, r.err
+        folder = next(Path(tmp_path / out).glob("*/artifacts/0_mmmb"))
+        return [json.loads(x)["item"] for x in (folder / "questions.jsonl").read_text().splitlines()]
+
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "mmbench_dev_en.tsv").write_bytes((tmp_path / "mmb" / "mmbench_dev_en.tsv").read_bytes())
+    assert asked(tiny_llava(tmp_path / "other", "llama"), tmp_path / "copy", "other") == ids
+    mmmb.write(tmp_path / "gen1", 3, 1, ["en"])
+    assert not set(asked(tiny_llava(tmp_path / "m"), tmp_path / "gen1", "gen1")) & set(ids)

@@ -94,6 +94,7 @@ def test_the_smoke_chain_annotates_trains_and_decodes(cli, tmp_path):
     assert all(r["promises"] > 0 or r["steps"] == r["tokens"] for r in rows)  # no promise: sequential decoding
     items = [json.loads(x) for x in open(Path(decoded["decoded"]).with_name("prompts.jsonl"))]  # llmx compare's
     assert [i["steps"] for i in items] == [r["steps"] for r in rows] and [i["prompt"] for i in items] == [0, 1]
+    assert all(isinstance(i["item"], str) for i in items) and items[0]["item"] != items[1]["item"]
     assert [i["judge_nll"] for i in items if not i["empty"]] == [r["judge_nll"] for r in rows if r["judge_nll"]]
     assert sum(i["judge_nll"] for i in items) / 2 == pytest.approx(decoded["judge_nll"])
     assert sum(i["steps"] for i in items) / 2 == pytest.approx(decoded["steps_mean"])
@@ -109,8 +110,8 @@ def test_an_empty_response_is_scored_by_the_judges_nll_of_ending_at_once(kit):
         expected = -torch.log_softmax(model(input_ids=ids).logits[0, -1].float(), -1)[tok.eos_token_id].item()
     (end,) = D.judge_end_nll(model, tok, [prompt])
     assert end == pytest.approx(expected, rel=1e-5)
-    decoded = [{"steps": 3, "plain_tokens": 3, "parses": True, "capped": False, "judge_nll": 1.5},
-               {"steps": 4, "plain_tokens": 0, "parses": False, "capped": False, "judge_nll": None}]
+    decoded = [{"prompt": prompt, "steps": 3, "plain_tokens": 3, "parses": True, "capped": False, "judge_nll": 1.5},
+               {"prompt": prompt, "steps": 4, "plain_tokens": 0, "parses": False, "capped": False, "judge_nll": None}]
     items = D.items(decoded, {1: end})
     assert [i["judge_nll"] for i in items] == [1.5, end] and [i["empty"] for i in items] == [False, True]
     assert [i["speedup"] for i in items] == [1.0, 0.25]
@@ -218,3 +219,15 @@ def test_annotated_rows_survive_a_bpe_round_trip():
         lay = layout.build(layout.encode(tok, r["prompt"], True), layout.encode(tok, r["response"]), lang.ids(tok),
                            tok.decode)
         assert lay.actual == lay.promised == r["chunk_tokens"]
+
+
+def test_a_prompts_item_is_its_place_name_and_text_not_its_decoding():
+    from llmx.plugins.pasta import decode as D
+
+    def decoded(prompt, steps):
+        return {"name": "f", "prompt": prompt, "steps": steps, "plain_tokens": 12, "parses": True, "capped": False}
+
+    ids = [r["item"] for r in D.items([decoded("def f():", 10), decoded("def g():", 5)])]
+    assert len(set(ids)) == 2
+    assert [r["item"] for r in D.items([decoded("def f():", 3), decoded("def g():", 9)])] == ids  # another decoding
+    assert D.items([decoded("def h():", 10)])[0]["item"] != ids[0]

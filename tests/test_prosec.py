@@ -398,6 +398,23 @@ def test_secure_code_items_add_up_to_its_rates(tmp_path, monkeypatch):
         assert (sum(r["vulnerable"] for r in mine) / parsed if parsed else 0.0) == pytest.approx(
             m[f"inducing_vulnerable_rate_{cwe}"])
     assert sum(r["inducing_vulnerable_share"] for r in rows) / len(rows) == m["inducing_vulnerable_share"]
+    ids = [r["item"] for r in rows]  # the CWE, the seed and the inducing prompt: never the completions
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 6
+
+    def items(cwes, out):
+        api.run({"model": "ref:llama-test", "threads": 1, "seed": 1, "pipeline": [
+            {"method": "secure-code", "params": {"cwes": cwes, "scenarios": 2, "samples": 2}}]}, output_dir=tmp_path / out)
+        (path,) = (tmp_path / out).glob("*/artifacts/0_secure-code/items.jsonl")
+        return [json.loads(line)["item"] for line in path.read_text().splitlines()]
+
+    def other(ctx, p, seed):  # another model: other completions
+        st = real(ctx, p, seed)
+        st.sample = lambda prompts, n: [["pass\n"] * n for _ in prompts]
+        return st
+
+    monkeypatch.setattr(method, "stages", other)
+    assert items([502], "again") == ids[3:5]
+    assert not set(items([78], "other")) & set(ids)
     assert m["inducing_vulnerable_rate_89"] > 0
 
 

@@ -512,7 +512,7 @@ def test_the_smoke_pipeline_builds_trains_and_reflects_and_its_items_average_to_
     assert {"turn1_f1", "turn2_hallucination", "final_rubric"} <= set(out[2])
     (items,) = (tmp_path / "runs").glob("*/artifacts/2_reper/items.jsonl")  # what llmx compare reper pairs
     rows = [json.loads(line) for line in items.read_text().splitlines()]
-    assert [r["scene"] for r in rows] == [0, 1, 2]
+    assert [r["scene"] for r in rows] == [0, 1, 2] and len({r["item"] for r in rows}) == 3
     for key in ("final_f1", "final_precision", "final_rubric", "turn1_f1", "turn2_recall"):
         assert sum(r[key] for r in rows) / len(rows) == pytest.approx(out[2][key]), key
     assert sum(r["final_critic_score"] for r in rows) / len(rows) == pytest.approx(out[2]["final_critic_score"])
@@ -532,3 +532,18 @@ def test_reper_runs_on_cuda(tmp_path):
         {"method": "reper", "stage": "decode", "params": {"scenes": 4, "max_trials": 2, "max_new_tokens": 16}}],
         tmp_path, device="cuda")
     assert math.isfinite(out[2]["final_loss"]) and math.isfinite(out[3]["final_loss"])
+
+
+def test_a_scenes_item_is_its_place_and_content_not_the_answers():
+    from llmx.plugins.reper.method import items
+    from llmx.plugins.reper.turns import Turn
+
+    sc = scenes(3, "test", 0)
+
+    def ids(images, answer):
+        turns = [[Turn(answer, 1, "")] for _ in images]
+        return [r["item"] for r in items(images, turns, [t[0] for t in turns])]
+
+    first = ids(sc, "a red digit")
+    assert len(set(first)) == 3 and ids(sc, "two blue digits") == first  # another policy's answers
+    assert ids(sc[:2], "x") == first[:2] and not set(ids(scenes(3, "test", 1), "x")) & set(first)

@@ -442,3 +442,26 @@ def test_a_tokenizer_whose_pad_is_its_eos_does_not_add_unsampled_eos_tokens(ref)
                    seed=1, batch_size=12)
     stopped = [c for cs in out for c in cs if c.stop == "\n"]
     assert stopped and all(c.ids[-1] != tok.eos_token_id for c in stopped)
+
+
+def test_every_row_carries_the_item_it_asked(cli, tmp_path):
+    """``rows.jsonl``'s ``item`` digests the task, the row's id and prompt (and choices): the same under another
+    model, another for another split's rows."""
+
+    def items(model, *sets):
+        r = cli("--json", "eval", "--method", "tracing", "--model", model, "--set", "limit=3", "--set",
+                "max_new_tokens=2", *[a for s in sets for a in ("--set", s)], "-o", tmp_path / model.replace(":", "-"))
+        stage(r)
+        records = [json.loads(x) for x in Path(r.json()["run_dir"], "artifacts", "0_tracing", "rows.jsonl").open()]
+        ids = [rec["item"] for rec in records]
+        assert all(isinstance(i, str) for i in ids) and len(set(ids)) == len(records) == 3
+        return ids
+
+    test = items("tiny:llama", "split=test")
+    assert items("tiny:gpt2", "split=test") == test
+    assert not set(items("tiny:opt", "split=validation")) & set(test)
+    r = cli("--json", "eval", "--method", "task", "--model", "tiny:llama", "--set", f"file={write_rows(tmp_path)}",
+            "-o", tmp_path / "choice")
+    stage(r)
+    records = [json.loads(x) for x in Path(r.json()["run_dir"], "artifacts", "0_task", "rows.jsonl").open()]
+    assert len({rec["item"] for rec in records}) == len(CHOICE_ROWS)

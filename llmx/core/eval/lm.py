@@ -28,8 +28,8 @@ def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
     takes ``logits_to_keep`` (transformers' causal LMs) computes logits only for the positions a batch scores (the
     last ``seq_len - stride + 1`` of every window but the first): the same logits (bit for bit with MKL here; a BLAS
     that picks its kernel by row count may differ in the last bit), without the output layer and the softmax over
-    the context positions. ``windows_out`` collects each window's ``(summed NLL, tokens scored)`` in order: the
-    items a comparison pairs."""
+    the context positions. ``windows_out`` collects each window's ``((begin, end, first_scored), summed NLL, tokens
+    scored)`` in order: the items a comparison pairs."""
     device = next(model.parameters()).device
     keeps = _takes_logits_to_keep(model)
     total, count = 0.0, 0
@@ -54,10 +54,9 @@ def sequence_nll(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
                 total += window
                 count += length - (first - b)
                 if windows_out is not None:
-                    windows_out.append((b, window, length - (first - b)))
+                    windows_out.append(((b, b + length, first), window, length - (first - b)))
     if windows_out is not None:
         windows_out.sort()
-        windows_out[:] = [(nll, n) for _, nll, n in windows_out]
     return total, count
 
 

@@ -2,8 +2,9 @@
 them (the implant, the never-poisoned twin, the plain-SFT defence); ``eval --method backdoor`` measures a model on the
 test pairs: attack success (the payload in the greedy completion of a triggered prompt, greedy as the official
 evaluation), false triggers on clean prompts, clean next-line exact match, the held-out completions' perplexity, and
-layer inconsistency on triggered against clean prompts (CROW's premise). Later stages of a run find the rows of its
-latest backdoor analyze stage by themselves, so one run can build, plant, defend and measure."""
+layer inconsistency on triggered against clean prompts (CROW's premise), one row per test pair in ``rows.jsonl``
+(its ``item``: the digest of the pair's place, prompts, reference and payload). Later stages of a run find the rows
+of its latest backdoor analyze stage by themselves, so one run can build, plant, defend and measure."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from llmx.core.context import RunContext
 from llmx.core.data.files import json_lines
 from llmx.core.eval import stats
 from llmx.core.eval.generate import generate
+from llmx.core.eval.items import FIELD, item_id
 from llmx.core.eval.score import continuation_logprobs
 from llmx.core.models import hidden as H
 from llmx.errors import UsageError
@@ -141,10 +143,11 @@ def evaluate(ctx: RunContext, p: BackdoorEvalParams) -> dict:
                    "inconsistency_gap": gap.diff, "inconsistency_gap_ci": [gap.low, gap.high]}
     else:
         ctx.log.warning("layer inconsistency not measured: the model needs inputs_embeds and at least 3 layers")
-    records = [{"prompt": t["prompt"], "triggered": st, "clean": sc, "reference": c["completion"], "asr": a,
-                "false_trigger_rate": f, "clean_exact_match": e}  # each prompt's share of the headline figures
-               for t, c, st, sc, a, f, e in zip(triggered, clean, said_triggered, said_clean, attacked, false, exact,
-                                                strict=True)]
+    records = [{FIELD: item_id(i, t["prompt"], c["prompt"], c["completion"], payload), "prompt": t["prompt"],
+                "triggered": st, "clean": sc, "reference": c["completion"], "asr": a, "false_trigger_rate": f,
+                "clean_exact_match": e}  # each prompt's share of the headline figures
+               for i, (t, c, st, sc, a, f, e) in enumerate(zip(triggered, clean, said_triggered, said_clean, attacked,
+                                                               false, exact, strict=True))]
     atomic.write_jsonl(ctx.artifact("rows.jsonl"), records)
     return {"prompts": len(clean), "trigger": spec["trigger"], "payload": payload,
             "asr": stats.mean(attacked), "asr_ci": list(stats.bootstrap_ci(attacked, p.resamples, seed=ctx.config.seed)),

@@ -1,4 +1,5 @@
-"""``decode --method cosd``: every strategy of the comparison on one task's rows, judged and counted alike;
+"""``decode --method cosd``: every strategy of the comparison on one task's rows, judged and counted alike (one row
+per task row in ``rows.jsonl``, its ``item`` the digest of the task's name, the row's id and prompt);
 ``train --method cosd-tree``: CoSD-Tree's CART from a few rows with references; ``train --method cosd-assistant``:
 an assistant fine-tuned from a copy of the run's model, for the run's later stages."""
 
@@ -9,6 +10,7 @@ from dataclasses import asdict
 from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.eval import stats, tasks
+from llmx.core.eval.items import FIELD, item_id
 from llmx.errors import UsageError
 from llmx.plugins.cosd import cart, loop
 from llmx.plugins.cosd.config import AssistantParams, CoSDParams, PairParams, TreeTrainParams
@@ -94,7 +96,9 @@ def decode(ctx: RunContext, p: CoSDParams) -> dict:
         score, _, note = tasks.judge_one(judge, row, text)
         results.append(result)
         scores.append(score)
-        records.append({"id": row.get("id", i), "prompt": row["prompt"], "reference": row.get("reference"),
+        ident = row.get("id", p.offset + i)  # a row without an id: its place in the task's seeded order
+        records.append({FIELD: item_id(spec.name, ident, row["prompt"]), "id": row.get("id", i),
+                        "prompt": row["prompt"], "reference": row.get("reference"),
                         "completion": text, "score": score, "note": note, **asdict(result)})
     path = atomic.write_jsonl(ctx.artifact("rows.jsonl"), records)
     tokens = max(sum(r.tokens for r in results), 1)

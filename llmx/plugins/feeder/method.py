@@ -3,7 +3,8 @@ k-shot accuracy with demonstrations from the full pool, the FEEDER set or a rand
 --method feeder`` runs the bi-level loop (select with the current model, fine-tune on in-context sequences of the
 selection); ``analyze --method icl-episodes`` writes a held-out map's pool and test rows, which the later stages of
 the same run read where they name no data. ``eval --method icl``'s ``rows.jsonl`` holds each test row's k-shot
-``accuracy`` (1/0): the items ``llmx compare feeder`` pairs."""
+``accuracy`` (1/0): the items ``llmx compare feeder`` pairs, each with its ``item`` (the digest of the test row's
+place, input and label)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.data.icl import Format, load_rows
 from llmx.core.eval import stats
+from llmx.core.eval.items import FIELD, item_id
 from llmx.errors import UsageError
 from llmx.plugins.feeder import episodes as E
 from llmx.plugins.feeder.config import EpisodeParams, FeederParams, FeederTrainParams, IclData, IclEvalParams
@@ -169,8 +171,9 @@ def evaluate(ctx: RunContext, p: IclEvalParams) -> dict[str, Any]:
     right0 = [float(s == r["label"]) for s, r in zip(zero, test, strict=True)]
     right = [float(s == r["label"]) for s, r in zip(few, test, strict=True)]
     rows_file = atomic.write_jsonl(ctx.artifact("rows.jsonl"), [  # "accuracy": the items llmx compare pairs
-        {"input": r["input"], "label": r["label"], "zero_shot": z, "k_shot": f, "demos": c, "accuracy": a,
-         "accuracy_0shot": a0} for r, z, f, c, a, a0 in zip(test, zero, few, chosen, right, right0, strict=True)])
+        {FIELD: item_id(j, r["input"], r["label"]), "input": r["input"], "label": r["label"], "zero_shot": z,
+         "k_shot": f, "demos": c, "accuracy": a, "accuracy_0shot": a0}
+        for j, (r, z, f, c, a, a0) in enumerate(zip(test, zero, few, chosen, right, right0, strict=True))])
     seed = ctx.config.seed
     return {"test_rows": len(test), "shots": p.shots, "selector": p.selector, "pool": p.pool,
             "pool_rows": len(pool), "demo_pool_rows": len(pool), "demos_per_query": stats.mean([float(len(c)) for c in chosen]),

@@ -12,7 +12,8 @@ Sec. 5: perplexity as the window grows, and retrieval from far back).
 
 ``windows.jsonl`` holds one row per window at the longest length: its mean NLL (``nll``, whose mean over windows is
 the stage's ``nll``), the NLL of its predictions made with more than T tokens of context (``nll_beyond``) and that
-minus the NLL of those made within T (``degradation``): the items ``llmx compare fope`` pairs across arms."""
+minus the NLL of those made within T (``degradation``): the items ``llmx compare fope`` pairs across arms, each
+with its ``item`` (the digest of the window's start and token ids)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
+from llmx.core.eval.items import FIELD, item_id
 from llmx.errors import UsageError
 from llmx.plugins.fope.config import LengthParams
 
@@ -50,13 +52,15 @@ def token_losses(model: torch.nn.Module, windows: torch.Tensor, batch_size: int)
     return torch.cat(out)
 
 
-def write_windows(ctx: RunContext, losses: torch.Tensor, train_len: int) -> None:
-    """One row per window at the longest length (the items ``llmx compare`` pairs): its mean NLL, the mean NLL of
-    its predictions past the training length (context longer than T), and those minus the ones within it."""
+def write_windows(ctx: RunContext, windows: torch.Tensor, losses: torch.Tensor, train_len: int) -> None:
+    """One row per window of ``windows`` (cut end to end from the held-out tokens; the items ``llmx compare`` pairs,
+    each with its ``item``): its mean NLL, the mean NLL of its predictions past the training length (context longer
+    than T), and those minus the ones within it."""
     within, beyond = losses[:, :train_len], losses[:, train_len:]  # the buckets [0, T) and [T, ...)
-    rows = [{"nll": float(w.mean()), "nll_beyond": float(b.mean()) if b.numel() else None,
+    rows = [{FIELD: item_id(i * len(x), x.tolist()), "nll": float(w.mean()),
+             "nll_beyond": float(b.mean()) if b.numel() else None,
              "degradation": float(b.mean() - a.mean()) if b.numel() else None, "tokens": int(w.numel())}
-            for w, a, b in zip(losses, within, beyond, strict=True)]
+            for i, (x, w, a, b) in enumerate(zip(windows, losses, within, beyond, strict=True))]
     atomic.write_jsonl(ctx.artifact("windows.jsonl"), rows)
 
 
@@ -142,10 +146,11 @@ def run(ctx: RunContext, p: LengthParams) -> dict[str, Any]:
     with yarn(model, p.yarn_factor, train_len, p.yarn_attention_factor):
         for length in ctx.progress(lengths, description="lengths"):
             n = need // length
-            losses = token_losses(model, tokens[:n * length].view(n, length), p.batch_size)
+            cut = tokens[:n * length].view(n, length)
+            losses = token_losses(model, cut, p.batch_size)
             result[f"ppl@{length}"] = math.exp(float(losses.mean()))
             if length == longest:
-                write_windows(ctx, losses, train_len)
+                write_windows(ctx, cut, losses, train_len)
                 result["nll"] = float(losses.mean())
                 per_position = losses.mean(0)
                 result["buckets"] = {f"[{lo},{hi})": float(per_position[lo:hi].mean())

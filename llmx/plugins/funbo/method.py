@@ -1,6 +1,7 @@
 """``analyze --method funbo`` evolves an acquisition function and saves it as ``acquisition_function.py``;
 ``eval --method acquisition`` scores an AF file or a baseline on a function set, paired against another; its
-``problems.jsonl`` holds one row per problem with the final normalised regret (the items ``llmx compare`` pairs)."""
+``problems.jsonl`` holds one row per problem with the final normalised regret (the items ``llmx compare`` pairs; their
+``item``: the digest of the problem's name, its ``#seed`` instance included, grid size and grid seed)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
+from llmx.core.eval.items import FIELD, item_id
 from llmx.core.eval.sandbox import check as confinable
 from llmx.errors import MissingRequirement, UsageError
 from llmx.plugins.funbo import afs, bo, samplers
@@ -176,6 +178,7 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
     for name, r in zip(problems, rows, strict=True):
         per_function.setdefault(name.partition("#")[0], []).append(r["regret"][-1])
     out["per_function_mean_regret"] = {k: float(np.mean(v)) for k, v in per_function.items()}
-    atomic.write_jsonl(ctx.artifact("problems.jsonl"), [{"problem": n, "final_regret": r["regret"][-1], **r}
-                                                        for n, r in zip(problems, rows, strict=True)])
+    atomic.write_jsonl(ctx.artifact("problems.jsonl"), [
+        {FIELD: item_id(s.function, s.points, s.grid_seed), "problem": n, "final_regret": r["regret"][-1], **r}
+        for n, s, r in zip(problems, specs, rows, strict=True)])
     return out

@@ -13,9 +13,9 @@ the prefill plus the most allocated above them over the decode steps, transient 
 workspaces included), each over the bytes of a full fp16 cache of the same length; and the most allocated during the
 prefill, with this cache and with the full one (activations included: their difference is what compressing the
 prompt costs or saves, Lexico's per-call Gram on CUDA included).
-Each window's figures go to ``windows.jsonl`` (the items ``llmx compare`` pairs across arms): their mean over the
-windows is the run's ``kl_to_full``, ``top1_agreement`` and ``next_token_accuracy`` (every window has
-``continuation_len`` tokens).
+Each window's figures go to ``windows.jsonl`` (the items ``llmx compare`` pairs across arms; ``item``: the digest of
+the window's start, ``context_len`` and token ids): their mean over the windows is the run's ``kl_to_full``,
+``top1_agreement`` and ``next_token_accuracy`` (every window has ``continuation_len`` tokens).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from transformers import DynamicCache
 from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.data import token_stream
+from llmx.core.eval.items import FIELD, item_id
 from llmx.core.memory import PeakMemory
 
 
@@ -105,7 +106,8 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
         for key, value in row.items():
             sums[key] += value
         steps = len(target)
-        items.append({"window": len(items), "kl_to_full": row["kl"] / steps, "nll": row["nll"] / steps,
+        items.append({FIELD: item_id(len(items) * n, p.context_len, w.tolist()), "window": len(items),
+                      "kl_to_full": row["kl"] / steps, "nll": row["nll"] / steps,
                       "nll_full_cache": row["nll_full"] / steps, "top1_agreement": row["agree"] / steps,
                       "next_token_accuracy": row["hit"] / steps, "tokens": steps})
         sums["ms"] += ms

@@ -7,7 +7,8 @@ projector rate. Rows are encoded and every image file decoded once before the fi
 run before anything trains or is written; pixels are computed per micro-batch.
 
 ``scenes-vqa`` writes ``answers.jsonl``, one row per question with its ``score`` (1/0, or the caption's F1), also
-as ``accuracy``: the items ``llmx compare llava`` pairs, whose mean is the stage's ``accuracy``."""
+as ``accuracy``: the items ``llmx compare llava`` pairs, whose mean is the stage's ``accuracy``; ``item``: the digest
+of the scene (its name and objects), the language, the question and the expected answer."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
+from llmx.core.eval.items import FIELD, item_id
 from llmx.core.multimodal.model import vision_language
 from llmx.core.multimodal.params import LlavaTrainParams
 from llmx.plugins.llava.config import ScenesVQAParams
@@ -39,7 +41,9 @@ def evaluate(ctx: RunContext, p: ScenesVQAParams) -> dict[str, Any]:
     replies = generate(model, proc, convs, image_tokens(model), budget, p.batch_size, progress=ctx.progress)
     scores = [judge(c, r) for c, r in zip(convs, replies, strict=True)]
     atomic.write_text(ctx.artifact("answers.jsonl"), "".join(
-        json.dumps({"language": c.meta["language"], "kind": c.meta["kind"], "question": c.messages[0]["content"],
+        json.dumps({FIELD: item_id(c.where, repr(c.image), c.meta["language"], c.messages[0]["content"],
+                                   c.messages[1]["content"]),
+                    "language": c.meta["language"], "kind": c.meta["kind"], "question": c.messages[0]["content"],
                     "expected": c.messages[1]["content"], "reply": r, "score": s, "accuracy": s},
                    ensure_ascii=False) + "\n"
         for c, r, s in zip(convs, replies, scores, strict=True)))

@@ -7,7 +7,8 @@ for CLIP-L/336) is switched to ``full`` (577): the MoE's query is the CLS token.
 
 The evaluation writes ``answers.jsonl`` (one row per TSV row: the reply, the letter picked, its score) and
 ``questions.jsonl`` (one row per question after CircularEval, its ``accuracy``: the items ``llmx compare parrot``
-pairs; their mean is the stage's ``accuracy``)."""
+pairs; their mean is the stage's ``accuracy``; ``item``: the digest of the question's index, language, text, hint,
+options, answer and image bytes)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
+from llmx.core.eval.items import FIELD, item_id
 from llmx.core.multimodal.model import vision_language
 from llmx.errors import UsageError
 from llmx.plugins.parrot.config import MmmbParams, ParrotTrainParams
@@ -101,6 +103,13 @@ def _routing(model, proc, p: ParrotTrainParams, seed: int) -> dict[str, Any] | N
         model.train(was)
 
 
+def question_id(q) -> str:
+    """The ``item`` of an MMMB question (``mmmb.Item``): what is asked, about which image, never its file or line."""
+    import hashlib
+
+    return item_id(q.index, q.language, q.question, q.hint, q.options, q.answer, hashlib.sha1(q.image).hexdigest())
+
+
 def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
     from llmx.core.multimodal.answer import non_english_mean, per_language, reply
     from llmx.core.multimodal.model import IMAGE_TOKEN
@@ -125,7 +134,7 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
         for it, q, r, k, s in zip(items, prompts, replies, picks, scores, strict=True)))
     questions, graded = mmmb.grouped(items, scores, circular)
     atomic.write_jsonl(ctx.artifact("questions.jsonl"), [
-        {"where": q.where, "index": q.index, "language": q.language, "category": q.category, "accuracy": g}
+        {FIELD: question_id(q), "where": q.where, "index": q.index, "language": q.language, "category": q.category, "accuracy": g}
         for q, g in zip(questions, graded, strict=True)])  # the items llmx compare pairs (CircularEval applied)
     table = per_language([q.language for q in questions], graded, ctx.config.seed)
     out: dict[str, Any] = {"questions": len(graded), "rows": len(items), "circular": circular,

@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from llmx.core.data.files import json_lines
+from llmx.core.eval.items import FIELD, item_id
 from llmx.errors import UsageError
 from llmx.plugins.pasta import interpreter as I
 from llmx.plugins.pasta import lang, layout
@@ -126,11 +127,13 @@ def judge_end_nll(judge, judge_tok, prompts: list[str]) -> list[float]:
 
 def items(rows: list[dict[str, Any]], end_nll: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """One row per prompt (``prompts.jsonl``, the items ``llmx compare pasta`` pairs across arms on the same
-    prompts): steps, theoretical speedup, whether it parses, whether it hit the budget, and with a judge its
-    ``judge_nll`` (an empty response: ``end_nll``, the judge's NLL of ending at once; ``empty`` says which)."""
+    prompts; ``item``: the digest of the prompt's place, name and text): steps, theoretical speedup, whether it
+    parses, whether it hit the budget, and with a judge its ``judge_nll`` (an empty response: ``end_nll``, the judge's
+    NLL of ending at once; ``empty`` says which)."""
     out = []
     for i, r in enumerate(rows):
-        row = {"prompt": i, "steps": r["steps"], "speedup": speedup(r["plain_tokens"], r["steps"]),
+        row = {FIELD: item_id(i, r.get("name"), r["prompt"]), "prompt": i, "steps": r["steps"],
+               "speedup": speedup(r["plain_tokens"], r["steps"]),
                "parses": float(r["parses"]), "capped": r["capped"]}
         if "judge_nll" in r:
             empty = r["judge_nll"] is None

@@ -8,6 +8,7 @@ from typing import Any
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
+from llmx.core.eval.items import FIELD, item_id
 from llmx.plugins.prosec.config import ProsecParams, Sampling, SecureCodeParams
 from llmx.plugins.prosec.scenarios import Scenario
 
@@ -58,7 +59,8 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     originals (among completions that parse; the unparsed share apart; the benign prompts are sampled once and
     scanned for each CWE), and the inducing / benign ratio. ``items.jsonl``: one row per (CWE, inducing scenario),
     its samples, parsed and vulnerable counts, and its vulnerable share of all its samples (parsed or not, so that
-    every item has one); ``inducing_vulnerable_share`` is their mean."""
+    every item has one); ``inducing_vulnerable_share`` is their mean; ``item``: the digest of the CWE, the seed's
+    place and the inducing prompt."""
     from llmx.plugins.prosec.detect import require_bandit
     from llmx.plugins.prosec.pipeline import elicit
     from llmx.plugins.prosec.scenarios import cut, scenario, seeds
@@ -82,8 +84,8 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
         for k, (s, row) in enumerate(zip(held, responses, strict=True)):
             mine, start = found[start:start + len(row)], start + len(row)
             vulnerable = sum(f.parsed and f.shows(cwe) for f in mine)
-            rows.append({"cwe": cwe, "scenario": k, "seed": s.where, "samples": len(mine),
-                         "parsed": sum(f.parsed for f in mine), "vulnerable": vulnerable,
+            rows.append({FIELD: item_id(cwe, s.where, items[k].prompt), "cwe": cwe, "scenario": k, "seed": s.where,
+                         "samples": len(mine), "parsed": sum(f.parsed for f in mine), "vulnerable": vulnerable,
                          "inducing_vulnerable_share": vulnerable / len(mine)})
         parsed = sum(f.parsed for f in found)
         bad = sum(f.parsed and f.shows(cwe) for f in found)

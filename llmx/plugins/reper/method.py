@@ -8,6 +8,7 @@ from typing import Any
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
+from llmx.core.eval.items import FIELD, item_id
 from llmx.errors import UsageError
 from llmx.plugins.reper.config import BuildParams, CriticParams, RPLParams, TurnsParams
 
@@ -143,12 +144,13 @@ def decode(ctx: RunContext, p: TurnsParams) -> dict[str, Any]:
 
 def items(images: list, dialogues: list, ends: list) -> list[dict[str, Any]]:
     """One row per scene: its caption's figures at each turn and at the end (``final_f1`` and the rest average to
-    the stage's ``final_*`` figures), the items a comparison pairs."""
+    the stage's ``final_*`` figures), the items a comparison pairs; ``item``: the digest of the scene's place and
+    content (its objects)."""
     from llmx.plugins.reper.turns import caption_metrics
 
     rows = []
     for i, (scene, turns, end) in enumerate(zip(images, dialogues, ends, strict=True)):
-        row: dict[str, Any] = {"scene": i}
+        row: dict[str, Any] = {FIELD: item_id(i, repr(scene)), "scene": i}
         for t, turn in enumerate(turns, 1):
             row.update({f"turn{t}_{k}": v for k, v in caption_metrics(scene, turn.answer).items()})
         row.update({f"final_{k}": v for k, v in caption_metrics(scene, end.answer).items()})

@@ -1,4 +1,5 @@
-"""``eval --method task``: a task's metrics on the run's model (with a paired comparison and KL drift on request);
+"""``eval --method task``: a task's metrics on the run's model (with a paired comparison and KL drift on request),
+one row per task row in ``rows.jsonl``, its ``item`` the digest of the task's name, the row's id, prompt and choices;
 ``analyze --method task``: the model's judged samples as training data (preference pairs, labelled completions, the
 passing completions for SFT on chosen, and the task's references for SFT)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.eval import stats, tasks
+from llmx.core.eval.items import FIELD, item_id
 from llmx.core.spec import TaskSpec
 from llmx.errors import UsageError
 from llmx.plugins.tasks.config import TaskDataParams, TaskEvalParams, TaskSource, TracingDataParams
@@ -24,6 +26,11 @@ def _workers(p: TaskSource) -> int:
     from llmx.core.eval.sandbox import usable_cpus
 
     return p.judge_workers or usable_cpus()
+
+
+def keyed(name: str, records: list[dict]) -> list[dict]:
+    """``records`` (``tasks.run``'s), each with its ``item``: what was asked, never what the model made of it."""
+    return [{FIELD: item_id(name, r["id"], r["prompt"], r.get("choices")), **r} for r in records]
 
 
 def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
@@ -50,10 +57,10 @@ def evaluate(ctx: RunContext, p: TaskEvalParams) -> dict:
         out.update(kl)
         for record, value in zip(result.records, per_prompt, strict=True):
             record["kl"] = value
-    atomic.write_jsonl(ctx.artifact("rows.jsonl"), result.records)
+    atomic.write_jsonl(ctx.artifact("rows.jsonl"), keyed(spec.name, result.records))
     if p.compare:
         other = run(*models.load(p.compare, dtype=ctx.config.dtype, device=ctx.device))
-        atomic.write_jsonl(ctx.artifact("compare_rows.jsonl"), other.records)
+        atomic.write_jsonl(ctx.artifact("compare_rows.jsonl"), keyed(spec.name, other.records))
         key = "accuracy" if spec.kind == "choice" else "score"
         out[f"compare_{key}"] = other.metrics[key]
         out.update(stats.paired(other.scores, result.scores, p.resamples, seed=ctx.config.seed).as_dict())
