@@ -75,6 +75,71 @@ def test_a_rerun_reuses_finished_arms_even_after_an_interruption(tmp_path, monke
     assert calls == ["rtn-w2"]  # a changed arm is a new run; the others are reused
 
 
+def test_an_interruption_inside_an_arms_pipeline_reruns_that_arm_alone(tmp_path, monkeypatch):
+    import llmx.plugins.evals.perplexity as perplexity
+
+    spec = _spec(seeds=(0,))
+    clean = runner.run(runner.plan(spec, out=tmp_path / "clean"), progress=False)
+    real, calls = perplexity.run, []
+
+    def killed(ctx, p):  # the third evaluation is rtn-w2's, after its quantization stage finished
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(ctx, p)
+
+    monkeypatch.setattr(perplexity, "run", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(runner.plan(spec, out=tmp_path / "cut"), progress=False)
+    monkeypatch.setattr(perplexity, "run", real)
+    said = []
+    again = runner.run(runner.plan(spec, out=tmp_path / "cut"), progress=False, say=said.append)
+    assert [s.split(": ")[-1].split()[0] for s in said] == ["reused", "reused", "running"]
+    assert again["verdicts"] == clean["verdicts"]
+
+
+def test_a_model_folder_or_text_changed_in_place_is_not_reused_and_each_run_says_where_it_ran(tmp_path):
+    import llmx
+
+    model, tok = llmx.load("ref:llama-test")
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    text = Path(llmx.__file__).parent / "core" / "compare" / "runner.py"
+    (tmp_path / "notes.txt").write_text(text.read_text() * 2)
+    spec = _spec(seeds=(0,), arms=(Arm("start", cost=16.0), Arm("start-again", cost=16.0)))
+
+    def ran() -> list[str]:
+        said: list[str] = []
+        result = runner.run(runner.plan(spec, out=tmp_path / "cmp", model=str(tmp_path / "model"),
+                                        data=str(tmp_path / "notes.txt")), progress=False, say=said.append)
+        assert all(r["machine"]["torch_cpu_capability"] and "git_commit" in r for a in result["arms"]
+                   for r in a["runs"])
+        return ["reused" in s for s in said]
+
+    assert ran() == [False, False] and ran() == [True, True]
+    (tmp_path / "notes.txt").write_text(text.read_text() * 3)  # the user's text, edited
+    assert ran() == [False, False]
+    import torch
+
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.01)
+    model.save_pretrained(tmp_path / "model")  # the model, retrained in place
+    assert ran() == [False, False] and ran() == [True, True]
+
+
+def test_items_are_paired_by_what_was_scored_not_by_position(tmp_path):
+    own = {"method": "perplexity", "params": {"max_tokens": 1024}}
+    spec = _spec(seeds=(0,), evaluation=None, items="windows.jsonl", target="a",
+                 arms=(Arm("a", (own,), cost=16.0), Arm("b", (own,), cost=16.0)))
+    same = runner.run(runner.plan(spec, out=tmp_path / "same"), progress=False)
+    assert same["verdicts"][0]["improvement"] == 0 and same["verdicts"][0]["pairs"] > 5
+    from llmx.errors import UsageError
+
+    shifted = runner.plan(spec, out=tmp_path / "shifted", sets=["b.seq_len=32"])  # b scores other windows
+    with pytest.raises(UsageError, match="not paired"):
+        runner.run(shifted, progress=False)
+
+
 def test_a_changed_arm_loses_its_declared_cost(tmp_path):
     spec = _spec(seeds=(0,), tolerance=1.0, arms=(Arm("start", cost=16.0), Arm("start-again", cost=16.0),
                  Arm("rtn-w8", ({"method": "rtn", "params": {"bits": "w8a16", "save": False}},), cost=16.0)))
@@ -94,6 +159,25 @@ def test_a_baseline_whose_measured_cost_is_not_matched_is_not_judged(tmp_path):
 def test_quick_overrides_reach_every_stage_with_the_field_or_only_the_named_methods():
     assert runner._quick_for({"max_tokens": 64, "rtn.group_size": 16}, "rtn") == {"max_tokens": 64, "group_size": 16}
     assert runner._quick_for({"max_tokens": 64, "rtn.group_size": 16}, "perplexity") == {"max_tokens": 64}
+
+
+def test_the_bootstrap_interval_covers_a_noisy_null_about_as_often_as_it_claims():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    covered = 0
+    for trial in range(200):  # 3 seeds that shift every item alike, 40 items each: a difference of zero in truth
+        shift = rng.normal(0, 0.2, size=(3, 1))
+        groups = (rng.normal(0, 1, size=(3, 40)) + shift).tolist()
+        _, low, high = stats.clustered(groups, resamples=400, seed=trial, crossed=False)
+        covered += low <= 0 <= high
+    assert 0.80 <= covered / 200 <= 0.995  # a percentile bootstrap on 3 seeds under-covers a little, never badly
+
+
+def test_a_relative_tolerance_scales_with_the_targets_cost():
+    spec = _spec(tolerance=0.05, relative=True)
+    assert spec.matched(1.04e6, 1.0e6) and not spec.matched(1.06e6, 1.0e6)
+    assert _spec(tolerance=0.05).matched(1.0, 1.04) and not _spec(tolerance=0.05).matched(1.0e6, 1.04e6)
 
 
 def test_the_bootstrap_reduces_to_the_items_with_one_seed_gains_nothing_from_repeats_and_widens_with_seed_spread():
@@ -125,6 +209,33 @@ def test_bad_input_is_refused_before_any_run(tmp_path, kw, sets, match):
     assert not (tmp_path / "arms").exists()
 
 
+def test_a_kv_comparison_refuses_a_mamba_and_one_with_its_own_data_refuses_data(tmp_path):
+    from llmx.core.plugins import host
+    from llmx.errors import UsageError
+
+    with pytest.raises(UsageError, match="runs on .*llama.*ref:mamba2-test is mamba2"):
+        runner.plan(host().comparison("lexico"), out=tmp_path, model="ref:mamba2-test", quick=True)
+    with pytest.raises(UsageError, match="reads data of its own"):
+        runner.plan(host().comparison("align"), out=tmp_path, data="notes.txt", quick=True)
+    assert runner.plan(host().comparison("llava"), out=tmp_path, quick=True).model == "ref:llava-test"
+    with pytest.raises(UsageError, match="runs on llava models"):
+        runner.plan(host().comparison("parrot"), out=tmp_path, model="ref:llama-test", quick=True)
+    assert not (tmp_path / "arms").exists()
+
+
+def test_a_missing_package_stops_the_comparison_before_its_first_arm(tmp_path, monkeypatch):
+    import importlib.util
+
+    from llmx.core.plugins import host
+    from llmx.errors import MissingRequirement
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bandit" else real(name, *a))
+    with pytest.raises(MissingRequirement, match="bandit"):
+        runner.plan(host().comparison("prosec"), out=tmp_path, quick=True)
+    assert not (tmp_path / "arms").exists()
+
+
 def test_every_registered_comparison_is_listed_shown_and_resolves(cli):
     listed = cli("--json", "compare", "list")
     names = [d["name"] for d in listed.json()]
@@ -145,7 +256,7 @@ def test_the_cli_runs_a_quick_comparison_and_refuses_bad_names_with_exit_2(cli, 
     assert r.code == 0, r.err
     out = r.json()
     assert out["comparison"] == "gptq" and out["quick"] and {a["name"] for a in out["arms"]} >= {"gptq-w3", "rtn-w3"}
-    assert (tmp_path / "gptq" / "result.md").is_file()
+    assert (tmp_path / "gptq" / "ref-llama-test-quick" / "result.md").is_file()  # per comparison, model and form
     typo = cli("compare", "gtpq", "--quick")
     assert typo.code == 2 and "Did you mean 'gptq'" in typo.err
     bad = cli("compare", "gptq", "--quick", "--set", "gptq-w9.bits=w4a16", "-o", tmp_path / "bad")

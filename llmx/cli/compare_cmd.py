@@ -15,13 +15,16 @@ def compare(
     words: Annotated[Optional[list[str]], typer.Argument(help="list | show NAME | NAME", show_default=False)] = None,
     model: o.Model = None,
     data: o.Data = None,
+    device: o.Device = None,
+    dtype: o.Dtype = None,
+    onload: o.Onload = None,
     seeds: Annotated[Optional[list[str]], typer.Option(
         "--seeds", help="Seeds (default: the comparison's; --quick: its quick seeds), e.g. --seeds 0 1 2.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="The comparison's quick form (CI sizes, one seed).")] = False,
     sets: Annotated[Optional[list[str]], typer.Option(
         "--set", "-s", help="ARM.KEY=VALUE: a param of an arm's stages ('*' every arm, 'eval' the evaluation).")] = None,
     output_dir: Annotated[Optional[str], typer.Option(
-        "--output-dir", "-o", help="Where the comparison's folder goes (default comparisons/).")] = None,
+        "--output-dir", "-o", help="Where comparisons go (default comparisons/): OUT/NAME/MODEL[-quick].")] = None,
 ) -> None:
     """Run the comparison a paper makes: its method beside its baselines, each arm and seed a run folder (a rerun
     reuses the finished ones), paired on the same items, with a verdict only where the interval excludes zero."""
@@ -52,8 +55,9 @@ def compare(
     from llmx.core.compare import runner
 
     spec = host().comparison(name)
-    p = runner.plan(spec, out=Path(output_dir or "comparisons") / spec.name, model=model, data=data, seeds=chosen,
-                    quick=quick, sets=list(sets or []))
+    folder = runner.slug(runner.model_for(spec, model, quick)) + ("-quick" if quick else "")
+    p = runner.plan(spec, out=Path(output_dir or "comparisons") / spec.name / folder, model=model, data=data,
+                    seeds=chosen, quick=quick, sets=list(sets or []), device=device, dtype=dtype, onload=onload)
     result = runner.run(p, progress=False, say=info)
     emit(result, lambda: _render(result, p.out))
 
@@ -98,4 +102,5 @@ def register(app: typer.Typer) -> None:
     app.command("compare", epilog=examples(
         "llmx compare list", "llmx compare show gptq", "llmx compare gptq --quick --model ref:llama-test",
         "llmx compare gptq --model ./my-model --data notes.txt --seeds 0 1 2",
+        "llmx compare lexico --model ./my-model --device cuda --dtype bfloat16",
         "llmx compare gptq --set gptq-w4.group_size=64 --set rtn-w4.group_size=64"))(compare)

@@ -30,7 +30,7 @@ class RunResult:
         return {"run_dir": str(self.path), "stages": self.stages}
 
 
-EXTRAS = {"cupy": "gpu", "peft": "lora", "lm_eval": "lm-eval", "compressed_tensors": "export"}
+EXTRAS = {"cupy": "gpu", "peft": "lora", "lm_eval": "lm-eval", "compressed_tensors": "export", "bandit": "security"}
 
 
 def check_requirements(run: ResolvedRun) -> None:

@@ -3,11 +3,14 @@
 items paired on (seed, item), the target against each baseline with a two-level bootstrap interval of the paired
 difference (``stats.clustered``), the verdict ("ahead" or "behind" only where the interval excludes zero; otherwise
 "within noise"), and the results: ``result.json``, ``result.md`` and ``result.png`` (the metric against the cost, one
-line per arm family). Everything the user can get wrong is checked before the first run."""
+line per arm family). A finished run is reused only where its inputs are unchanged: every local file or folder its
+config names (the model, the data) and the stack's versions, fingerprinted in its ``compare.json`` with the machine
+it ran on. Everything the user can get wrong is checked before the first run."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -18,9 +21,11 @@ from typing import Any
 from llmx.core import atomic
 from llmx.core.compare.spec import Arm, ComparisonSpec
 from llmx.core.eval import stats
+from llmx.core.eval.items import FIELD
 from llmx.errors import UsageError
 
 RESULT = "result"
+PROVENANCE = "compare.json"
 
 
 @dataclass
@@ -30,6 +35,7 @@ class Planned:
     folder: Path
     run: Any  # the ResolvedRun
     declared: float | None = None  # the arm's declared cost, while its stages are as declared
+    inputs: dict[str, Any] = field(default_factory=dict)  # fingerprints of what it reads: a reuse must match
 
 
 @dataclass
@@ -47,14 +53,23 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "arm"
 
 
+def model_for(spec: ComparisonSpec, model: str | None, quick: bool) -> str:
+    return model or (spec.quick_model if quick else spec.model)
+
+
 def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, data: str | None = None,
-         seeds: Sequence[int] | None = None, quick: bool = False, sets: Sequence[str] = ()) -> Plan:
+         seeds: Sequence[int] | None = None, quick: bool = False, sets: Sequence[str] = (),
+         device: str | None = None, dtype: str | None = None, onload: str | None = None) -> Plan:
     """Resolve every (arm, seed) run; a bad name, override, model or cost raises ``UsageError`` / ``ConfigError``
-    here, before any work."""
+    here, before any work. ``device``, ``dtype`` and ``onload`` are the runs' (default: the run config's; ``dtype``:
+    the comparison's where it sets one)."""
     from llmx.core.config import resolve
     from llmx.core.plugins import host
 
-    model = model or (spec.quick_model if quick else spec.model)
+    if data is not None and not spec.corpus:
+        raise UsageError(f"comparison '{spec.name}' reads data of its own: --data would not feed it",
+                         hint=f"Give a stage its data with --set ARM.data=PATH (llmx compare show {spec.name}).")
+    model = model_for(spec, model, quick)
     _check_kind(spec, model)
     data_cfg = dict(spec.data) if data is None else {**spec.data, "source": data}
     chosen = tuple(seeds) if seeds else (spec.quick_seeds if quick else spec.seeds)
@@ -77,14 +92,49 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
             folder = p.out / "arms" / slug(arm.name) / f"seed-{seed}"
             raw = {"name": f"{spec.name}-{slug(arm.name)}", "model": model, "seed": seed, "data": dict(data_cfg),
                    **({"threads": 1} if quick else {}),  # a smoke check on a shared machine: no oversubscription
-                   **({"dtype": spec.dtype} if spec.dtype else {}),
+                   **({"dtype": dtype or spec.dtype} if dtype or spec.dtype else {}),
+                   **({"device": device} if device else {}), **({"onload": onload} if onload else {}),
                    **({"zoo": dict(spec.quick_zoo)} if spec.quick_zoo and model == spec.quick_model else {}),
                    "output_dir": str(folder),
                    "pipeline": [*copy.deepcopy(stages[arm.name]), *([dict(evaluation)] if evaluation else [])]}
             resolved = resolve(raw, methods)
             check_requirements(resolved)  # a missing package or device: exit 3 before the first arm runs
-            p.runs.append(Planned(arm, seed, folder, resolved, None if arm.name in changed else arm.cost))
+            p.runs.append(Planned(arm, seed, folder, resolved, None if arm.name in changed else arm.cost,
+                                  _inputs(resolved)))
     return p
+
+
+def _inputs(resolved) -> dict[str, Any]:
+    """What a finished run must share with this plan to be reused beyond its config: a fingerprint of every local
+    file or folder the config names (names, sizes, modification times: a model retrained or a text edited in place),
+    and the versions of llmx and the libraries that compute the figures."""
+    from llmx.core.runs import versions
+
+    found: dict[str, str] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k != "output_dir":
+                    walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str) and value and Path(value).exists():
+            found[value] = _fingerprint(Path(value))
+
+    walk(resolved.to_dict())
+    stack = versions()
+    return {"paths": found, "versions": {k: stack.get(k) for k in ("llmx", "torch", "transformers")}}
+
+
+def _fingerprint(path: Path) -> str:
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
 
 
 def _quick_for(quick: Mapping[str, Any], method: str) -> dict[str, Any]:
@@ -98,9 +148,9 @@ def _quick_for(quick: Mapping[str, Any], method: str) -> dict[str, Any]:
 def _check_kind(spec: ComparisonSpec, model: str) -> None:
     if not spec.kinds:
         return
-    from llmx.core.models.meta import model_config
+    from llmx.core.models.meta import model_kind
 
-    kind = getattr(model_config(model), "model_type", None)
+    kind = model_kind(model)
     if kind not in spec.kinds:
         raise UsageError(f"comparison '{spec.name}' runs on {', '.join(spec.kinds)} models; {model} is {kind}")
 
@@ -149,9 +199,10 @@ def _check_costs(spec: ComparisonSpec, changed: set[str]) -> None:
     for arm in map(spec.arm, spec.judged):
         if arm.cost is None or target.cost is None or arm.name in changed:
             continue
-        if abs(arm.cost - target.cost) > spec.tolerance:
+        if not spec.matched(arm.cost, target.cost):
             raise UsageError(f"comparison '{spec.name}': arm '{arm.name}' costs {arm.cost:g} {spec.cost} against "
-                             f"the target's {target.cost:g} (tolerance {spec.tolerance:g}): not matched")
+                             f"the target's {target.cost:g} (tolerance {spec.tolerance:g}"
+                             f"{' of it' if spec.relative else ''}): not matched")
 
 
 def run(p: Plan, progress: bool = True, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
@@ -171,10 +222,12 @@ def run(p: Plan, progress: bool = True, say: Callable[[str], None] = lambda _: N
 
 
 def _finished(planned: Planned) -> Path | None:
+    """The newest finished run of this config whose inputs are unchanged (its ``compare.json`` matches)."""
     digest = planned.run.digest()
     for folder in sorted(planned.folder.glob(f"*_{digest}"), reverse=True):
         try:
-            if json.loads((folder / "meta.json").read_text()).get("status") == "ok":
+            if (json.loads((folder / "meta.json").read_text()).get("status") == "ok"
+                    and json.loads((folder / PROVENANCE).read_text()).get("inputs") == planned.inputs):
                 return folder
         except (OSError, ValueError):
             continue
@@ -184,7 +237,9 @@ def _finished(planned: Planned) -> Path | None:
 def _execute(planned: Planned, progress: bool) -> Path:
     from llmx.core.pipeline import execute
 
-    return Path(execute(planned.run, show_progress=progress).path)
+    folder = Path(execute(planned.run, show_progress=progress).path)
+    atomic.write_json(folder / PROVENANCE, {"inputs": planned.inputs, "machine": _machine()})
+    return folder
 
 
 def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, Any]:
@@ -193,12 +248,22 @@ def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, 
     items_file = folder / "artifacts" / f"{last['index']}_{last['method']}" / spec.items
     if not items_file.is_file():
         raise UsageError(f"{folder}: the evaluation wrote no {spec.items} to pair items on")
-    items = [json.loads(line)[spec.metric] for line in items_file.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in items_file.read_text().splitlines() if line.strip()]
+    if any(FIELD not in r for r in rows):
+        raise UsageError(f"{items_file}: a row has no '{FIELD}' id to pair on")
+    seen: dict[str, int] = {}
+    items = {}
+    for r in rows:  # the k-th row of one item id pairs with the k-th of the same id (a prompt asked twice)
+        seen[r[FIELD]] = seen.get(r[FIELD], -1) + 1
+        items[(r[FIELD], seen[r[FIELD]])] = r[spec.metric]
     cost = planned.declared
     if cost is None and spec.cost_key:
         cost = next((s["metrics"][spec.cost_key] for s in stages if s["metrics"].get(spec.cost_key) is not None), None)
+    meta = json.loads((folder / "meta.json").read_text())
+    made = json.loads((folder / PROVENANCE).read_text()) if (folder / PROVENANCE).is_file() else {}
     return {"seed": planned.seed, "run_dir": str(folder), "value": last["metrics"].get(spec.metric),
-            "cost": cost, "items": items}
+            "cost": cost, "items": items, "machine": made.get("machine"), "git_commit": meta.get("git_commit"),
+            "llmx": meta.get("versions", {}).get("llmx"), "seconds": meta.get("seconds")}
 
 
 def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -211,7 +276,7 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         cost = _mean_cost(rows[arm.name])
         if spec.tolerance is not None and (cost is None) != (target_cost is None):
             unmatched = f"unmatched: {spec.cost} unknown (changed and not measured)"
-        elif spec.tolerance is not None and cost is not None and abs(cost - target_cost) > spec.tolerance:
+        elif cost is not None and target_cost is not None and not spec.matched(cost, target_cost):
             unmatched = f"unmatched: {cost:.3g} against {target_cost:.3g} {spec.cost}"
         else:
             unmatched = ""
@@ -219,14 +284,19 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             verdicts.append({"baseline": arm.name, "improvement": None, "low": None, "high": None,
                              "verdict": unmatched, "pairs": 0, "seeds": 0})
             continue
-        groups = []
+        groups, keys = [], []
         for r in rows[arm.name]:
             t = target[r["seed"]]
-            if len(t) != len(r["items"]):
-                raise UsageError(f"arm '{arm.name}', seed {r['seed']}: {len(r['items'])} items against the target's "
-                                 f"{len(t)}: not paired")
-            groups.append([sign * (a - b) for a, b in zip(t, r["items"], strict=True)])
-        diff, low, high = stats.clustered(groups, seed=0)
+            if t.keys() != r["items"].keys():
+                only = len(r["items"].keys() - t.keys())
+                raise UsageError(f"arm '{arm.name}', seed {r['seed']} scored {only} items the target did not and "
+                                 f"missed {len(t.keys() - r['items'].keys())} of its {len(t)}: not paired",
+                                 hint="A --set on one arm changed what is scored (a length, a source, an instance)?")
+            order = sorted(t)
+            keys.append(order)
+            groups.append([sign * (t[k] - r["items"][k]) for k in order])
+        crossed = all(k == keys[0] for k in keys)  # every seed scored the same items: cross them with the seeds
+        diff, low, high = stats.clustered(groups, seed=0, crossed=crossed)
         verdict = "ahead" if low > 0 else "behind" if high < 0 else "within noise"
         verdicts.append({"baseline": arm.name, "improvement": diff, "low": low, "high": high, "verdict": verdict,
                          "pairs": sum(len(g) for g in groups), "seeds": len(groups)})
@@ -240,6 +310,7 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return {"comparison": spec.name, "summary": spec.summary, "paper": spec.paper, "model": p.model, "data": p.data,
             "seeds": list(p.seeds), "quick": p.quick, "metric": spec.metric, "higher_is_better": spec.higher_is_better,
             "cost": spec.cost, "target": spec.target, "arms": arms, "verdicts": verdicts, "machine": _machine(),
+            "run_machines": _distinct([r["machine"] for runs in rows.values() for r in runs if r["machine"]]),
             "improvement": f"{'target - baseline' if spec.higher_is_better else 'baseline - target'} in {spec.metric}, "
                            "per item, paired on (seed, item); interval: seeds then items resampled (95%)"}
 
@@ -249,14 +320,19 @@ def _mean_cost(runs: list[dict[str, Any]]) -> float | None:
     return sum(costs) / len(costs) if costs else None
 
 
+def _distinct(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
 def _machine() -> dict[str, Any]:
-    import platform
+    from llmx.core.machine import machine
 
-    import torch
-
-    return {"cpu": platform.processor() or platform.machine(), "torch_cpu_capability":
-            torch.backends.cpu.get_cpu_capability(), "cuda": torch.cuda.get_device_name(0)
-            if torch.cuda.is_available() else None, "torch": torch.__version__}
+    m = machine()
+    return {k: m[k] for k in ("cpu_model", "torch_cpu_capability", "cuda", "torch", "threads", "cpus")}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -275,8 +351,14 @@ def markdown(result: dict[str, Any]) -> str:
         cost = "-" if a["cost"] is None else f"{a['cost']:.3g}"
         value = "-" if a[metric] is None else f"{a[metric]:.4f}"
         lines.append(f"| {a['name']} | {a['family']} | {cost} | {value} | {cell} | {v['verdict'] if v else ''} |")
-    lines += ["", f"Improvement: {result['improvement']}."]
+    lines += ["", f"Improvement: {result['improvement']}.", "", "Runs made on: " + "; ".join(
+        _describe(m) for m in result.get("run_machines") or [result["machine"]]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _describe(machine: dict[str, Any]) -> str:
+    where = machine.get("cuda") or f"{machine.get('cpu_model')} ({machine.get('torch_cpu_capability')})"
+    return f"{where}, torch {machine.get('torch')}"
 
 
 def write(out: Path, result: dict[str, Any]) -> None:

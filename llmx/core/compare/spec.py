@@ -30,14 +30,16 @@ class Arm:
 class ComparisonSpec:
     """A paper's comparison. ``evaluation`` is the stage appended to every arm (``None``: each arm's own last stage
     scores it, a decoding method's, say); it writes ``items`` (an artifact of ``.jsonl`` rows, one per scored
-    item: a window, a prompt) whose ``metric`` field is paired across arms on the same (seed, item). ``baselines``
-    are the arms judged against the target (default: every other arm; the rest are references, drawn and tabled at
-    their own cost). ``cost_key`` names the stage metric giving an arm's cost when it declares none; arms whose
-    costs differ from the target's by more than ``tolerance`` are refused before any run when their costs are
-    declared, and judged "unmatched" when measured (``None``: the axis is only drawn). ``quick`` holds param
-    overrides for CI, applied to every stage whose params have the field (``METHOD.key``: that method's stages
-    only), and ``quick_seeds`` its seeds. ``kinds`` are the ``model_type`` values it can run on (empty: any causal
-    LM)."""
+    item: a window, a prompt, keyed by its ``item`` id) whose ``metric`` field is paired across arms on the same
+    (seed, item). ``baselines`` are the arms judged against the target (default: every other arm; the rest are
+    references, drawn and tabled at their own cost). ``cost_key`` names the stage metric giving an arm's cost when it
+    declares none; arms whose costs differ from the target's by more than ``tolerance`` (a fraction of the target's
+    cost where ``relative``) are refused before any run when their costs are declared, and judged "unmatched" when
+    measured (``None``: the axis is only drawn). ``quick`` holds param overrides for CI, applied to every stage whose
+    params have the field (``METHOD.key``: that method's stages only), and ``quick_seeds`` its seeds. ``kinds`` are
+    the ``model_type`` values it can run on (empty: any causal LM). ``corpus``: whether the run's text corpus
+    (``--data``) feeds what is calibrated, trained or scored; a comparison whose stages read data of their own
+    refuses ``--data`` (their ``data`` params take it, through ``--set``)."""
 
     name: str
     summary: str
@@ -51,6 +53,7 @@ class ComparisonSpec:
     cost: str = "bits per weight"
     cost_key: str | None = "weight_bits_per_element"
     tolerance: float | None = None
+    relative: bool = False
     seeds: tuple[int, ...] = (0, 1, 2)
     quick: Mapping[str, Any] = field(default_factory=dict)
     quick_seeds: tuple[int, ...] = (0,)
@@ -59,6 +62,7 @@ class ComparisonSpec:
     quick_zoo: Mapping[str, Any] | None = None  # how to build the quick model where no preset is (a recipe's zoo)
     data: Mapping[str, Any] = field(default_factory=lambda: {"source": "stdlib", "seq_len": 128})
     kinds: tuple[str, ...] = ()
+    corpus: bool = True
     dtype: str | None = None  # the runs' dtype (default: the run config's), e.g. bfloat16 where the paper measures it
     paper: str = ""
     plugin: str = field(default="", compare=False)
@@ -73,6 +77,12 @@ class ComparisonSpec:
             raise ValueError(f"comparison {self.name!r} needs a baseline beside its target")
         if not set(self.baselines) <= set(names) - {self.target}:
             raise ValueError(f"comparison {self.name!r}: a baseline is not one of its other arms")
+
+    def matched(self, cost: float, target: float) -> bool:
+        """Whether ``cost`` is within the tolerance of the target's ``target`` (no tolerance: always)."""
+        if self.tolerance is None:
+            return True
+        return abs(cost - target) <= self.tolerance * (abs(target) if self.relative else 1.0)
 
     @property
     def judged(self) -> tuple[str, ...]:
@@ -96,8 +106,9 @@ class ComparisonSpec:
                          for a in self.arms],
                 "evaluation": dict(self.evaluation or {}), "metric": self.metric,
                 "higher_is_better": self.higher_is_better,
-                "cost": self.cost, "tolerance": self.tolerance, "seeds": list(self.seeds),
+                "cost": self.cost, "tolerance": self.tolerance, "relative": self.relative, "seeds": list(self.seeds),
                 "quick": dict(self.quick), "quick_seeds": list(self.quick_seeds), "model": self.model,
                 "quick_model": self.quick_model,
                 "quick_zoo": dict(self.quick_zoo or {}),
-                "data": dict(self.data), "kinds": list(self.kinds), "dtype": self.dtype, "plugin": self.plugin}
+                "data": dict(self.data), "corpus": self.corpus, "kinds": list(self.kinds), "dtype": self.dtype,
+                "plugin": self.plugin}

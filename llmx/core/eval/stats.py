@@ -62,19 +62,20 @@ def paired(a: Sequence[float], b: Sequence[float], resamples: int = 1000, level:
 
 
 def clustered(groups: Sequence[Sequence[float]], resamples: int = 2000, level: float = 0.95,
-              seed: int = 0) -> tuple[float, float, float]:
+              seed: int = 0, crossed: bool | None = None) -> tuple[float, float, float]:
     """The mean of paired differences grouped by seed, and a percentile-bootstrap interval over seeds and items.
     Where every seed scored the same items (the usual case: one held-out set, one row per item in each seed), the
     items are crossed with the seeds: each resample draws seeds and one set of items applied to every drawn seed, so
     seeds that repeat each other (a deterministic arm) add no confidence. Seeds with items of their own (different
-    lengths) are nested: the items are drawn within each drawn seed. One seed reduces to the items' bootstrap."""
+    lengths, or ``crossed=False`` where the caller knows the items differ) are nested: the items are drawn within each
+    drawn seed. One seed reduces to the items' bootstrap."""
     import numpy as np
 
     arrays = [np.asarray(g, dtype=np.float64) for g in groups if len(g)]
     if not arrays:
         return math.nan, math.nan, math.nan
     rng = np.random.default_rng(seed)
-    crossed = len({len(a) for a in arrays}) == 1
+    crossed = len({len(a) for a in arrays}) == 1 and crossed is not False
     table = np.stack(arrays) if crossed else None
     means = np.empty(resamples)
     for r in range(resamples):

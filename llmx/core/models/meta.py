@@ -78,6 +78,20 @@ def _reference(name: str) -> Any:
     return request_config(req)
 
 
+def model_kind(name: str) -> str | None:
+    """The ``model_type`` of ``name`` without loading or building it; an unbuilt multimodal reference model
+    (``ref:llava``), which ``model_config`` does not plan, by its architecture."""
+    if name.startswith("ref:"):
+        from llmx.core.models.archs import ARCHS
+        from llmx.core.zoo import names
+        from llmx.core.zoo.request import parse_builtin
+
+        req = parse_builtin(name.removeprefix("ref:")) if names.lookup(name.removeprefix("ref:")) is None else None
+        if req is not None and req.arch not in ARCHS:
+            return req.arch
+    return getattr(model_config(name), "model_type", None)
+
+
 def request_config(req: Any) -> Any:
     """The config of the reference model a ``RefRequest`` builds, as ``core/zoo/build.py`` makes it (its trained
     BPE has the preset's vocabulary), without building it."""

@@ -23,7 +23,7 @@ def llmx_methods():
 @hookimpl
 def llmx_comparisons():
     from llmx.core.compare.spec import Arm, ComparisonSpec
-    from llmx.plugins.align_baselines.compare import COMMON, aligned
+    from llmx.core.train.align.comparison import COMMON, aligned
 
     yield ComparisonSpec(
         name="align",

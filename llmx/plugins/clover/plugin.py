@@ -54,7 +54,7 @@ def llmx_comparisons():
         target="clover", baselines=("vanilla", "activation"),
         arms=(Arm("unpruned", family="unpruned"), _prune("vanilla"), _prune("activation"), _prune("clover"),
               _prune("clover", mode="global")),
-        evaluation=HELD_OUT, cost="parameters", cost_key="params_after",
+        evaluation=HELD_OUT, cost="parameters", cost_key="params_after", tolerance=0.01, relative=True,
         quick={"max_tokens": 1024, "calib_windows": 2, "calib_seq_len": 32, "seq_len": 32},
         model="ref:gpt2", quick_model="ref:gpt2-test", data={"source": "stdlib", "seq_len": 128})
     yield ComparisonSpec(
@@ -66,6 +66,6 @@ def llmx_comparisons():
         target="clover", baselines=("lora", "pissa"),
         arms=(Arm("start", family="start"), _tune("raw-cores", 3e-2, basis="raw"), _tune("lora", 1e-2, tuner="lora"),
               _tune("pissa", 3e-3, tuner="pissa"), _tune("clover", 1e-2)),
-        evaluation=HELD_OUT, cost="trainable parameters", cost_key="trainable_params",
+        evaluation=HELD_OUT, cost="trainable parameters", cost_key="trainable_params", tolerance=0.05, relative=True,
         quick={"steps": 2, "warmup": 1, "eval_windows": 2, "max_tokens": 1024, "seq_len": 32},
         model="ref:gpt2", quick_model="ref:gpt2-test", data={"source": "pydoc", "seq_len": 128})

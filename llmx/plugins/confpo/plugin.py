@@ -12,7 +12,7 @@ def llmx_methods():
 @hookimpl
 def llmx_comparisons():
     from llmx.core.compare.spec import Arm, ComparisonSpec
-    from llmx.plugins.align_baselines.compare import COMMON, aligned
+    from llmx.core.train.align.comparison import COMMON, aligned
 
     official = {"beta": 1.5, "gamma": 1.6}  # the official run_confpo.sh, and its SimPO baseline script's
     yield ComparisonSpec(

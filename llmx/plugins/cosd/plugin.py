@@ -75,7 +75,7 @@ def llmx_comparisons():
               _arm("average", "average", strategy="average", average_weight=0.5)),
         evaluation=None, items="rows.jsonl", metric="score", higher_is_better=True,
         cost="assistant forwards per token", cost_key="assistant_forwards_per_token",
-        seeds=(0, 1, 2), model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128},
+        seeds=(0, 1, 2), model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, corpus=False,
         quick={"steps": 1, "warmup": 0, "batch_size": 1, "seq_len": 16, "max_tokens": 2048, "eval_windows": 1,
                "offset": 0, "limit": 2, "max_new_tokens": 4},
         quick_model="ref:llama-test", quick_seeds=(0,))

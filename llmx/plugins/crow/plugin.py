@@ -41,4 +41,4 @@ def llmx_comparisons():
         quick={"train": 32, "defence": 8, "test": 8, "steps": 3, "batch_size": 4, "grad_accum": 1},
         model="ref:llama-bench", quick_model="ref:llama-test-4l",
         quick_zoo={"arch": "llama", "preset": "test", "layers": 4, "steps": 60, "name": "llama-test-4l"},
-        data={"source": "stdlib", "seq_len": 128})
+        data={"source": "stdlib", "seq_len": 128}, corpus=False)

@@ -57,4 +57,4 @@ def llmx_comparisons():
         evaluation=None, items="rows.jsonl", metric="accuracy", higher_is_better=True,
         cost="demonstration pool (rows)", cost_key="demo_pool_rows",
         quick={"cues": 4, "shots": 2, "oracle": "knn", "limit": 12},
-        model="ref:llama-icl", quick_model="ref:llama-test", data={"source": "icl-episodes", "seq_len": 64})
+        model="ref:llama-icl", quick_model="ref:llama-test", data={"source": "icl-episodes", "seq_len": 64}, corpus=False)

@@ -39,4 +39,4 @@ def llmx_comparisons():
         cost="BO trials", cost_key="trials",
         quick={"samples": 1, "samples_per_prompt": 1, "islands": 2, "train": "ackley-1d", "grid_points": 64,
                "functions": "branin,sphere-2d", "instances": 2, "trials": 10},
-        model="ref:llama-test", data={"source": "stdlib", "seq_len": 64})
+        model="ref:llama-test", data={"source": "stdlib", "seq_len": 64}, corpus=False)

@@ -40,4 +40,4 @@ def llmx_comparisons():
         evaluation={"method": "tracing", "params": {"split": "test", "limit": 500}}, items="rows.jsonl",
         metric="score", higher_is_better=True, cost="trainable parameters", cost_key="trainable_params",
         quick={"tracing_rows": 32, "steps": 2, "batch_size": 4, "warmup": 0, "update_interval": 0, "limit": 8},
-        model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128})
+        model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, corpus=False)

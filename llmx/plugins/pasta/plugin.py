@@ -58,7 +58,7 @@ def llmx_comparisons():
               _arm("baseline-sft", "sequential", annotated=False)),
         evaluation=None, items="prompts.jsonl", metric="judge_nll", higher_is_better=False,
         cost="decode steps per response", cost_key="steps_mean",
-        seeds=(0, 1, 2), model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, kinds=KINDS,
+        seeds=(0, 1, 2), model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, corpus=False, kinds=KINDS,
         quick={"limit": 80, "epochs": 0.02, "batch_size": 1, "max_length": 300, "max_new_tokens": 8,
                "judge": "ref:llama-test"},
         quick_model="ref:llama-test", quick_seeds=(0,))

@@ -13,7 +13,7 @@ def llmx_methods():
 @hookimpl
 def llmx_comparisons():
     from llmx.core.compare.spec import Arm, ComparisonSpec
-    from llmx.plugins.align_baselines.compare import COMMON, aligned
+    from llmx.core.train.align.comparison import COMMON, aligned
 
     note = ("PIPA's paired default pair_mode: conditional is DPO with beta 1 (g cancels), so the target is the "
             "paper's method proper, pair_mode: independent (each side a labelled sample, g learned)")

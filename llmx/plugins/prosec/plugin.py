@@ -9,7 +9,7 @@ PAPER = "Xu et al., ProSec: Fortifying Code LLMs with Proactive Security Alignme
 @hookimpl
 def llmx_methods():
     yield MethodSpec("prosec", (Stage.ANALYZE,), "llmx.plugins.prosec.method:analyze",
-                     "llmx.plugins.prosec.config:ProsecParams", paper=PAPER,
+                     "llmx.plugins.prosec.config:ProsecParams", paper=PAPER, requires=("bandit",),
                      summary="Security pairs from CWE-inducing scenarios the model fails, bandit-checked, plus utility.")
     yield MethodSpec("prosec", (Stage.ALIGN,), "llmx.plugins.prosec.objective:align",
                      "llmx.plugins.prosec.config:ProsecAlignParams", paper=PAPER, aliases=("prosec-align",),
@@ -19,7 +19,7 @@ def llmx_methods():
                      paper="He & Vechev, CCS 2024 (baseline)",
                      summary="SafeCoder-style tuning on SVEN pairs: likelihood on fixes, unlikelihood on vulnerable spans.")
     yield MethodSpec("secure-code", (Stage.EVAL,), "llmx.plugins.prosec.method:evaluate",
-                     "llmx.plugins.prosec.config:SecureCodeParams",
+                     "llmx.plugins.prosec.config:SecureCodeParams", requires=("bandit",),
                      paper="evaluation (ProSec)",
                      summary="Vulnerable-code rate per CWE on held-out inducing and benign scenarios (bandit).")
 
@@ -53,4 +53,4 @@ def llmx_comparisons():
         cost="optimizer steps", cost_key="steps",
         quick={"cwes": [89, 502], "scenarios": 4, "samples": 2, "max_new_tokens": 32, "seeds": 60, "fix_samples": 1,
                "steps": 2, "batch_size": 4, "max_len": 96, "max_length": 96, "empty": "skip"},
-        model="ref:llama-bench", quick_model="ref:llama-test", data={"source": "stdlib", "seq_len": 128})
+        model="ref:llama-bench", quick_model="ref:llama-test", data={"source": "stdlib", "seq_len": 128}, corpus=False)
