@@ -42,4 +42,5 @@ def llmx_comparisons():
         evaluation={"method": "scenes-vqa", "params": {"format": "open", "count": 100}}, items="answers.jsonl",
         metric="accuracy", higher_is_better=True, cost="stage-2 steps", cost_key="steps",
         quick={"steps": 2, "batch_size": 4, "count": 4},
-        model="ref:llava", quick_model="ref:llava-test", kinds=("llava",), data={"source": "stdlib", "seq_len": 128}, corpus=False)
+        model="ref:llava", quick_model="ref:llava-test", kinds=("llava",),
+        data={"source": "stdlib", "seq_len": 128}, corpus=False)

@@ -45,4 +45,5 @@ def llmx_comparisons():
         higher_is_better=True, cost="stage-2 steps", cost_key="steps",
         quick={"steps": 2, "batch_size": 4, "scenes": {"count": 24, "languages": MIX}, "routing_scenes": 0,
                "count": 4, "max_new_tokens": 8},
-        model="ref:llava", quick_model="ref:llava-test", kinds=("llava",), data={"source": "stdlib", "seq_len": 128}, corpus=False)
+        model="ref:llava", quick_model="ref:llava-test", kinds=("llava",),
+        data={"source": "stdlib", "seq_len": 128}, corpus=False)

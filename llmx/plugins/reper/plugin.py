@@ -48,4 +48,5 @@ def llmx_comparisons():
         cost="optimizer steps", cost_key="steps",
         quick={"scenes": 6, "candidates": "corrupt", "temperatures": [0.0, 0.6, 1.2], "max_new_tokens": 24,
                "steps": 2, "batch_size": 2, "max_trials": 2},  # a test-preset captioner's own captions all score 1
-        model="ref:llava", quick_model="ref:llava-test", kinds=("llava",), data={"source": "stdlib", "seq_len": 128}, corpus=False)
+        model="ref:llava", quick_model="ref:llava-test", kinds=("llava",),
+        data={"source": "stdlib", "seq_len": 128}, corpus=False)
