@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from llmx.core.eval import tracing
 from llmx.core.train import sparse
 from llmx.core.train.loop import TrainConfig, train
 from llmx.plugins.lift.optimizer import LiftSparseAdamW
-from llmx.plugins.tasks import tracing
 
 
 def planted(m: int, n: int, noise: float, seed: int, rank: int = 8):

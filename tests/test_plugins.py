@@ -186,3 +186,25 @@ def test_bad_config_reference_is_a_broken_plugin(cli, monkeypatch, tmp_path, nam
     monkeypatch.setenv("LLMX_STRICT_PLUGINS", "1")
     r = cli("--plugins-dir", d, "methods")
     assert r.code == 1 and BAD_REFS[name][1] in r.err, r.err
+
+
+def test_no_plugin_imports_another():
+    """Shared code lives in core: a plugin disabled or removed must never break another (DESIGN.md)."""
+    import ast
+    from pathlib import Path
+
+    import llmx.plugins
+
+    root = Path(llmx.plugins.__file__).parent
+    crossing = []
+    for path in root.rglob("*.py"):
+        own = path.relative_to(root).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [f"{node.module}.{a.name}" if node.module == "llmx.plugins" else node.module
+                           for a in node.names] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] == ["llmx", "plugins"] and len(parts) > 2 and parts[2] != own:
+                    crossing.append(f"{path.relative_to(root)} imports {name}")
+    assert not crossing, crossing

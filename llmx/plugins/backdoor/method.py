@@ -23,6 +23,7 @@ from llmx.core.eval.generate import generate
 from llmx.core.eval.items import FIELD, item_id
 from llmx.core.eval.score import continuation_logprobs
 from llmx.core.models import hidden as H
+from llmx.core.train.sft.rundata import stage_folder, with_rows
 from llmx.errors import UsageError
 from llmx.plugins.backdoor import data as D
 from llmx.plugins.backdoor.config import BackdoorDataParams, BackdoorEvalParams, BackdoorTrainParams
@@ -30,27 +31,13 @@ from llmx.plugins.backdoor.config import BackdoorDataParams, BackdoorEvalParams,
 SPEC = "backdoor.json"
 
 
-def run_folder(run_dir: Path) -> Path:
-    """The folder of the latest finished stage of this run that wrote the backdoor rows (its ``data_dir`` holds
-    backdoor.json)."""
-    from llmx.core import runs
-
-    metrics = Path(run_dir) / runs.METRICS
-    for stage in reversed(json.loads(metrics.read_text())["stages"] if metrics.is_file() else []):
-        folder = stage["metrics"].get("data_dir")
-        if folder and (Path(folder) / SPEC).is_file():
-            return Path(folder)
-    raise UsageError("no backdoor rows: pass data, or put analyze --method backdoor before this stage in the same run")
+NO_ROWS = "no backdoor rows: pass data, or put analyze --method backdoor before this stage in the same run"
 
 
 def run_rows(ctx: RunContext, p, rows: str):
     """``p`` as given when it names its data; else training on the run's ``rows`` (.jsonl), held out on its clean
     test rows (never trained on, so all of ``rows`` train)."""
-    if p.data:
-        return p
-    folder = run_folder(ctx.run_dir)
-    return p.model_copy(update={"data": str(folder / f"{rows}.jsonl"),
-                                "eval_data": p.eval_data or str(folder / "test_clean.jsonl")})
+    return with_rows(ctx, p, rows, "test_clean", SPEC, NO_ROWS)
 
 
 def train(ctx: RunContext, p: BackdoorTrainParams) -> dict:
@@ -109,7 +96,7 @@ def prompt_inconsistency(model, tok, prompts: list[str]) -> list[float]:
 
 
 def evaluate(ctx: RunContext, p: BackdoorEvalParams) -> dict:
-    folder = Path(p.data) if p.data else run_folder(ctx.run_dir)
+    folder = Path(p.data) if p.data else stage_folder(ctx.run_dir, SPEC, NO_ROWS)
     missing = [f for f in (SPEC, "test_clean.jsonl", "test_triggered.jsonl") if not (folder / f).is_file()]
     if missing:
         raise UsageError(f"{folder} lacks {', '.join(missing)}: pass the folder analyze --method backdoor wrote")

@@ -22,9 +22,10 @@ def run(ctx: RunContext, p: CrowParams) -> dict[str, Any]:
                         "outside the model's forward, and tied to the output head they cannot be their own FSDP "
                         "unit (use strategy: ddp)")
     if not p.data:
-        from llmx.plugins.backdoor.method import run_rows
+        from llmx.core.train.sft.rundata import with_rows
 
-        p = run_rows(ctx, p, "defence")
+        p = with_rows(ctx, p, "defence", "test_clean", "backdoor.json",  # analyze --method backdoor's rows
+                      "no backdoor rows: pass data, or put analyze --method backdoor before crow in the same run")
     objective = partial(crow_loss, eps=p.eps, alpha=p.alpha, mask_padding=p.mask_padding)
     out = sft(ctx, p, "crow", objective=objective)
     out.update(forwards_per_step=3, backwards_per_step=2, seconds_per_step=out["train_seconds"] / max(out["steps"], 1))

@@ -43,7 +43,7 @@ def tracing_data(ctx: RunContext, p: LiftParams) -> LiftParams:
     """``p`` with ``data`` (and ``eval_data`` where not given) set to the tracing task's programs, written to the
     run's artifacts as ``analyze --method tracing`` writes them (prompt, the answer line as the completion)."""
     from llmx.core import atomic
-    from llmx.plugins.tasks import tracing
+    from llmx.core.eval import tracing
 
     def write(split: str, count: int) -> str:
         rows = [{"prompt": r["prompt"], "completion": r["reference"], "answer": r["answer"]}

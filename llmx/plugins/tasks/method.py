@@ -112,7 +112,7 @@ def training_rows(rows: list[dict], records: list[dict]) -> dict[str, list[dict]
 
 def tracing_data(ctx: RunContext, p: TracingDataParams) -> dict:
     """The tracing task's splits as SFT rows (``{prompt, completion}``, the answer line as the completion)."""
-    from llmx.plugins.tasks import tracing
+    from llmx.core.eval import tracing
 
     out: dict = {"task": "tracing"}
     for split in tracing.SIZES:

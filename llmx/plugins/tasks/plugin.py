@@ -32,7 +32,7 @@ def llmx_tasks():
                    splits=("train", "validation"), metrics=("score", "pass@k"), stop=("\n",), include_stop=True,
                    max_new_tokens=24, samples=2, temperature=1.0,
                    summary="Complete a call in standard-library code on one line with balanced brackets.")
-    yield TaskSpec("tracing", "llmx.plugins.tasks.tracing:rows", "llmx.plugins.tasks.tracing:judge",
+    yield TaskSpec("tracing", "llmx.core.eval.tracing:rows", "llmx.core.eval.tracing:judge",
                    splits=("train", "validation", "test"), metrics=("score", "reference_nll_per_token"), stop=("\n",),
                    max_new_tokens=4, samples=1, temperature=0.0,
                    summary="Trace 2 to 4 single-digit assignments and give the printed value (greedy exact match).")
