@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SMOKE_RUNS ?= .smoke-runs
+COMPARISONS = $(BIN)/llmx --json compare list | $(BIN)/python -c \
+	"import json, sys; print(' '.join(d['name'] for d in json.load(sys.stdin)))"
 # The CPU wheel goes in first, so that the package's torch range is already met and pip fetches no CUDA build.
 TORCH_CPU ?= 2.13.0
 LOWEST ?= .venv-lowest
@@ -12,7 +14,7 @@ GPU_WHEELS ?= pydantic pydantic_core annotated-types typing-inspection typing-ex
 WHEEL_TARGET := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any
 
-.PHONY: install test test-fast test-lowest lint smoke bench demo gpu-wheels clean
+.PHONY: install test test-fast test-lowest lint smoke compare bench demo gpu-wheels clean
 
 install: $(VENV)/.installed
 
@@ -67,13 +69,19 @@ smoke: install
 		echo "smoke: $$f"; \
 		OMP_NUM_THREADS=1 $(BIN)/llmx -q run $$f --output-dir $(SMOKE_RUNS); \
 	done
-	@set -e; for c in $$($(BIN)/llmx --json compare list | $(BIN)/python -c \
-		"import json, sys; print(' '.join(d['name'] for d in json.load(sys.stdin)))"); do \
+	@set -e; for c in $$($(COMPARISONS)); do \
 		echo "smoke: compare $$c --quick"; \
 		OMP_NUM_THREADS=1 $(BIN)/llmx -q compare $$c --quick --output-dir $(SMOKE_RUNS)/compare; \
 	done
+	$(BIN)/llmx compare summary $(SMOKE_RUNS)/compare > /dev/null
 	$(BIN)/llmx report $(SMOKE_RUNS) --format md
 	@rm -rf $(SMOKE_RUNS)
+
+# Every comparison in full form (hours on 2 CPU cores; ONLY="gptq lexico" for some), then the published figures
+# (benchmarks/results/compare/) and the README's table regenerated from them.
+compare: install
+	@set -e; for c in $${ONLY:-$$($(COMPARISONS))}; do echo "compare: $$c"; $(BIN)/llmx compare $$c; done
+	$(BIN)/python benchmarks/publish_comparisons.py comparisons
 
 bench: install
 	@set -e; for f in benchmarks/bench_*.py; do \

@@ -261,3 +261,19 @@ def test_the_cli_runs_a_quick_comparison_and_refuses_bad_names_with_exit_2(cli, 
     assert typo.code == 2 and "Did you mean 'gptq'" in typo.err
     bad = cli("compare", "gptq", "--quick", "--set", "gptq-w9.bits=w4a16", "-o", tmp_path / "bad")
     assert bad.code == 2 and "no arm 'gptq-w9'" in bad.err and not (tmp_path / "bad").exists()
+
+
+def test_summary_tabulates_every_result_under_a_folder_and_refuses_an_empty_one(cli, tmp_path):
+    spec = _spec(seeds=(0,))
+    runner.run(runner.plan(spec, out=tmp_path / "cmp" / "planted" / "m"), progress=False)
+    r = cli("--json", "compare", "summary", tmp_path / "cmp")
+    assert r.code == 0, r.err
+    rows = {row["baseline"]: row for row in r.json()}
+    assert rows["rtn-w2"]["verdict"] == "ahead" and rows["rtn-w2"]["baseline_value"] > rows["rtn-w2"]["target_value"]
+    import torch
+
+    assert rows["start-again"]["improvement"] == 0
+    assert rows["start-again"]["machines"] == [rows["rtn-w2"]["machines"][0]]  # one machine ran every arm
+    assert torch.backends.cpu.get_cpu_capability() in rows["rtn-w2"]["machines"][0]
+    empty = cli("compare", "summary", tmp_path / "nothing")
+    assert empty.code == 2 and "no comparison result" in empty.err

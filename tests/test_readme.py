@@ -46,3 +46,13 @@ def test_api_errors_are_the_clis(tmp_path):
         llmx.evaluate(object(), method="perplexity")
     with pytest.raises(llmx.ConfigError, match="file not found"):
         llmx.train("tiny:llama", method="sft", data=str(tmp_path / "missing.jsonl"))
+
+
+def test_the_readme_comparison_table_is_generated_from_the_published_results():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import publish_comparisons as publish
+
+    text = (ROOT / "README.md").read_text()
+    assert publish.readme_with(text, publish.table()) == text, "run: python benchmarks/publish_comparisons.py"

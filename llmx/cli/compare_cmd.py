@@ -12,7 +12,8 @@ from llmx.cli.output import emit, info, stdout, table
 
 
 def compare(
-    words: Annotated[Optional[list[str]], typer.Argument(help="list | show NAME | NAME", show_default=False)] = None,
+    words: Annotated[Optional[list[str]], typer.Argument(
+        help="list | show NAME | NAME | summary [PATH...]", show_default=False)] = None,
     model: o.Model = None,
     data: o.Data = None,
     device: o.Device = None,
@@ -27,7 +28,8 @@ def compare(
         "--output-dir", "-o", help="Where comparisons go (default comparisons/): OUT/NAME/MODEL[-quick].")] = None,
 ) -> None:
     """Run the comparison a paper makes: its method beside its baselines, each arm and seed a run folder (a rerun
-    reuses the finished ones), paired on the same items, with a verdict only where the interval excludes zero."""
+    reuses the finished ones), paired on the same items, with a verdict only where the interval excludes zero.
+    ``summary`` tabulates the results already written (default: under comparisons/)."""
     from llmx.core.plugins import host
     from llmx.errors import UsageError
 
@@ -37,6 +39,17 @@ def compare(
         emit(data_, lambda: table("comparisons (llmx compare show NAME for the arms)", ["name", "target", "arms", "cost",
                                                                                  "plugin"],
                                   [[d["name"], d["target"], len(d["arms"]), d["cost"], d["plugin"]] for d in data_]))
+        return
+    if words[0] == "summary":
+        from llmx.core.compare import summary
+
+        results = summary.load(words[1:] or ["comparisons"])
+        rows = summary.rows(results)
+        emit(rows, lambda: table("comparisons: the target against each baseline", [
+            "comparison", "target vs baseline", "metric", "improvement [95%]", "verdict", "model, seeds", "machine"],
+            [[r["comparison"], f"{r['target']} vs {r['baseline']}", r["metric"], summary.cell(r), r["verdict"],
+              f"{r['model']}, {len(r['seeds'])} seeds{' (quick)' if r['quick'] else ''}", "; ".join(r["machines"])]
+             for r in rows]))
         return
     if words[0] == "show":
         if len(words) != 2:
@@ -100,7 +113,8 @@ def _render(result: dict, out) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("compare", epilog=examples(
-        "llmx compare list", "llmx compare show gptq", "llmx compare gptq --quick --model ref:llama-test",
+        "llmx compare list", "llmx compare show gptq", "llmx compare summary comparisons/",
+        "llmx compare gptq --quick --model ref:llama-test",
         "llmx compare gptq --model ./my-model --data notes.txt --seeds 0 1 2",
         "llmx compare lexico --model ./my-model --device cuda --dtype bfloat16",
         "llmx compare gptq --set gptq-w4.group_size=64 --set rtn-w4.group_size=64"))(compare)

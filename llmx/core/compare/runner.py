@@ -351,14 +351,11 @@ def markdown(result: dict[str, Any]) -> str:
         cost = "-" if a["cost"] is None else f"{a['cost']:.3g}"
         value = "-" if a[metric] is None else f"{a[metric]:.4f}"
         lines.append(f"| {a['name']} | {a['family']} | {cost} | {value} | {cell} | {v['verdict'] if v else ''} |")
+    from llmx.core.compare.summary import where
+
     lines += ["", f"Improvement: {result['improvement']}.", "", "Runs made on: " + "; ".join(
-        _describe(m) for m in result.get("run_machines") or [result["machine"]]) + "."]
+        f"{where(m)}, torch {m.get('torch')}" for m in result.get("run_machines") or [result["machine"]]) + "."]
     return "\n".join(lines) + "\n"
-
-
-def _describe(machine: dict[str, Any]) -> str:
-    where = machine.get("cuda") or f"{machine.get('cpu_model')} ({machine.get('torch_cpu_capability')})"
-    return f"{where}, torch {machine.get('torch')}"
 
 
 def write(out: Path, result: dict[str, Any]) -> None:
