@@ -260,13 +260,14 @@ def test_generated_mmmb_round_trips_with_the_same_questions_in_every_language(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"mmmb_{c}.tsv" for c in sorted(mmmb.CODES)]
     items = mmmb.read(tmp_path)
     by_lang = {lang: [it for it in items if it.language == lang] for lang in L.LANGUAGES}
-    assert all(len(v) == 12 for v in by_lang.values())
-    for k, en in enumerate(by_lang["en"]):
+    asked = [by_lang["en"][g[0]] for g in mmmb.questions(by_lang["en"], True)]
+    assert len(asked) == 12 and all(len(v) == sum(len(q.options) for q in asked) for v in by_lang.values())
+    for k, en in enumerate(by_lang["en"]):  # every row (rotated copies too) the same in every language
         same = [by_lang[lang][k] for lang in L.LANGUAGES]
         assert len({(it.answer, it.category, len(it.options), it.image) for it in same}) == 1
         assert len({it.question for it in same}) == 6
         assert en.options[en.answer] in {L.answer("en", en.category, v) for v in qa._values(en.category)}
-    assert len({it.category for it in by_lang["en"]}) >= 5
+    assert len({it.category for it in asked}) >= 5
     assert {len(it.options) for it in items} == {2, 4}
     shown = scenes(12, "test", 3 + 2000)[0].pixels()
     assert (torch.tensor(list(by_lang["zh"][0].pil().getdata())).reshape(32, 32, 3).numpy() == shown).all()
@@ -290,13 +291,27 @@ def test_replies_are_read_as_parrot_and_vlmevalkit_do():
     assert mmmb.postprocess("The answer is option C.", zh.prompt()) == "The answer is option C."  # not stripped
 
 
-def test_an_oracle_scores_one_and_a_constant_letter_about_one_over_the_options(tmp_path):
-    mmmb.write(tmp_path, 300, 0, ["en", "tr"])
+def test_generated_letters_are_balanced_and_a_constant_letter_scores_zero_under_circular_eval(tmp_path):
+    from collections import Counter
+
+    mmmb.write(tmp_path, 60, 0, ["en", "tr"])
     items = mmmb.read(tmp_path)
-    assert mmmb.score(items, ["ABCD"[it.answer] for it in items])[1] == [1.0] * len(items)
-    constant = sum(mmmb.score(items, ["A"] * len(items))[1]) / len(items)
-    expected = sum(1 / len(it.options) for it in items) / len(items)
-    assert abs(constant - expected) < 0.06 and constant < 0.5
+    groups = mmmb.questions(items, True)
+    assert mmmb.circular(tmp_path, items) and len(groups) == 120
+    for n in (2, 4):  # each letter right equally often among the questions offering it
+        right = Counter("ABCD"[it.answer] for it in items if len(it.options) == n)
+        assert len(right) == n and len(set(right.values())) == 1, right
+    for g in groups:  # a question's rows: its options rotated, the same right option at each letter once
+        first = items[g[0]]
+        assert int(first.index) < mmmb.CIRCLE and len(g) == len(first.options)
+        assert sorted(items[i].answer for i in g) == list(range(len(g)))
+        assert {items[i].options[items[i].answer] for i in g} == {first.options[first.answer]}
+        assert all(sorted(items[i].options) == sorted(first.options) and items[i].image == first.image for i in g)
+    oracle = mmmb.score(items, ["ABCD"[it.answer] for it in items])[1]
+    assert mmmb.grouped(items, oracle, True)[1] == [1.0] * 120
+    for letter in "ABCD":
+        scores = mmmb.score(items, [letter] * len(items))[1]
+        assert sum(scores) > 0 and mmmb.grouped(items, scores, True)[1] == [0.0] * 120
 
 
 def _tsv(path, rows, columns=mmmb.COLUMNS):
@@ -305,6 +320,13 @@ def _tsv(path, rows, columns=mmmb.COLUMNS):
         w.writerow(columns)
         w.writerows(rows)
     return path
+
+
+def _questions(folder, count):
+    """The generated set's English rows without their rotated copies."""
+    mmmb.write(folder, count, 0, ["en"])
+    rows = list(csv.DictReader(open(folder / "mmmb_en.tsv", encoding="utf-8"), delimiter="\t"))
+    return [r for r in rows if int(r["index"]) < mmmb.CIRCLE]
 
 
 def test_real_tsv_layouts_hints_and_shared_images_are_read(tmp_path):
@@ -448,8 +470,7 @@ def test_a_wide_image_is_padded_to_a_square_not_cropped(tiny_llava, tmp_path):
 def test_mmbench_files_are_scored_by_circular_eval(tmp_path):
     from llmx.errors import UsageError
 
-    mmmb.write(tmp_path / "gen", 3, 0, ["en"])
-    rows = list(csv.DictReader(open(tmp_path / "gen" / "mmmb_en.tsv", encoding="utf-8"), delimiter="\t"))
+    rows = _questions(tmp_path / "gen", 3)
     copies = []
     for r in rows[:2]:
         copies.append({**r})
@@ -459,7 +480,8 @@ def test_mmbench_files_are_scored_by_circular_eval(tmp_path):
     for code in ("en", "cn"):  # the same indices in another language are other questions
         _tsv(tmp_path / "mmb" / f"mmbench_dev_{code}.tsv", [list(r.values()) for r in copies], list(copies[0]))
     items = mmmb.read(tmp_path / "mmb")
-    assert mmmb.circular(tmp_path / "mmb", items) and not mmmb.circular(tmp_path / "gen", mmmb.read(tmp_path / "gen"))
+    plain = _tsv(tmp_path / "mmmb_en.tsv", [list(r.values()) for r in rows], list(rows[0]))
+    assert mmmb.circular(tmp_path / "mmb", items) and not mmmb.circular(plain, mmmb.read(plain))
     scores = [1.0, 1.0, 1.0, 0.0, 1.0] + [1.0, 0.0, 1.0, 1.0, 1.0]  # zh (cn sorts first): question 1 wrong once
     questions, graded = mmmb.grouped(items, scores, True)  # en: question 0 wrong once
     assert [(q.language, q.index) for q in questions] == [("zh", "0"), ("zh", "1"), ("en", "0"), ("en", "1")]
@@ -498,7 +520,7 @@ def test_tsv_quirks_a_bom_a_dangling_image_reference_and_mixed_benchmarks(tmp_pa
     text = (tmp_path / "gen" / "mmmb_en.tsv").read_text(encoding="utf-8")
     (tmp_path / "bom").mkdir()
     (tmp_path / "bom" / "mmmb_en.tsv").write_text("\ufeff" + text, encoding="utf-8")
-    assert len(mmmb.read(tmp_path / "bom")) == 2
+    assert len(mmmb.questions(mmmb.read(tmp_path / "bom"), True)) == 2
     header, first, _ = text.split("\n", 2)
     dangling = first.rsplit("\t", 1)[0] + "\t42"
     (tmp_path / "bad").mkdir()
@@ -519,8 +541,9 @@ def test_mmmb_writes_one_item_per_question_after_circular_eval_averaging_to_its_
     """The items ``llmx compare parrot`` pairs: a question is right only when all its rotated copies are."""
     from pathlib import Path
 
-    mmmb.write(tmp_path / "gen", 3, 0, ["en"])
-    rows = list(csv.DictReader(open(tmp_path / "gen" / "mmmb_en.tsv", encoding="utf-8"), delimiter="\t"))
+    from llmx.plugins.parrot.method import question_id
+
+    rows = _questions(tmp_path / "gen", 3)
     copies = [c for r in rows for c in ({**r}, {**r, "index": str(int(r["index"]) + 1_000_000), "image": r["index"]})]
     (tmp_path / "mmb").mkdir()
     _tsv(tmp_path / "mmb" / "mmbench_dev_en.tsv", [list(r.values()) for r in copies], list(copies[0]))
@@ -549,5 +572,8 @@ def test_mmmb_writes_one_item_per_question_after_circular_eval_averaging_to_its_
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "mmbench_dev_en.tsv").write_bytes((tmp_path / "mmb" / "mmbench_dev_en.tsv").read_bytes())
     assert asked(tiny_llava(tmp_path / "other", "llama"), tmp_path / "copy", "other") == ids
-    mmmb.write(tmp_path / "gen1", 3, 1, ["en"])
-    assert not set(asked(tiny_llava(tmp_path / "m"), tmp_path / "gen1", "gen1")) & set(ids)
+    mmmb.write(tmp_path / "gen1", 3, 1, ["en"])  # every rotation asked, one item per question (its unrotated row)
+    gen = mmmb.read(tmp_path / "gen1")
+    got = asked(tiny_llava(tmp_path / "m"), tmp_path / "gen1", "gen1")
+    assert len(gen) > 6 and got == [question_id(gen[g[0]]) for g in mmmb.questions(gen, True)] and len(set(got)) == 3
+    assert not set(got) & set(ids)

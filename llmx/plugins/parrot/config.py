@@ -49,7 +49,7 @@ class MmmbParams(Params):
     seed: int = Field(0, description="Generated set: the scenes, questions and option order.")
     circular: bool | None = Field(None, description="CircularEval (a question is right only when all its rotated "
                                   "copies, index + k*1e6, are): default as VLMEvalKit, on for MMBench files or any "
-                                  "index past 1e6.")
+                                  "index past 1e6 (the generated set asks every rotation).")
     max_new_tokens: int = Field(64, gt=0, description="Reply budget (Parrot's own evaluation allows 512; the letter "
                                 "extraction reads the whole reply).")
     batch_size: int = Field(16, gt=0)

@@ -116,14 +116,11 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
     from llmx.plugins.parrot import mmmb
 
     model, proc = vision_language(ctx.model, ctx.tokenizer, ctx.config.model)
-    if p.data:
-        items = mmmb.read(p.data, p.languages)
-        if not items:
-            raise UsageError(f"{p.data}: no questions in {', '.join(p.languages)}")
-        circular = p.circular if p.circular is not None else mmmb.circular(p.data, items)
-    else:
-        items = mmmb.read(mmmb.write(ctx.artifact("mmmb"), p.count, p.seed, p.languages)[0].parent, p.languages)
-        circular = bool(p.circular)
+    data = p.data or mmmb.write(ctx.artifact("mmmb"), p.count, p.seed, p.languages)[0].parent
+    items = mmmb.read(data, p.languages)
+    if not items:
+        raise UsageError(f"{data}: no questions in {', '.join(p.languages)}")
+    circular = p.circular if p.circular is not None else mmmb.circular(data, items)
     prompts = [it.prompt() for it in items]
     replies = reply(model, proc, [[{"role": "user", "content": f"{IMAGE_TOKEN}\n{q}"}] for q in prompts], items,
                     p.max_new_tokens, batch_size=p.batch_size, progress=ctx.progress)

@@ -8,7 +8,9 @@ then the instruction to answer with the option's letter in the question's langua
 post-processing and VLMEvalKit's letter extraction, scored by exact match. MMBench files hold rotated copies of each
 question (``index + k * 1e6``) and are scored as VLMEvalKit does, by CircularEval: a question counts only when every
 copy is right. ``write`` makes an MMMB-format set from held-out digit scenes: every question asked in each language
-with the same options, shuffled by seed."""
+with the same options, shuffled by seed, and once per rotation of its options (copies ``index + k * 1e6``, scored by
+CircularEval), so a letter is right equally often among the questions offering it and a constant letter is never
+right."""
 
 from __future__ import annotations
 
@@ -119,19 +121,24 @@ def _number(item: Item) -> int:
         raise UsageError(f"{item.where}: index {item.index!r} is not an integer (CircularEval groups by index)") from None
 
 
-def grouped(items: list[Item], scores: list[float], circular_eval: bool) -> tuple[list[Item], list[float]]:
-    """(question, score) per question: each row, or under CircularEval (VLMEvalKit's ``mcq_circular_eval``) each
-    question of index < 1e6 with all its copies (index + k * 1e6) right; copies without their question are dropped."""
+def questions(items: list[Item], circular_eval: bool) -> list[list[int]]:
+    """Each question's rows, its own first: every row alone, or under CircularEval (VLMEvalKit's
+    ``mcq_circular_eval``) each question of index < 1e6 with its copies (index + k * 1e6); copies without their
+    question are dropped."""
     if not circular_eval:
-        return items, scores
-    groups: dict[tuple[str, int], list[float]] = {}
-    first: dict[tuple[str, int], Item] = {}
-    for it, s in zip(items, scores, strict=True):
-        key = (it.language, _number(it) % CIRCLE)
-        groups.setdefault(key, []).append(s)
-        if _number(it) < CIRCLE:
-            first[key] = it
-    return [first[k] for k in groups if k in first], [float(all(v)) for k, v in groups.items() if k in first]
+        return [[i] for i in range(len(items))]
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, it in enumerate(items):
+        groups.setdefault((it.language, _number(it) % CIRCLE), []).append(i)
+    rows = [sorted(g, key=lambda i: _number(items[i])) for g in groups.values()]
+    return [g for g in rows if _number(items[g[0]]) < CIRCLE]
+
+
+def grouped(items: list[Item], scores: list[float], circular_eval: bool) -> tuple[list[Item], list[float]]:
+    """(question, score) per question (``questions``): its row's, or under CircularEval 1 only when all its rows are
+    right."""
+    groups = questions(items, circular_eval)
+    return [items[g[0]] for g in groups], [min(scores[i] for i in g) for g in groups]
 
 
 def read(path: str | Path, languages: list[str] | None = None) -> list[Item]:
@@ -192,7 +199,9 @@ def _image(encoded: str, where: str) -> bytes:
 def write(folder: str | Path, count: int, seed: int, languages: list[str]) -> list[Path]:
     """An MMMB-format set from ``count`` held-out digit scenes (test-split handwriting): one question per scene, its
     category (colour, size, cell, digit_at, count, relation) in turn, asked in each language with the same options in
-    the same seeded order; one ``mmmb_{code}.tsv`` per language."""
+    the same seeded order, then once per further rotation of its options (index + k * 1e6, the image shared by
+    index), so over a question's rows the right answer is each of its letters once; one ``mmmb_{code}.tsv`` per
+    language."""
     from llmx.core.multimodal import qa
     from llmx.core.multimodal.scenes import scenes
 
@@ -205,7 +214,10 @@ def write(folder: str | Path, count: int, seed: int, languages: list[str]) -> li
         values = qa.option_values(kind, value, rng)
         buf = io.BytesIO()
         s.image().save(buf, format="PNG")
-        rows.append((i, kind, slots, values, values.index(value), base64.b64encode(buf.getvalue()).decode()))
+        image = base64.b64encode(buf.getvalue()).decode()
+        for k in range(len(values)):
+            turned = values[k:] + values[:k]
+            rows.append((i + k * CIRCLE, kind, slots, turned, turned.index(value), image if k == 0 else str(i)))
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     code = {ours: theirs for theirs, ours in CODES.items()}
@@ -215,8 +227,9 @@ def write(folder: str | Path, count: int, seed: int, languages: list[str]) -> li
         with open(f, "w", newline="", encoding="utf-8") as handle:
             w = csv.writer(handle, delimiter="\t")
             w.writerow(COLUMNS)
-            for i, kind, slots, values, right, image in rows:
+            for index, kind, slots, values, right, image in rows:
                 options = [L.answer(lang, kind, v) for v in values] + [""] * (4 - len(values))
-                w.writerow([i, L.question(lang, kind, **slots), "", *options, string.ascii_uppercase[right], kind, image])
+                w.writerow([index, L.question(lang, kind, **slots), "", *options, string.ascii_uppercase[right], kind,
+                            image])
         out.append(f)
     return out
