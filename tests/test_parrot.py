@@ -314,6 +314,44 @@ def test_generated_letters_are_balanced_and_a_constant_letter_scores_zero_under_
         assert sum(scores) > 0 and mmmb.grouped(items, scores, True)[1] == [0.0] * 120
 
 
+def test_likelihood_scoring_picks_the_option_a_planted_model_prefers_in_every_rotation(tiny_llava, tmp_path):
+    from llmx.plugins.parrot import likelihood
+
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    mmmb.write(tmp_path / "gen", 1, 0, ["en", "zh"])
+    items = mmmb.read(tmp_path / "gen")  # one colour question, four rotations, in two languages
+    assert len(items) == 8 and len({frozenset(it.options) for it in items}) == 2
+    tok, eos = proc.tokenizer, proc.tokenizer.eos_token_id
+    for wanted in items[0].options + items[4].options:
+        bias = torch.zeros(model.config.text_config.vocab_size)
+        bias[tok(wanted, add_special_tokens=False)["input_ids"]] = 10.0  # every token of this option likely
+        hook = model.lm_head.register_forward_hook(lambda _m, _i, out, b=bias: torch.zeros_like(out) + b)
+        try:
+            scores = likelihood.loglikelihoods(model, proc, items, batch_size=3)
+        finally:
+            hook.remove()
+        mine = [it for it in items if wanted in it.options]
+        assert [it.options[likelihood.pick(v)] for it, v in zip(items, scores, strict=True) if it in mine] == [wanted] * 4
+        logp = torch.log_softmax(bias, -1)
+        for it, v in zip(items, scores, strict=True):  # the reply as the template writes it (" " + option + "</s>"), no more
+            assert v == pytest.approx([float(logp[tok(f" {o}", add_special_tokens=False)["input_ids"] + [eos]].sum())
+                                       for o in it.options], rel=1e-5)
+
+
+def test_mmmb_by_likelihood_runs_end_to_end(cli, tiny_llava, tmp_path):
+    from pathlib import Path
+
+    r = cli("--json", "eval", "--method", "mmmb", "--model", tiny_llava(tmp_path / "m"), "--set", "count=3",
+            "--set", 'languages=["en", "ru"]', "--set", "scoring=likelihood", "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    assert m["scoring"] == "likelihood" and m["circular"] and m["questions"] == 6 and m["unanswered"] == 0
+    folder = next(Path(tmp_path / "runs").glob("*/artifacts/0_mmmb"))
+    answers = [json.loads(x) for x in (folder / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == m["rows"] and all(len(a["loglikelihoods"]) in (2, 4) for a in answers)
+    assert all("A. " not in a["prompt"] for a in answers)  # the question alone: no lettered options
+
+
 def _tsv(path, rows, columns=mmmb.COLUMNS):
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t")
@@ -541,7 +579,7 @@ def test_mmmb_writes_one_item_per_question_after_circular_eval_averaging_to_its_
     """The items ``llmx compare parrot`` pairs: a question is right only when all its rotated copies are."""
     from pathlib import Path
 
-    from llmx.plugins.parrot.method import question_id
+    from llmx.plugins.parrot.evaluate import question_id
 
     rows = _questions(tmp_path / "gen", 3)
     copies = [c for r in rows for c in ({**r}, {**r, "index": str(int(r["index"]) + 1_000_000), "image": r["index"]})]

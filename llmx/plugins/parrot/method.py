@@ -1,14 +1,7 @@
-"""``llmx train --method parrot`` and ``llmx eval --method mmmb``.
-
-Training is LLaVA's stage on the shared loop (``core/multimodal/stage``) with Parrot's MoE as the model's visual
-adapter (``core/multimodal/adapter``: the text embeddings, the question mask and ``inputs_embeds`` into the real
-``LlavaForConditionalGeneration``). A model whose processor drops CLS (llava-hf's ``default`` strategy, 576 tokens
-for CLIP-L/336) is switched to ``full`` (577): the MoE's query is the CLS token.
-
-The evaluation writes ``answers.jsonl`` (one row per TSV row: the reply, the letter picked, its score) and
-``questions.jsonl`` (one row per question after CircularEval, its ``accuracy``: the items ``llmx compare parrot``
-pairs; their mean is the stage's ``accuracy``; ``item``: the digest of the question's index, language, text, hint,
-options, answer and image bytes)."""
+"""``llmx train --method parrot``: LLaVA's stage on the shared loop (``core/multimodal/stage``) with Parrot's MoE as
+the model's visual adapter (``core/multimodal/adapter``: the text embeddings, the question mask and ``inputs_embeds``
+into the real ``LlavaForConditionalGeneration``). A model whose processor drops CLS (llava-hf's ``default``
+strategy, 576 tokens for CLIP-L/336) is switched to ``full`` (577): the MoE's query is the CLS token."""
 
 from __future__ import annotations
 
@@ -19,10 +12,9 @@ import torch
 
 from llmx.core import atomic
 from llmx.core.context import RunContext
-from llmx.core.eval.items import FIELD, item_id
 from llmx.core.multimodal.model import vision_language
 from llmx.errors import UsageError
-from llmx.plugins.parrot.config import MmmbParams, ParrotTrainParams
+from llmx.plugins.parrot.config import ParrotTrainParams
 from llmx.plugins.parrot.moe import MultilingualMoE, projector_type
 
 
@@ -101,51 +93,3 @@ def _routing(model, proc, p: ParrotTrainParams, seed: int) -> dict[str, Any] | N
         return report(model.eval(), proc, p.routing_scenes, seed)
     finally:
         model.train(was)
-
-
-def question_id(q) -> str:
-    """The ``item`` of an MMMB question (``mmmb.Item``): what is asked, about which image, never its file or line."""
-    import hashlib
-
-    return item_id(q.index, q.language, q.question, q.hint, q.options, q.answer, hashlib.sha1(q.image).hexdigest())
-
-
-def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
-    from llmx.core.multimodal.answer import non_english_mean, per_language, reply
-    from llmx.core.multimodal.model import IMAGE_TOKEN
-    from llmx.plugins.parrot import mmmb
-
-    model, proc = vision_language(ctx.model, ctx.tokenizer, ctx.config.model)
-    data = p.data or mmmb.write(ctx.artifact("mmmb"), p.count, p.seed, p.languages)[0].parent
-    items = mmmb.read(data, p.languages)
-    if not items:
-        raise UsageError(f"{data}: no questions in {', '.join(p.languages)}")
-    circular = p.circular if p.circular is not None else mmmb.circular(data, items)
-    prompts = [it.prompt() for it in items]
-    replies = reply(model, proc, [[{"role": "user", "content": f"{IMAGE_TOKEN}\n{q}"}] for q in prompts], items,
-                    p.max_new_tokens, batch_size=p.batch_size, progress=ctx.progress)
-    picks, scores = mmmb.score(items, replies)
-    atomic.write_text(ctx.artifact("answers.jsonl"), "".join(
-        json.dumps({"where": it.where, "language": it.language, "category": it.category, "prompt": q, "reply": r,
-                    "picked": k, "answer": it.answer, "score": s}, ensure_ascii=False) + "\n"
-        for it, q, r, k, s in zip(items, prompts, replies, picks, scores, strict=True)))
-    questions, graded = mmmb.grouped(items, scores, circular)
-    atomic.write_jsonl(ctx.artifact("questions.jsonl"), [
-        {FIELD: question_id(q), "where": q.where, "index": q.index, "language": q.language, "category": q.category, "accuracy": g}
-        for q, g in zip(questions, graded, strict=True)])  # the items llmx compare pairs (CircularEval applied)
-    table = per_language([q.language for q in questions], graded, ctx.config.seed)
-    out: dict[str, Any] = {"questions": len(graded), "rows": len(items), "circular": circular,
-                           "accuracy": sum(graded) / len(graded), "row_accuracy": sum(scores) / len(scores),
-                           "unanswered": sum(k is None for k in picks) / len(picks)}
-    for lang, row in table.items():
-        out.update({f"accuracy_{lang}": row["accuracy"], f"ci_low_{lang}": row["ci_low"],
-                    f"ci_high_{lang}": row["ci_high"]})
-    if (mean := non_english_mean(table)) is not None:
-        out["accuracy_non_english"] = mean
-    cats: dict[str, dict[str, list[float]]] = {}
-    for it, s in zip(questions, graded, strict=True):
-        cats.setdefault(it.language, {}).setdefault(it.category, []).append(s)
-    per_category = {lang: {c: sum(v) / len(v) for c, v in sorted(d.items())} for lang, d in cats.items()}
-    atomic.write_text(ctx.artifact("per_category.json"), json.dumps(per_category, indent=2, ensure_ascii=False) + "\n")
-    out["categories"] = len({q.category for q in questions})
-    return out

@@ -51,10 +51,13 @@ class Item:
         with Image.open(io.BytesIO(self.image)) as img:
             return img.convert("RGB")
 
+    def asked(self) -> str:
+        """The hint and the question."""
+        return f"{self.hint}\n{self.question}" if self.hint else self.question
+
     def prompt(self) -> str:
         """Parrot's multiple-choice prompt: hint, question, the options, the instruction in this language."""
-        asked = f"{self.hint}\n{self.question}" if self.hint else self.question
-        return L.multiple_choice(self.language, asked, list(self.options))
+        return L.multiple_choice(self.language, self.asked(), list(self.options))
 
 
 def postprocess(reply: str, prompt: str) -> str:

@@ -10,7 +10,7 @@ def llmx_methods():
     yield MethodSpec("parrot", (Stage.TRAIN,), "llmx.plugins.parrot.method:train",
                      "llmx.plugins.parrot.config:ParrotTrainParams", paper=PAPER,
                      summary="LLaVA stages with a language-conditioned MoE on the visual tokens (stage 1 / 2).")
-    yield MethodSpec("mmmb", (Stage.EVAL,), "llmx.plugins.parrot.method:evaluate",
+    yield MethodSpec("mmmb", (Stage.EVAL,), "llmx.plugins.parrot.evaluate:evaluate",
                      "llmx.plugins.parrot.config:MmmbParams", paper=PAPER,
                      summary="MMMB / multilingual MMBench multiple choice per language and category (VLMEvalKit TSV).")
 
