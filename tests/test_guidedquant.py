@@ -164,6 +164,30 @@ def test_no_small_change_of_a_codebook_entry_improves_a_c_step():
             assert lnq.objective(w, moved.gather(1, idx), h) >= base
 
 
+@pytest.mark.parametrize("ridge", [1e-7, 0.0])
+def test_the_c_step_is_the_dense_closed_form_row_by_row(ridge):
+    """Against ``(P^T H P + ridge I)^-1 P^T H w`` with an explicit one-hot P per row, on a random SPD H: rows whose
+    assignments leave codewords empty (solved on the used ones, the empty entries 0) and a row on one codeword."""
+    g = torch.Generator().manual_seed(5)
+    d, k = 40, 8
+    a = torch.randn(d, 2 * d, generator=g, dtype=torch.float64)
+    h = a @ a.T / d
+    w = torch.randn(7, d, generator=g, dtype=torch.float64)
+    idx = torch.randint(0, k, (7, d), generator=g)
+    idx[1] = torch.randint(0, 3, (d,), generator=g)  # codewords 3..7 empty
+    idx[2] = 5  # every weight on one codeword
+    idx[3] = idx[3] % 2 * 6  # only 0 and 6
+    c = lnq.c_step(w, idx, h, k, ridge, rows=3)  # chunks of 3 rows
+    for r in range(7):
+        p = torch.nn.functional.one_hot(idx[r], k).double()
+        used = p.sum(0) > 0
+        p = p[:, used]
+        dense = torch.linalg.solve(p.T @ h @ p + ridge * torch.eye(p.shape[1], dtype=torch.float64), p.T @ h @ w[r])
+        assert torch.allclose(c[r, used], dense, rtol=1e-9, atol=1e-12), r
+        assert torch.all(c[r, ~used] == 0), r
+    assert torch.allclose(c[2, 5], (h @ w[2]).sum() / (h.sum() + ridge))  # one codeword: a weighted mean of w
+
+
 def test_a_coordinate_update_is_the_brute_force_best_entry():
     w, _, h = _layer(rows=8)
     c, idx = lnq.kmeans_1d(w, torch.ones_like(w), 8)
@@ -188,6 +212,21 @@ def test_weighted_kmeans_matches_scikit_learn():
         km = KMeans(4, n_init=10, random_state=0).fit(x[r, :, None].numpy(), sample_weight=wt[r].numpy())
         ours = float((wt[r] * (x[r] - c[r, idx[r]]) ** 2).sum())
         assert ours <= km.inertia_ * (1 + 1e-3)
+
+
+def test_weighted_kmeans_ends_at_a_lloyd_fixed_point():
+    """Every weight on its nearest centroid and every used centroid its cluster's weighted mean (the sorted-row
+    Lloyd's with prefix sums, on weights spanning ten orders of magnitude as a Fisher diagonal does)."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 300, generator=g).double()
+    wt = 10 ** (10 * torch.rand(5, 300, generator=g).double() - 8)
+    c, idx = lnq.kmeans_1d(x, wt, 8)
+    assert torch.equal(idx, (x[..., None] - c[:, None, :]).abs().argmin(-1))
+    assert torch.all(c[:, 1:] >= c[:, :-1])
+    num = torch.zeros_like(c).scatter_add_(1, idx, wt * x)
+    den = torch.zeros_like(c).scatter_add_(1, idx, wt)
+    used = den > 0
+    assert torch.allclose(c[used], (num / den.clamp(min=1e-300))[used], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("bits", [2, 3])

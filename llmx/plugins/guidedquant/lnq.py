@@ -8,10 +8,10 @@ with one ``H`` per group of rows, by alternating
   the codebook entry nearest ``t`` is optimal among the entries: the objective never rises. The cross terms
   ``r = (Q - W) H`` are updated exactly inside a block of ``cd_block`` columns and for the rest after the block.
 
-Seeded by SqueezeLLM: per row, 1-D k-means weighted by the Fisher diagonal (official: flash1dkmeans; here Lloyd's
-from several starts, within 0.1% of scikit-learn's ``KMeans`` with ``sample_weight`` in the tests). ``H`` is damped
-only when its Cholesky factorisation fails (``damp_start * mean diag``, tenfold until it succeeds), as the official
-code.
+Seeded by SqueezeLLM: per row, 1-D k-means weighted by the Fisher diagonal (official: flash1dkmeans; here Lloyd's on
+the sorted row from several starts, within 0.1% of scikit-learn's ``KMeans`` with ``sample_weight`` in the tests).
+``H`` is damped only when its Cholesky factorisation fails (``damp_start * mean diag``, tenfold until it succeeds), as
+the official code.
 """
 
 from __future__ import annotations
@@ -24,49 +24,74 @@ import torch
 def kmeans_1d(x: torch.Tensor, weight: torch.Tensor, k: int, iters: int = 100, n_init: int = 8,
               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted 1-D k-means per row: Lloyd's from the weighted quantiles and from ``n_init - 1`` weighted random
-    draws of k points, the best run kept per row. Returns ``(centroids [R, k] sorted, idx [R, d])``."""
+    draws of k points, the best run kept per row. Returns ``(centroids [R, k] sorted, idx [R, d])``.
+
+    Each row is sorted once: a cluster is then a run of the sorted values between two centroid midpoints, and a
+    Lloyd step costs a search of the ``k - 1`` midpoints and prefix sums (as flash1dkmeans), not a pass over the row.
+    """
     x, weight = x.double(), weight.double()
     xs, order = x.sort(dim=1)
-    cum = weight.gather(1, order).cumsum(1)
-    cum = cum / cum[:, -1:]
+    ws = weight.gather(1, order)
+    cum = ws.cumsum(1)
+    zero = cum.new_zeros(x.shape[0], 1)
+    prefix = torch.cat([zero, cum], 1), torch.cat([zero, (ws * xs).cumsum(1)], 1)
     q = (torch.arange(k, dtype=x.dtype, device=x.device) + 0.5) / k
-    pos = torch.searchsorted(cum.contiguous(), q.expand(x.shape[0], -1).contiguous()).clamp(max=x.shape[1] - 1)
-    starts = [xs.gather(1, pos)]
+    pos = torch.searchsorted((cum / cum[:, -1:]).contiguous(), q.expand(x.shape[0], -1).contiguous())
+    starts = [xs.gather(1, pos.clamp(max=x.shape[1] - 1))]
     g = torch.Generator(device="cpu").manual_seed(seed)
     for _ in range(n_init - 1):
         pick = torch.multinomial(weight.cpu().float() + 1e-30, k, replacement=False, generator=g).to(x.device)
         starts.append(x.gather(1, pick).sort(dim=1).values)
-    best_c, best_idx, best_cost = None, None, None
+    best_c, best_labels, best_cost = None, None, None
     for c in starts:
-        c, idx = _lloyd(x, weight, c, iters)
-        cost = (weight * (x - c.gather(1, idx)) ** 2).sum(1)
+        c, labels = _lloyd(xs, ws, prefix, c, iters)
+        cost = (ws * (xs - c.gather(1, labels)) ** 2).sum(1)
         if best_cost is None:
-            best_c, best_idx, best_cost = c, idx, cost
+            best_c, best_labels, best_cost = c, labels, cost
             continue
         better = cost < best_cost
         best_c = torch.where(better[:, None], c, best_c)
-        best_idx = torch.where(better[:, None], idx, best_idx)
+        best_labels = torch.where(better[:, None], labels, best_labels)
         best_cost = torch.minimum(cost, best_cost)
-    return best_c, best_idx
+    return best_c, torch.empty_like(best_labels).scatter_(1, order, best_labels)
 
 
-def _lloyd(x: torch.Tensor, weight: torch.Tensor, c: torch.Tensor, iters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = assign(x, c)
+def _lloyd(xs: torch.Tensor, ws: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], c: torch.Tensor,
+           iters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd's on sorted rows ``xs`` (weights ``ws``, prefix sums of ``ws`` and ``ws * xs`` with a leading 0) from
+    sorted ``c``; the last update uses exact sums (a prefix-sum difference loses a light cluster's digits). Returns
+    the sorted centroids and the cluster of each sorted position."""
+    ends = _ends(xs, c)
     for _ in range(iters):
-        num = torch.zeros_like(c).scatter_add_(1, idx, weight * x)
-        den = torch.zeros_like(c).scatter_add_(1, idx, weight)
-        c = torch.where(den > 0, num / den.clamp(min=1e-300), c).sort(dim=1).values
-        new = assign(x, c)
-        if torch.equal(new, idx):
+        lo = torch.cat([torch.zeros_like(ends[:, :1]), ends], 1)
+        hi = torch.cat([ends, torch.full_like(ends[:, :1], xs.shape[1])], 1)
+        den = prefix[0].gather(1, hi) - prefix[0].gather(1, lo)
+        c = _update(c, prefix[1].gather(1, hi) - prefix[1].gather(1, lo), den)
+        new = _ends(xs, c)
+        if torch.equal(new, ends):
             break
-        idx = new
-    return c, idx
+        ends = new
+    labels = _labels(ends, xs.shape[1])
+    num = torch.zeros_like(c).scatter_add_(1, labels, ws * xs)
+    c = _update(c, num, torch.zeros_like(c).scatter_add_(1, labels, ws))
+    return c, _labels(_ends(xs, c), xs.shape[1])
 
 
-def assign(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Index of the nearest of each row's sorted values ``c``."""
-    mids = (c[:, 1:] + c[:, :-1]) / 2
-    return torch.searchsorted(mids.contiguous(), x.contiguous())
+def _update(c: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """Each cluster's weighted mean (an empty one keeps its centroid), sorted."""
+    return torch.where(den > 0, num / den.clamp(min=1e-300), c).sort(dim=1).values
+
+
+def _ends(xs: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Per sorted row, how many values are at or below each midpoint of ``c``: where each cluster ends (a value on a
+    midpoint joins the lower cluster)."""
+    return torch.searchsorted(xs, ((c[:, 1:] + c[:, :-1]) / 2).contiguous(), right=True)
+
+
+def _labels(ends: torch.Tensor, d: int) -> torch.Tensor:
+    """The cluster of each sorted position: how many cluster ends lie at or before it."""
+    marks = torch.zeros(ends.shape[0], d + 1, dtype=ends.dtype, device=ends.device)
+    return marks.scatter_add_(1, ends, torch.ones_like(ends)).cumsum(1)[:, :d]
 
 
 def nearest_entry(t: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -94,13 +119,17 @@ def damped(h: torch.Tensor, start: float) -> torch.Tensor:
 
 def c_step(w: torch.Tensor, idx: torch.Tensor, h: torch.Tensor, k: int, ridge: float, rows: int = 64) -> torch.Tensor:
     """The optimal codebook for fixed assignments, per row: ``(P^T H P + ridge I)^-1 P^T H w`` (``rows`` at a time:
-    the one-hot ``P`` is ``[rows, d, k]``)."""
+    the one-hot ``P`` is ``[rows, d, k]``); an entry no weight uses is 0, with any ridge.
+
+    ``P^T H`` is one ``[rows k, d] x [d, d]`` product: on the CPU it beats adding H's rows into each row's k sums
+    (``index_add_``, memory-bound: ``H`` is read once per row), benchmarks/results/lnq_step.md."""
     out = torch.empty(w.shape[0], k, dtype=torch.float64, device=w.device)
     eye = ridge * torch.eye(k, dtype=torch.float64, device=w.device)
     for a in range(0, w.shape[0], rows):
         p = torch.nn.functional.one_hot(idx[a:a + rows], k).double()  # [r, d, k]
         ph = torch.einsum("rdk,de->rke", p, h)
-        out[a:a + rows] = torch.linalg.solve(torch.einsum("rke,rel->rkl", ph, p) + eye,
+        unused = torch.diag_embed((p.sum(1) == 0).double())  # its row and column of P^T H P are 0
+        out[a:a + rows] = torch.linalg.solve(torch.einsum("rke,rel->rkl", ph, p) + eye + unused,
                                              torch.einsum("rke,re->rk", ph, w[a:a + rows].double()))
     return out
 
