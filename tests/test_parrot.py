@@ -352,6 +352,54 @@ def test_mmmb_by_likelihood_runs_end_to_end(cli, tiny_llava, tmp_path):
     assert all("A. " not in a["prompt"] for a in answers)  # the question alone: no lettered options
 
 
+def test_routing_decodes_planted_languages_and_averages_each_question_over_its_rotations(tiny_llava, tmp_path):
+    from llmx.core.multimodal.model import IMAGE_TOKEN
+    from llmx.plugins.parrot import routing
+
+    langs, halves = ["en"] * 4 + ["ar"] * 4, [0, 1] * 4
+    noise = 0.01 * torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    planted = torch.tensor([[0.7, 0.1, 0.2]] * 4 + [[0.1, 0.2, 0.7]] * 4) + noise
+    r = routing.decode(planted, langs, halves)
+    assert r["language_accuracy"] == 1.0 and r["chance"] == 0.5 and r["top_expert"] == {"en": 0, "ar": 2}
+    assert routing.decode(torch.ones(8, 3) / 3, langs, halves)["language_accuracy"] == 0.5  # no signal: chance
+
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    mmmb.write(tmp_path / "gen", 4, 0, ["en", "zh"])
+    items = mmmb.read(tmp_path / "gen")
+    contents = [f"{IMAGE_TOKEN}\n{it.prompt()}" for it in items]
+    questions = mmmb.questions(items, True)
+    r = routing.by_question(model, proc, contents, [mmmb.Picture(it) for it in items], [it.language for it in items],
+                            questions)
+    g = routing.gates(model, proc, routing.rendered(model, proc, contents), [it.pil() for it in items])
+    for lang in ("en", "zh"):  # each question's rows (its rotations) averaged, then the questions
+        mine = [torch.stack([g[i] for i in q]).mean(0) for q in questions if items[q[0]].language == lang]
+        assert r["mean_gates"][lang] == pytest.approx(torch.stack(mine).mean(0).tolist(), abs=1e-4)
+    assert 0 <= r["language_accuracy"] <= 1 and r["chance"] == 0.5
+    assert routing.by_question(model, proc, contents[:8], [mmmb.Picture(it) for it in items[:8]],
+                               [it.language for it in items[:8]],
+                               mmmb.questions(items[:8], True)) is None  # one language: nothing to decode
+
+
+def test_mmmb_reports_routing_only_for_a_model_with_the_moe_on(cli, tiny_llava, tmp_path):
+    from pathlib import Path
+
+    from llmx.core import models
+
+    model, proc = _model(tiny_llava(tmp_path / "m"))
+    saved = models.save(model, proc, tmp_path / "parrot")
+    common = ["--set", "count=4", "--set", 'languages=["en", "zh", "ar"]', "--set", "max_new_tokens=2"]
+    r = cli("--json", "eval", "--method", "mmmb", "--model", saved, *common, "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    m = r.json()["stages"][0]["metrics"]
+    assert 0 <= m["routing_language_accuracy"] <= 1 and m["routing_chance"] == pytest.approx(1 / 3)
+    assert [x.split(":")[0] for x in m["routing_top_expert"].split()] == ["en", "zh", "ar"]
+    folder = next(Path(tmp_path / "runs").glob("*/artifacts/0_mmmb"))
+    assert set(json.loads((folder / "routing.json").read_text())["mean_gates"]) == {"en", "zh", "ar"}
+    r = cli("--json", "eval", "--method", "mmmb", "--model", tmp_path / "m", *common, "-o", tmp_path / "plain")
+    assert r.code == 0, r.err
+    assert not any(k.startswith("routing") for k in r.json()["stages"][0]["metrics"])  # no MoE: skipped
+
+
 def _tsv(path, rows, columns=mmmb.COLUMNS):
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, delimiter="\t")

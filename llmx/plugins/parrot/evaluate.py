@@ -5,7 +5,8 @@ scored).
 Writes ``answers.jsonl`` (one row per TSV row: the prompt, the reply or each option's log-likelihood, the option
 picked, its score) and ``questions.jsonl`` (one row per question after CircularEval, its ``accuracy``: the items
 ``llmx compare parrot`` pairs; their mean is the stage's ``accuracy``; ``item``: the digest of the question's index,
-language, text, hint, options, answer and image bytes, those of its unrotated row)."""
+language, text, hint, options, answer and image bytes, those of its unrotated row). With Parrot's MoE on, how well
+the gates tell the questions' languages apart (``routing.by_question``) goes into the metrics and ``routing.json``."""
 
 from __future__ import annotations
 
@@ -80,4 +81,25 @@ def evaluate(ctx: RunContext, p: MmmbParams) -> dict[str, Any]:
     per_category = {lang: {c: sum(v) / len(v) for c, v in sorted(d.items())} for lang, d in cats.items()}
     atomic.write_text(ctx.artifact("per_category.json"), json.dumps(per_category, indent=2, ensure_ascii=False) + "\n")
     out["categories"] = len({q.category for q in questions})
+    out.update(routing(ctx, model, proc, items, prompts, mmmb.questions(items, circular)))
     return out
+
+
+def routing(ctx: RunContext, model, proc, items: list, prompts: list[str], questions: list[list[int]]) -> dict[str, Any]:
+    """The routing metrics of a model with Parrot's MoE on (none otherwise, or where the languages and questions are
+    too few to decode), the full report written to ``routing.json``."""
+    from llmx.core.multimodal.model import IMAGE_TOKEN
+    from llmx.plugins.parrot import routing as R
+    from llmx.plugins.parrot.mmmb import Picture
+    from llmx.plugins.parrot.moe import MultilingualMoE
+
+    moe = getattr(model, "visual_adapter", None)
+    if not isinstance(moe, MultilingualMoE) or not moe.use_moe:
+        return {}
+    report = R.by_question(model, proc, [f"{IMAGE_TOKEN}\n{q}" for q in prompts], [Picture(it) for it in items],
+                           [it.language for it in items], questions)
+    if report is None:
+        ctx.log.info("routing not reported: it needs two languages with two questions each")
+        return {}
+    atomic.write_text(ctx.artifact("routing.json"), json.dumps(report, indent=2) + "\n")
+    return R.metrics(report)

@@ -6,25 +6,13 @@ labels: Parrot's router reads the question, never the option scored."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from llmx.core.multimodal.conversations import Conversation
 from llmx.core.multimodal.model import IMAGE_TOKEN
-from llmx.plugins.parrot.mmmb import Item
+from llmx.plugins.parrot.mmmb import Item, Picture
 
 MAX_LENGTH = 8192  # tokens per scored row, image tokens included: a longer prompt is an error naming its row
-
-
-@dataclass(frozen=True)
-class _Picture:
-    """An item's image where a conversation wants a scene (``.image()``)."""
-
-    item: Item
-
-    def image(self):
-        return self.item.pil()
 
 
 def content(item: Item) -> str:
@@ -47,7 +35,7 @@ def loglikelihoods(model, proc, items: list[Item], batch_size: int, progress=lam
         for option in it.options:
             asked.setdefault((content(it), option, it.image), Conversation(
                 it.where, [{"role": "user", "content": content(it)}, {"role": "assistant", "content": option}],
-                _Picture(it)))
+                Picture(it)))
     rows = examples(proc, list(asked.values()), image_tokens(model), MAX_LENGTH)
     tok = proc.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

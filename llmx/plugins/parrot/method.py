@@ -16,6 +16,7 @@ from llmx.core.multimodal.model import vision_language
 from llmx.errors import UsageError
 from llmx.plugins.parrot.config import ParrotTrainParams
 from llmx.plugins.parrot.moe import MultilingualMoE, projector_type
+from llmx.plugins.parrot.routing import metrics
 
 
 def keep_cls(model, proc) -> bool:
@@ -76,20 +77,14 @@ def train(ctx: RunContext, p: ParrotTrainParams) -> dict[str, Any]:
     if init is not None:
         after = _routing(ctx.model, proc, p, ctx.config.seed)
         atomic.write_text(ctx.artifact("routing.json"), json.dumps({"init": init, "trained": after}, indent=2) + "\n")
-        out.update({"routing_language_accuracy_init": init["language_accuracy"],
-                    "routing_language_accuracy": after["language_accuracy"], "routing_chance": after["chance"],
-                    "routing_top_expert": " ".join(f"{k}:{v}" for k, v in after["top_expert"].items())})
+        out.update({"routing_language_accuracy_init": init["language_accuracy"], **metrics(after)})
     return out
 
 
 def _routing(model, proc, p: ParrotTrainParams, seed: int) -> dict[str, Any] | None:
-    """The gates' language report (stage 2 with ``routing_scenes``), the model left in the mode it was in."""
+    """The gates' language report (stage 2 with ``routing_scenes``)."""
     if p.stage != 2 or not p.routing_scenes:
         return None
     from llmx.plugins.parrot.routing import report
 
-    was = model.training
-    try:
-        return report(model.eval(), proc, p.routing_scenes, seed)
-    finally:
-        model.train(was)
+    return report(model, proc, p.routing_scenes, seed)

@@ -60,6 +60,16 @@ class Item:
         return L.multiple_choice(self.language, self.asked(), list(self.options))
 
 
+@dataclass(frozen=True)
+class Picture:
+    """An item's image where a scene is expected (``.image()``), decoded only when asked."""
+
+    item: Item
+
+    def image(self):
+        return self.item.pil()
+
+
 def postprocess(reply: str, prompt: str) -> str:
     """Parrot's answer cleaning (applied, as there, to prompts ending in the English or the older Chinese
     instruction): strip punctuation, keep a leading or trailing capital letter that stands apart, or cut after
