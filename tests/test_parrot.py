@@ -228,13 +228,18 @@ def _weights(folder):
     return load_file(str(folder / "model.safetensors"))
 
 
-def test_a_llava_hf_folder_with_the_default_strategy_gets_cls_back_and_runs_end_to_end(cli, tiny_llava, tmp_path):
+def test_a_llava_hf_folder_with_the_default_strategy_gets_cls_back_in_stage_1_and_runs_end_to_end(cli, tiny_llava,
+                                                                                                   tmp_path):
     folder = tiny_llava(tmp_path / "hf", strategy="default")
     runs = tmp_path / "runs"
     r = cli("--json", "eval", "--method", "mmmb", "--model", folder, "--set", "count=2", "-o", runs)
     assert r.code == 0, r.err  # the baseline as published: 16 tokens, no CLS
-    r = cli("--json", "train", "--method", "parrot", "--model", folder, "--set", "steps=2", "--set", "batch_size=2",
-            "--set", "eval_rows=2", "--set", 'scenes={"count": 4}', "--set", "routing_scenes=0", "-o", runs)
+    train = ["train", "--method", "parrot", "--model", folder, "--set", "steps=2", "--set", "batch_size=2", "--set",
+             "eval_rows=2", "--set", 'scenes={"count": 4}', "--set", "routing_scenes=0", "-o", runs]
+    r = cli(*train)  # stage 2 would feed CLS to the projector trained without it
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "trained without it" in r.err, r.err
+    assert "--set stage=1" in r.err and not list(runs.glob("*/artifacts/*parrot*/model"))
+    r = cli("--json", *train, "--set", "stage=1")
     assert r.code == 0, r.err
     out = r.json()["stages"][0]["metrics"]
     assert out["strategy_switched"] and out["image_tokens"] == 17
@@ -251,6 +256,17 @@ def test_a_llava_hf_folder_with_the_default_strategy_gets_cls_back_and_runs_end_
             "-o", runs)
     assert r.code == 0, r.err
     assert r.json()["stages"][0]["metrics"]["questions"] == 3
+
+
+def test_stage_1_then_2_in_one_run_takes_a_default_strategy_folder(tiny_llava, tmp_path):
+    from llmx import api
+
+    common = {"steps": 2, "batch_size": 2, "eval_rows": 0, "scenes": {"count": 4}, "routing_scenes": 0, "save": False}
+    out = api.run({"model": str(tiny_llava(tmp_path / "hf", strategy="default")), "threads": 1, "seed": 0,
+                   "pipeline": [{"method": "parrot", "params": {"stage": 1, **common}},
+                                {"method": "parrot", "params": {"stage": 2, **common}}]}, output_dir=tmp_path / "runs")
+    one, two = (s["metrics"] for s in out["stages"])
+    assert one["strategy_switched"] and not two["strategy_switched"] and two["moe_on"] and two["image_tokens"] == 17
 
 
 def test_generated_mmmb_round_trips_with_the_same_questions_in_every_language(tmp_path):

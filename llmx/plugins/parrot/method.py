@@ -1,7 +1,9 @@
 """``llmx train --method parrot``: LLaVA's stage on the shared loop (``core/multimodal/stage``) with Parrot's MoE as
 the model's visual adapter (``core/multimodal/adapter``: the text embeddings, the question mask and ``inputs_embeds``
 into the real ``LlavaForConditionalGeneration``). A model whose processor drops CLS (llava-hf's ``default``
-strategy, 576 tokens for CLIP-L/336) is switched to ``full`` (577): the MoE's query is the CLS token."""
+strategy, 576 tokens for CLIP-L/336) is switched to ``full`` (577) by stage 1, which retrains the projector with it
+(the MoE's query is the CLS token); stage 2 refuses the switch, which would feed CLS to a projector trained without
+it."""
 
 from __future__ import annotations
 
@@ -19,10 +21,15 @@ from llmx.plugins.parrot.moe import MultilingualMoE, projector_type
 from llmx.plugins.parrot.routing import metrics
 
 
-def keep_cls(model, proc) -> bool:
-    """Switch a ``default``-strategy model and its processor to ``full`` (1 + P image tokens); True if it switched."""
+def keep_cls(model, proc, stage: int) -> bool:
+    """Switch a ``default``-strategy model and its processor to ``full`` (1 + P image tokens) for stage 1, which
+    retrains the projector on it; True if it switched. Stage 2 would feed CLS to a projector trained without it."""
     if model.config.vision_feature_select_strategy == "full":
         return False
+    if stage != 1:
+        raise UsageError("this model drops CLS (vision_feature_select_strategy default) and its projector was trained "
+                         "without it; Parrot's MoE reads CLS: run stage 1 first (--set stage=1 retrains the projector "
+                         "with CLS, in this run or before)")
     from llmx.core.multimodal.model import image_tokens
 
     model.config.vision_feature_select_strategy = "full"
@@ -65,7 +72,7 @@ def train(ctx: RunContext, p: ParrotTrainParams) -> dict[str, Any]:
     from llmx.core.multimodal.stage import run
 
     model, proc = vision_language(ctx.model, ctx.tokenizer, ctx.config.model)
-    switched = keep_cls(model, proc)
+    switched = keep_cls(model, proc, p.stage)
     if switched:
         ctx.log.warning("switched vision_feature_select_strategy default -> full: the MoE's query is the CLS token")
     model = attach(model, p, ctx.config.seed)
