@@ -164,9 +164,10 @@ def test_text_only_rows_add_exactly_zero_and_use_every_moe_parameter(tiny_llava,
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.visual_adapter.parameters())
 
 
-def test_the_saved_folder_is_plain_llava_and_reloads_the_same_logits(tiny_llava, tmp_path):
-    from transformers import LlavaForConditionalGeneration
+def test_the_saved_folder_reloads_the_same_logits_in_llmx_and_is_refused_by_plain_transformers(tiny_llava, tmp_path):
+    from transformers import AutoModelForImageTextToText, LlavaForConditionalGeneration
 
+    import llmx
     from llmx.core import models
     from llmx.core.multimodal.model import load
     from llmx.errors import UsageError
@@ -182,9 +183,14 @@ def test_the_saved_folder_is_plain_llava_and_reloads_the_same_logits(tiny_llava,
     again, _ = load(out, torch.float32, "cpu")
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, again.eval()(**batch).logits)
-    plain = LlavaForConditionalGeneration.from_pretrained(out, local_files_only=True)
+    for cls in (LlavaForConditionalGeneration, AutoModelForImageTextToText):  # without the MoE it would differ
+        with pytest.raises(ValueError, match=r"llmx-only folder: its visual adapter .*llmx\.load\(folder\)"):
+            cls.from_pretrained(out, local_files_only=True)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlavaForConditionalGeneration"]
-    assert not any(k.startswith("visual_adapter") for k in plain.state_dict())
+    api_model, _ = llmx.load(str(out))
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, api_model.eval()(**batch).logits)
+    assert not hasattr(api_model.config, "transformers_weights")
     for edit, phrase in (({"hidden_size": 64}, "width 64"), ({"projector": "mlp2x_relu"}, "mlp2x_relu projector"),
                          ({"experts": 5}, "size mismatch|Missing|Unexpected")):
         (out / "visual_adapter.json").write_text(json.dumps({**spec, **edit}))

@@ -11,10 +11,12 @@ a cache re-reads the grown text at every step, as the official forward would). I
 without an image still runs the adapter on a blank image and adds its zero-length slice, so every data-parallel rank
 uses the adapter's parameters.
 
-Saved, the folder is a plain LLaVA folder (``LlavaForConditionalGeneration.from_pretrained`` loads it, without the
-adapter) plus ``visual_adapter.json`` (the stored layer type and its configuration) and
+Saved, the folder is a LLaVA folder plus ``visual_adapter.json`` (the stored layer type and its configuration) and
 ``visual_adapter.safetensors``; llmx's loader rebuilds the adapter through the plugin that registered the layer type,
-and a configuration or tensor that does not match the model is an error, never a silent re-initialisation."""
+and a configuration or tensor that does not match the model is an error, never a silent re-initialisation. Plain
+``from_pretrained`` would load the LLaVA model without the adapter and answer differently, so the config names a
+``transformers_weights`` file that is not one (``ADAPTED_ONLY``, as llmx's packed-layer folders do,
+``models.mark_llmx_only``): transformers refuses the folder with that message, llmx's loader drops the field."""
 
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ SPEC_FILE = "visual_adapter.json"
 WEIGHTS_FILE = "visual_adapter.safetensors"
 PREFIX = "visual_adapter."
 IGNORE = -100
+ADAPTED_ONLY = ("llmx-only folder: its visual adapter (visual_adapter.json, e.g. Parrot's MoE) runs in llmx; plain "
+                "transformers would load the LLaVA model without it and answer differently. Load it with llmx "
+                "(llmx.load(folder), --model folder)")
 
 
 class AdaptedLlava(LlavaForConditionalGeneration):
@@ -115,7 +120,8 @@ class AdaptedLlava(LlavaForConditionalGeneration):
         return super().forward(inputs_embeds=embeds, **common)
 
     def save_pretrained(self, save_directory, *args, state_dict: dict | None = None, **kwargs) -> None:
-        """A plain LLaVA folder (architecture ``LlavaForConditionalGeneration``) plus the adapter's two files."""
+        """A LLaVA folder (architecture ``LlavaForConditionalGeneration``) that plain transformers refuses, plus the
+        adapter's two files."""
         from safetensors.torch import save_file
 
         state = state_dict if state_dict is not None else self.state_dict()
@@ -125,6 +131,7 @@ class AdaptedLlava(LlavaForConditionalGeneration):
         config = folder / "config.json"
         data = json.loads(config.read_text())
         data["architectures"] = [LlavaForConditionalGeneration.__name__]
+        data["transformers_weights"] = ADAPTED_ONLY
         config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         (folder / SPEC_FILE).write_text(json.dumps(self.visual_adapter.adapter_spec(), indent=2) + "\n")
         save_file({k[len(PREFIX):]: v.detach().contiguous().cpu() for k, v in state.items() if k.startswith(PREFIX)},

@@ -97,11 +97,14 @@ def image_tokens(model) -> int:
 
 def load(path: str | Path, dtype, device: str, local: bool = True) -> tuple[Any, Any]:
     """A LLaVA folder or hub id: the model (with its visual adapter, where the folder stores one) and its processor."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from transformers import AutoConfig, AutoProcessor, LlavaForConditionalGeneration
 
     from llmx.core.multimodal.adapter import attach_saved
 
-    model = LlavaForConditionalGeneration.from_pretrained(str(path), dtype=dtype, local_files_only=local)
+    config = AutoConfig.from_pretrained(str(path), local_files_only=local)
+    if hasattr(config, "transformers_weights"):  # the marker turning plain transformers away (adapter.ADAPTED_ONLY)
+        delattr(config, "transformers_weights")
+    model = LlavaForConditionalGeneration.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=local)
     if local:
         model = attach_saved(model, Path(path), dtype)
     return model.to(device), AutoProcessor.from_pretrained(str(path), local_files_only=local)
