@@ -64,6 +64,45 @@ def test_numpy_and_botorch_give_ei_the_same_values_and_query_sequence(name):
     np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=1e-6, atol=1e-8)  # observed points: sigma ~ 1e-3
 
 
+def _in_process(source, specs):
+    """Mean score of a program on problems, in process (bit for bit the sandbox's, as tested below)."""
+    scores = []
+    for s in specs:
+        problem = bo.Problem.build(s)
+        scores.append(bo.score(bo.run(problem, compile_program(source)), problem))
+    return float(np.mean(scores))
+
+
+def test_the_default_validation_set_tells_acquisition_functions_apart():
+    """1-D Rosenbrock alone (the old default) is one bowl: EI and UCB tie at 1.0 there and the notes' OOD AF takes
+    1.8 of 2. The default set (5 shifted instances each of 1-D Rosenbrock and Rastrigin) leaves EI, UCB, PI and the
+    OOD AF apart, far from 2, and a deliberately bad AF (the point predicted worst) far below EI."""
+    from llmx.plugins.funbo.config import FunboParams
+    from llmx.plugins.funbo.method import names
+
+    problems = names(FunboParams().validation)
+    assert problems == [f"{f}#{i}" for f in ("rosenbrock-1d", "rastrigin-1d") for i in range(5)]
+    specs = [bo.spec(n) for n in problems]
+    bad = EI.replace("return np.argmax(ei)", "return np.argmax(predictive_mean)")
+    got = {k: _in_process(afs.SOURCES[k], specs) for k in ("ei", "ucb", "pi", "ood-paper")}
+    assert _in_process(bad, specs) < got["ei"] - 0.5
+    assert max(got.values()) < 1.6 and max(got.values()) - min(got.values()) > 0.5
+    assert len({round(v, 3) for v in got.values()}) == 4  # no two tie
+
+
+def test_problem_names_take_seeded_instances_and_refuse_bad_ones():
+    from llmx.errors import UsageError
+    from llmx.plugins.funbo.method import names
+
+    assert names("branin#3,ood-train") == ["branin#3", "ackley-1d", "levy-1d", "schwefel-1d"]
+    assert names("branin", 2, 7) == ["branin#7", "branin#8"]
+    for bad, words in (("branin#x", "integer seed"), ("branni#1", "did you mean 'branin'")):
+        with pytest.raises(UsageError, match=words):
+            names(bad)
+    with pytest.raises(UsageError, match="already an instance"):
+        names("branin#1", 2)
+
+
 def test_the_score_is_regret_plus_budget_left_by_hand():
     problem = bo.Problem.build(bo.spec("levy-1d", 200))
     y0, ys = problem.y.max(), problem.y_star

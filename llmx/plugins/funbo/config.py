@@ -11,7 +11,10 @@ from llmx.core.spec import Params
 
 SUITES = {  # OOD-Bench (notes §2.3); the 2-D dimensions of Sphere, Styblinski-Tang, Weierstrass are a stated choice
     "ood-train": "ackley-1d,levy-1d,schwefel-1d",
-    "ood-validation": "rosenbrock-1d",
+    # 1-D Rosenbrock alone is one bowl: programs bunch up and tie on it (a mutate search's top fifth took 8 distinct
+    # scores), so the rule picks by how fast they hit it; 5 shifted instances each of it and of 1-D Rastrigin (the
+    # notes' prototype's, multimodal) spread them (25 distinct of 31)
+    "ood-validation": ",".join(f"{f}#{i}" for f in ("rosenbrock-1d", "rastrigin-1d") for i in range(5)),
     "ood-test": "sphere-2d,styblinski-tang-2d,weierstrass-2d,beale,branin,michalewicz-2d,goldstein-price,hartmann-3,"
                 "hartmann-6",
 }
@@ -59,7 +62,9 @@ class FunboParams(Protocol):
     reduce: Literal["mean", "last"] = Field("mean", description="A program's score over the training functions: "
                                             "their mean (FunBO) or the last one's (FunSearch).")
     train: str = Field("ood-train", description="Training functions: a suite or comma-separated names.")
-    validation: str = Field("ood-validation", description="Validation functions: a suite or names.")
+    validation: str = Field("ood-validation", description="Validation functions: a suite or names (NAME#SEED: a "
+                            "seeded shifted instance). Default ood-validation: rosenbrock-1d#0-4 and "
+                            "rastrigin-1d#0-4, 10 problems (1-D Rosenbrock alone, one bowl, leaves programs tied).")
     top_share: float = Field(0.2, gt=0, le=1, description="The result is the best validation score among this top "
                              "share by training score.")
     seed_af: str = Field("ei", description="The seed program: a baseline name or a .py file.")
@@ -73,7 +78,8 @@ class AcquisitionParams(Protocol):
                     "ood-paper), or found: the AF an earlier funbo stage of the run saved.")
     against: str | None = Field("ei", description="The AF compared per problem (paired wins/losses, Wilcoxon p); "
                                 "null: none.")
-    functions: str = Field("ood-test", description="A suite (ood-train, ood-validation, ood-test) or names.")
+    functions: str = Field("ood-test", description="A suite (ood-train, ood-validation, ood-test) or names "
+                           "(NAME#SEED: a seeded shifted instance).")
     instances: int = Field(0, ge=0, description="Seeded scale/shift instances per function (0: the functions "
                            "themselves).")
     instance_seed: int = Field(0, ge=0, description="The first instance's seed.")

@@ -29,9 +29,19 @@ RESULT = "acquisition_function.py"
 
 
 def names(spec: str, instances: int = 0, first_seed: int = 0) -> list[str]:
-    """Problem names of a suite or comma-separated functions, each as ``instances`` seeded instances if asked."""
-    funcs = [f.name for f in F.parse_set(",".join(SUITES.get(part.strip(), part.strip()) for part in spec.split(",")))]
-    return [f"{f}#{first_seed + i}" for f in funcs for i in range(instances)] if instances else funcs
+    """Problem names of a suite or comma-separated functions (``NAME#SEED``: that seeded instance), each function as
+    ``instances`` seeded instances if asked."""
+    parts = [p.strip() for p in ",".join(SUITES.get(q.strip(), q.strip()) for q in spec.split(",")).split(",")]
+    F.parse_set([p.partition("#")[0] for p in parts])  # every base name exists (or a did-you-mean)
+    out = []
+    for part in filter(None, parts):
+        seed = part.partition("#")[2]
+        if "#" in part and not seed.isdigit():
+            raise UsageError(f"'{part}': an instance is NAME#SEED with a non-negative integer seed")
+        if seed and instances:
+            raise UsageError(f"'{part}' is already an instance: instances makes instances of functions")
+        out += [f"{part}#{first_seed + i}" for i in range(instances)] if instances else [part]
+    return out
 
 
 def _protocol(p: Protocol) -> dict[str, Any]:

@@ -17,7 +17,8 @@ def llmx_methods():
 
 
 # OOD-Bench's test set: 9 functions x 50 seeded scale/shift instances none of the search saw (it trains on 1-D Ackley,
-# Levy and Schwefel and validates on 1-D Rosenbrock). Every arm runs the same GP, grid, initial point and T.
+# Levy and Schwefel and validates on shifted 1-D Rosenbrock and Rastrigin). Every arm runs the same GP, grid, initial
+# point and T.
 TEST = {"functions": "ood-test", "instances": 50, "instance_seed": 1000, "against": None}
 
 
