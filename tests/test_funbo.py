@@ -103,6 +103,28 @@ def test_problem_names_take_seeded_instances_and_refuse_bad_ones():
         names("branin#1", 2)
 
 
+def test_mes_runs_through_botorch_and_queries_grid_points_in_the_domain():
+    pytest.importorskip("botorch")
+    from llmx.plugins.funbo import botorch_check as B
+    from llmx.plugins.funbo import functions as F
+    from llmx.plugins.funbo.config import AcquisitionParams
+    from llmx.plugins.funbo.method import score
+
+    problem = bo.Problem.build(bo.spec("branin", 64))
+    queried = B.run_fixed("mes", problem, 6, 1.0, seed=1, indices=True)
+    assert queried == B.run_fixed("mes", problem, 6, 1.0, seed=1, indices=True)  # seeded
+    assert queried[0] == problem.init and all(0 <= i < 64 for i in queried) and len(set(queried)) > 3
+    x = np.asarray(F.get("branin").lower) + problem.grid[queried] * np.subtract(F.get("branin").upper,
+                                                                              F.get("branin").lower)
+    assert np.all((x >= F.get("branin").lower) & (x <= F.get("branin").upper))
+    best = bo.best_so_far(problem.y, queried)
+    assert best[-1] < best[0]
+    p = AcquisitionParams(trials=6, grid_points=64)
+    rows = score("mes", [bo.spec("branin", 64), bo.spec("sphere-2d", 64)], p)  # the numpy backend's path to MES
+    assert [r["regret"] for r in rows][0] == bo.regret(B.run_fixed("mes", problem, 6, 1.0, seed=0), problem)
+    assert all(len(r["regret"]) == 7 and r["regret"][-1] < 1 for r in rows)
+
+
 def test_the_score_is_regret_plus_budget_left_by_hand():
     problem = bo.Problem.build(bo.spec("levy-1d", 200))
     y0, ys = problem.y.max(), problem.y_star

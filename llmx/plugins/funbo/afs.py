@@ -1,7 +1,8 @@
 """The baselines as programs of the evolved signature (minimisation; z = (incumbent - mu) / sigma): EI (the search's
 seed), UCB (beta = 1, the lower bound mu - beta sigma minimised), PI, the posterior mean, and the OOD AF the notes
-recall from a secondary summary of the paper (EI + beta sigma; unverified). Random search is a policy, not a program
-(``bo.random_policy``): it ignores the posterior."""
+recall from a secondary summary of the paper (EI + beta sigma; unverified). Two baselines are policies, not programs:
+random search (``bo.random_policy``) ignores the posterior, and MES (max-value entropy search, Wang & Jegelka 2017) is
+BoTorch's ``qMaxValueEntropy`` on the same GP and grid (``botorch_check``)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ SOURCES = {
     "ood-paper": _HEAD + _Z + "  ei = (incumbent - predictive_mean) * norm.cdf(z) + sigma * norm.pdf(z)\n"
                  "  return np.argmax(ei + beta * sigma)\n",
 }
-BASELINES = (*SOURCES, "random")
-LABELS = {"ood-paper": "OOD AF as the notes recall it (unverified)", "random": "random search"}
+POLICIES = ("random", "mes")
+BASELINES = (*SOURCES, *POLICIES)
 
 
 def load(ref: str) -> str | None:
-    """A baseline's source (None for random search) or an AF file's text; UsageError for anything else."""
+    """A baseline's source (None for a policy: random search, MES) or an AF file's text; UsageError for anything
+    else."""
     if ref in SOURCES:
         return SOURCES[ref]
-    if ref == "random":
+    if ref in POLICIES:
         return None
     path = Path(ref)
     if path.suffix == ".py" and path.is_file():

@@ -1,6 +1,8 @@
 """BoTorch validation of the numpy evaluator (notes §6): the same fixed-hyperparameter GP as a ``SingleTaskGP``
 (zero mean, no outcome transform), built-in EI / UCB / PI / posterior mean and any program as
-``AnalyticAcquisitionFunction``s, maximised on the same Sobol grid by ``optimize_acqf_discrete``; and the paper's
+``AnalyticAcquisitionFunction``s, maximised on the same Sobol grid by ``optimize_acqf_discrete``; the MES baseline,
+which exists only here: ``qMaxValueEntropy`` (Wang & Jegelka 2017, eq. 6: the expected entropy reduction of the
+minimum's value, min-value samples by the Gumbel approximation over the grid, seeded per run); and the paper's
 re-check in a standard BoTorch loop (a random start, the GP refitted by ``fit_gpytorch_mll`` every trial, outcomes
 standardised on what was observed so that a beta-sigma term stays scale-free). A program runs in the sandbox, as on
 the numpy path: BoTorch's loop runs here and calls it with plain values."""
@@ -40,36 +42,40 @@ def _gp(x: np.ndarray, y: np.ndarray, kernel: bo.Kernel | None):
     return gp.eval()
 
 
-BUILTIN = ("ei", "ucb", "pi", "mean")
+BUILTIN = ("ei", "ucb", "pi", "mean", "mes")
 LOOP_SECONDS = 3600.0  # the wall-clock bound of a whole BoTorch loop; the program's CPU time has its own limit
 
 
 @contextlib.contextmanager
-def _af(source: str, limits: Limits) -> Iterator[str | Callable]:
-    """A baseline's name (BoTorch's own AF), or the program, sandboxed, for the block."""
-    name = _name(None, source)
+def _af(af: str, limits: Limits) -> Iterator[str | Callable]:
+    """BoTorch's own AF for ``mes`` or a baseline program's source (by its name), else the program, sandboxed, for
+    the block."""
+    name = _name(af)
     if name in BUILTIN:
         yield name
         return
-    with sandboxed(source, limits, LOOP_SECONDS) as program:
+    with sandboxed(af, limits, LOOP_SECONDS) as program:
         yield program
 
 
-def acquisition(af: str | Callable, model, incumbent: float, beta: float):
-    """A built-in AF for a baseline's name, else the program wrapped (one-hot at the index it returns)."""
+def acquisition(af: str | Callable, model, incumbent: float, beta: float, grid: torch.Tensor):
+    """A built-in AF for a baseline's name (MES's min-value samples over ``grid``), else the program wrapped
+    (one-hot at the index it returns)."""
     from botorch.acquisition import (
         AnalyticAcquisitionFunction,
         ExpectedImprovement,
         PosteriorMean,
         ProbabilityOfImprovement,
         UpperConfidenceBound,
+        qMaxValueEntropy,
     )
     from botorch.utils.transforms import t_batch_mode_transform
 
     builtin = {"ei": lambda: ExpectedImprovement(model, best_f=incumbent, maximize=False),
                "ucb": lambda: UpperConfidenceBound(model, beta=beta ** 2, maximize=False),
                "pi": lambda: ProbabilityOfImprovement(model, best_f=incumbent, maximize=False),
-               "mean": lambda: PosteriorMean(model, maximize=False)}
+               "mean": lambda: PosteriorMean(model, maximize=False),
+               "mes": lambda: qMaxValueEntropy(model, candidate_set=grid, maximize=False)}
     if isinstance(af, str):
         return builtin[af]()
     program = af
@@ -95,34 +101,37 @@ def _argmax(acqf, grid: torch.Tensor) -> int:
     return int(torch.cdist(x, grid).argmin())
 
 
-def _name(ref: str | None, source: str | None) -> str | None:
+def _name(af: str) -> str:
+    """A baseline program's name where ``af`` is its source, else ``af`` itself."""
     from llmx.plugins.funbo.afs import SOURCES
 
-    return next((k for k, v in SOURCES.items() if v == source and k in BUILTIN), source)
+    return next((k for k, v in SOURCES.items() if v == af and k in BUILTIN), af)
 
 
-def run_fixed(source: str | None, problem: bo.Problem, trials: int, beta: float, seed: int = 0,
-              limits: Limits = Limits()) -> list[float]:
-    """The numpy protocol through BoTorch: fixed kernel, worst grid point first; best value after each trial."""
+def run_fixed(af: str | None, problem: bo.Problem, trials: int, beta: float, seed: int = 0,
+              limits: Limits = Limits(), indices: bool = False) -> list:
+    """The numpy protocol through BoTorch: fixed kernel, worst grid point first; ``af`` a program's source, ``mes``,
+    or None (random search). Best value after each trial (``indices``: the grid indices queried); ``seed`` draws
+    random search's queries and MES's samples."""
     grid = torch.as_tensor(problem.grid, dtype=torch.float64)
     rng = np.random.default_rng(seed)
-    observed, best = [problem.init], [float(problem.y[problem.init])]
-    with contextlib.nullcontext() if source is None else _af(source, limits) as af:
+    observed = [problem.init]
+    with contextlib.nullcontext() if af is None else _af(af, limits) as policy, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         for _ in range(trials):
-            if af is None:
+            if policy is None:
                 index = int(rng.integers(len(problem.y)))
             else:
                 model = _gp(problem.grid[observed], problem.z[observed], problem.spec.kernel)
-                index = _argmax(acquisition(af, model, float(problem.z[observed].min()), beta), grid)
+                index = _argmax(acquisition(policy, model, float(problem.z[observed].min()), beta, grid), grid)
             observed.append(index)
-            best.append(min(best[-1], float(problem.y[index])))
-    return best
+    return observed if indices else bo.best_so_far(problem.y, observed)
 
 
-def score(source: str | None, spec: bo.ProblemSpec, p: Any, seed: int = 0) -> dict:
-    """One problem's score and regret curve; ``seed`` draws random search's queries (as the numpy path's)."""
+def score(af: str | None, spec: bo.ProblemSpec, p: Any, seed: int = 0) -> dict:
+    """One problem's score and regret curve (``af`` as ``run_fixed``'s)."""
     problem = bo.Problem.build(spec)
-    best = run_fixed(source, problem, p.trials, p.beta, seed, Limits(p.timeout_s, p.memory_mb, p.unsafe_unconfined))
+    best = run_fixed(af, problem, p.trials, p.beta, seed, Limits(p.timeout_s, p.memory_mb, p.unsafe_unconfined))
     return {"score": bo.score(best, problem, p.time_term), "regret": bo.regret(best, problem)}
 
 
@@ -148,7 +157,7 @@ def standard(source: str, spec: bo.ProblemSpec, trials: int, beta: float, seed: 
             model = _gp(problem.grid[observed], z, None)
             fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
             model.eval()
-            index = _argmax(acquisition(af, model, float(z.min()), beta), grid)
+            index = _argmax(acquisition(af, model, float(z.min()), beta, grid), grid)
             observed.append(index)
             best.append(min(best[-1], float(problem.y[index])))
     return bo.regret(best, problem)

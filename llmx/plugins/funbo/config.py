@@ -75,7 +75,8 @@ class AcquisitionParams(Protocol):
     """Scoring one AF (a file or a baseline) on a function set, against another with paired statistics."""
 
     af: str = Field("ei", description="A .py file with acquisition_function, a baseline (ei, ucb, pi, mean, random, "
-                    "ood-paper), or found: the AF an earlier funbo stage of the run saved.")
+                    "ood-paper, mes: BoTorch's qMaxValueEntropy on either backend), or found: the AF an earlier "
+                    "funbo stage of the run saved.")
     against: str | None = Field("ei", description="The AF compared per problem (paired wins/losses, Wilcoxon p); "
                                 "null: none.")
     functions: str = Field("ood-test", description="A suite (ood-train, ood-validation, ood-test) or names "

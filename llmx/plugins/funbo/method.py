@@ -67,7 +67,7 @@ def _checked(field: str, ref: str) -> str | None:
 def _seed_source(ref: str) -> str:
     source = _checked("seed_af", ref)
     if source is None:
-        raise UsageError("seed_af random is a policy, not a program: give a baseline program or a .py file")
+        raise UsageError(f"seed_af {ref} is a policy, not a program: give a baseline program or a .py file")
     return source
 
 
@@ -125,12 +125,14 @@ def _result_file(source: str, label: str, train: float, validation: float) -> st
 
 
 def score(ref: str, specs: list[bo.ProblemSpec], p: Protocol, backend: str = "numpy") -> list[dict]:
-    """Per problem: the score and the regret curve of the AF ``ref`` (a baseline or a file)."""
+    """Per problem: the score and the regret curve of the AF ``ref`` (a baseline or a file); MES, BoTorch's own,
+    runs through BoTorch on either backend."""
     source = afs.load(ref)
-    if backend == "botorch":
+    if backend == "botorch" or ref == "mes":
         from llmx.plugins.funbo import botorch_check
 
-        return [botorch_check.score(source, s, p, p.grid_seed * 7919 + i) for i, s in enumerate(specs)]
+        af = "mes" if ref == "mes" else source
+        return [botorch_check.score(af, s, p, p.grid_seed * 7919 + i) for i, s in enumerate(specs)]
     if source is None:
         rows = []
         for i, s in enumerate(specs):
@@ -170,8 +172,9 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
     for field, ref in (("af", p.af), ("against", p.against)):
         if ref is not None:
             _checked(field, ref)
-    if p.backend == "botorch" and importlib.util.find_spec("botorch") is None:
-        raise MissingRequirement("backend botorch needs BoTorch: pip install 'llmx[funbo]'")
+    if "mes" in (p.af, p.against) or p.backend == "botorch":
+        if importlib.util.find_spec("botorch") is None:
+            raise MissingRequirement("backend botorch and af mes need BoTorch: pip install 'llmx[funbo]'")
     confinable(p.unsafe_unconfined)
     problems = names(p.functions, p.instances, p.instance_seed)
     specs = _specs(ctx, problems, p)
