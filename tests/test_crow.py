@@ -1,6 +1,6 @@
 """CROW (Min et al., ICML 2025): the layer-consistency indexing, the FGSM step, no gradient leak, alpha = 0 as plain
-SFT, the regulariser's effect, padding, the sft stage's epochs / warmup ratio / adapter continuation, the backdoor
-task's rows and metrics, and bad input."""
+SFT, the regulariser's effect, padding and the official collator's positions, equally weighted micro-batches, the
+sft stage's epochs / warmup ratio / adapter continuation, the backdoor task's rows and metrics, and bad input."""
 
 from __future__ import annotations
 
@@ -118,6 +118,61 @@ def test_mask_padding_changes_the_loss_only_when_the_batch_has_padding():
         assert (not torch.equal(on, off)) == differs
 
 
+def test_the_consistency_mean_counts_prompt_and_padding_positions_of_the_official_collators_batch():
+    """The official collator right-pads to a multiple of 8 and the official consistency takes no attention mask: its
+    mean runs over every position, prompt and padding included (``mask_padding: true`` keeps the attended ones)."""
+    from llmx.core.train.sft.batch import padded
+    from llmx.core.train.sft.encode import Encoded
+    from llmx.plugins.crow.method import collate
+
+    model = llama().eval()
+    items = [Encoded(list(range(3, 14)), [False] * 6 + [True] * 5), Encoded(list(range(20, 26)), [False] * 3 + [True] * 3)]
+    b = collate(items, 0, "cpu")
+    assert b["input_ids"].shape == (2, 16) and int(b["attention_mask"].sum()) == 17
+    assert torch.equal(b["labels"][:, :11], padded(items, 0, "cpu")["labels"]) and torch.all(b["labels"][:, 11:] == -100)
+    with torch.no_grad():
+        states = model(input_ids=b["input_ids"], output_hidden_states=True).hidden_states
+    per = torch.stack([1 - torch.nn.functional.cosine_similarity(a, c, dim=-1, eps=1e-8)
+                       for a, c in zip(states[1:-2], states[2:-1], strict=True)])  # [pairs, rows, positions]
+    attended, completion = b["attention_mask"].bool(), b["labels"].roll(-1, 1) != -100
+    official = crow_loss(model, b)[1]
+    assert float(official["consistency_clean"]) == pytest.approx(float(per.mean()), rel=1e-5)
+    assert float(per.mean()) != pytest.approx(float(per[:, attended].mean()), rel=1e-3)  # padding counts ...
+    assert float(per.mean()) != pytest.approx(float(per[:, completion].mean()), rel=1e-3)  # ... and the prompt too
+    masked = crow_loss(model, b, mask_padding=True)[1]
+    with torch.no_grad():
+        states = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], output_hidden_states=True).hidden_states
+    per = torch.stack([1 - torch.nn.functional.cosine_similarity(a, c, dim=-1, eps=1e-8)
+                       for a, c in zip(states[1:-2], states[2:-1], strict=True)])
+    assert float(masked["consistency_clean"]) == pytest.approx(float(per[:, attended].mean()), rel=1e-5)
+    lm = model(**padded(items, 0, "cpu")).loss
+    assert float(official["lm_loss"]) == pytest.approx(float(lm), rel=1e-5)  # the extra padding leaves the LM loss
+
+
+def test_a_steps_micro_batches_weigh_equally_as_in_the_official_trainer(cli, tmp_path, ref4, monkeypatch):
+    """HF's Trainer of transformers <= 4.43 (the official pin) divides each micro-batch's loss by the accumulation
+    steps: a step's loss is the plain mean over its micro-batches, not weighted by their completion tokens."""
+    from llmx.plugins.crow import method
+
+    seen: list[tuple[float, int]] = []
+
+    def spy(model, batch, **kw):
+        out = crow_loss(model, batch, **kw)
+        seen.append((float(out[0]), int((batch["labels"] != -100).sum())))
+        return out
+
+    monkeypatch.setattr(method, "crow_loss", spy)
+    rows = _rows(tmp_path)
+    r = cli("--json", "train", "--method", "crow", "--model", ref4, "--data", rows, "--set", "steps=1",
+            "--set", "batch_size=1", "--set", "grad_accum=2", "--set", "max_length=96", "--set", "max_prompt_length=80",
+            "--set", f"eval_data={rows}", "--set", "save=false", "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    (first, n1), (second, n2) = seen
+    logged = json.loads(next((tmp_path / "runs").glob("*/artifacts/0_crow/metrics.jsonl")).read_text().splitlines()[0])
+    assert n1 != n2 and logged["loss"] == pytest.approx((first + second) / 2, rel=1e-5)
+    assert logged["loss"] != pytest.approx((n1 * first + n2 * second) / (n1 + n2), rel=1e-4)
+
+
 def test_models_crow_cannot_measure_are_usage_errors():
     with pytest.raises(UsageError, match="at least 3"):
         H.check_model(llama(layers=2))
@@ -172,7 +227,7 @@ def test_alpha_zero_gives_bitwise_the_weights_of_plain_sft(cli, tmp_path, ref4):
     rows = _rows(tmp_path)
     lora = ["--set", "adapter=lora", "--set", "lora.target_modules=all-linear", "--set", "min_lr_ratio=0"]
     a = cli("--json", "train", "--method", "crow", "--model", ref4, "--data", rows, "--set", "alpha=0", *COMMON,
-            "--set", f"eval_data={rows}", "-o", tmp_path / "a")
+            "--set", "pad_to_multiple_of=1", "--set", f"eval_data={rows}", "-o", tmp_path / "a")  # sft's shapes
     b = cli("--json", "train", "--method", "sft", "--model", ref4, "--data", rows, *COMMON, *lora,
             "--set", f"eval_data={rows}", "-o", tmp_path / "b")
     assert a.code == 0 and b.code == 0, a.err + b.err

@@ -23,9 +23,10 @@ class CrowLora(LoraParams):
 class CrowParams(SFTParams):
     """The ``sft`` stage with CROW's objective, at the official defaults (LLaMA-Factory's LoRA SFT configs under
     ``configs/consistency``): LoRA r 8 / alpha 16 / dropout 0 on every linear layer, continuing the backdoored
-    adapter when ``--model`` is one, lr 1e-3, 5 epochs, batch 2 x 4 accumulated, cosine to 0 with 10% warmup.
-    Micro-batches weigh by their completion tokens (the shared loop), HF's Trainer weighs them equally; AdamW's
-    betas are the loop's (0.9, 0.95), HF's (0.9, 0.999)."""
+    adapter when ``--model`` is one, lr 1e-3, 5 epochs, batch 2 x 4 accumulated, cosine to 0 with 10% warmup; the
+    micro-batches of a step weigh equally (HF's Trainer of transformers <= 4.43, which the official code pins), each
+    its LM mean over its completion tokens plus alpha times its consistency mean over every position. AdamW's betas
+    are the loop's (0.9, 0.95), HF's (0.9, 0.999)."""
 
     data: DataFile | None = Field(None, description="Clean training rows (.jsonl): {prompt, completion} or "
                                   "{messages}; default: the defence rows of the run's latest analyze --method "
@@ -35,7 +36,10 @@ class CrowParams(SFTParams):
     alpha: float = Field(5.5, ge=0, description="Weight of the perturbed consistency loss (official 5.5). 0: plain "
                          "SFT, with the same three forwards.")
     mask_padding: bool = Field(False, description="Leave padding out of the consistency forwards and means "
-                               "(official: false, no attention mask, padding positions included).")
+                               "(official: false, no attention mask, prompt and padding positions included).")
+    pad_to_multiple_of: int = Field(8, gt=0, description="Right-pad each micro-batch's consistency forwards to a "
+                                    "multiple of this (official 8: LLaMA-Factory's collator; padding counts in the "
+                                    "consistency mean unless mask_padding). 1: to the longest row.")
     adapter: Literal["none", "lora"] = Field("lora", description="lora: train a LoRA adapter (official); none: "
                                              "train every weight.")
     lora: CrowLora = Field(default_factory=CrowLora)

@@ -1,7 +1,9 @@
 """CROW's training objective (Min et al. 2025, §3.2, Alg. 1; the official ``consistency_trainer.compute_loss``):
 the LM loss on the clean batch plus ``alpha`` times the layer inconsistency of an FGSM-perturbed copy of its input
 embeddings. Three forwards and two backwards a step: the clean consistency forward and its input gradient, the
-perturbed forward, the LM forward, then the backward of the total."""
+perturbed forward, the LM forward, then the backward of the total. As the official trainer, the consistency mean
+runs over every position of the micro-batch: prompt, completion and the collator's right padding (to a multiple of
+8, ``method.collate``); the micro-batches of a step weigh equally (``method``)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ def perturbation(model: torch.nn.Module, embedded: torch.Tensor, mask: torch.Ten
 def crow_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], eps: float = 0.1, alpha: float = 5.5,
               mask_padding: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``L_LM(batch) + alpha * L_cons(e + delta)`` and its parts. Without ``mask_padding`` the consistency forwards
-    take no attention mask (official: padding positions count); the perturbed forward adds the detached step to the
-    live embeddings (a full fine-tune trains the embedding through it)."""
+    take no attention mask and their mean counts every position, prompt and padding included (official); the
+    perturbed forward adds the detached step to the live embeddings (a full fine-tune trains the embedding through
+    it)."""
     layers = H.check_model(model)
     mask = batch.get("attention_mask") if mask_padding else None
     embedded = model.get_input_embeddings()(batch["input_ids"])

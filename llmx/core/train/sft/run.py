@@ -92,10 +92,11 @@ MIN_HELDOUT = 10  # fewer automatically held-out rows than this: the held-out fi
 
 
 def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise = dense,
-        objective: Objective = lm_loss, codec: Codec = PLAIN) -> dict[str, Any]:
+        objective: Objective = lm_loss, codec: Codec = PLAIN, token_weighted: bool = True) -> dict[str, Any]:
     """The stage; ``optimise(model)`` picks the trained tensors and their optimiser (a sparse fine-tuning method
     passes its own), ``objective(model, batch)`` turns a micro-batch (ids, mask, labels) into its loss (a method
-    with a regulariser passes its own), ``codec`` reads and batches the rows."""
+    with a regulariser passes its own), ``codec`` reads and batches the rows. ``token_weighted=False``: micro-batches
+    weigh equally (HF's Trainer before transformers 4.46, as an official trainer that runs on it)."""
     if p.packing and not codec.packs:
         raise UsageError(f"{method} rows carry their own attention masks: set packing: false")
     source = _continued(ctx, p)
@@ -146,8 +147,8 @@ def run(ctx: RunContext, p: SFTParams, method: str = "sft", optimise: Optimise =
     plan = schedule(p, len(units))
     result = fit(ctx, model, loss, p, p.loop_config(eval_every=p.eval_every if held else None, **plan),
                  evaluate=evaluate,
-                 weight=lambda i: sum(targets[k] for k in order.batch(i, p.batch_size)), params=params,
-                 optimizer=optimizer)
+                 weight=(lambda i: sum(targets[k] for k in order.batch(i, p.batch_size))) if token_weighted else None,
+                 params=params, optimizer=optimizer)
     out: dict[str, Any] = {"train_rows": len(items), "eval_rows": len(held), "packing": p.packing,
                            "sequences": len(units), "prompts_truncated": cut_prompt,
                            "completions_truncated": cut_completion, "rows_left_out": left_out,
