@@ -1,5 +1,6 @@
 """Alignment stages: data errors with line numbers, exact reductions through the whole stage, every method and data
-kind runs, exact resume of an align run, and the brackets task's checker."""
+kind runs, a new order every epoch and exact resume of an align run, KTO's reference point, PIPA's defaults, one
+end-of-turn for chat-rendered rows, and the brackets task's checker."""
 
 from __future__ import annotations
 
@@ -48,15 +49,17 @@ def test_method_refuses_the_wrong_kind_of_data(cli, tmp_path):
 
 def test_pipa_n_on_pairs_trains_exactly_like_dpo(cli, tmp_path):
     dpo = align(cli, tmp_path / "d", "dpo", "paired", "--set", "beta=0.5", "--set", "save=true")
-    pipa = align(cli, tmp_path / "p", "pipa", "paired", "--set", "beta=0.5", "--set", "variant=n", "--set", "save=true")
-    assert pipa["final_loss"] == dpo["final_loss"]
+    pipa = align(cli, tmp_path / "p", "pipa", "paired", "--set", "beta=0.5", "--set", "variant=n",
+                 "--set", "pair_mode=conditional", "--set", "save=true")
+    assert pipa["final_loss"] == dpo["final_loss"] and pipa["pair_mode"] == "conditional"
     a = load_file(f"{dpo['model_dir']}/model.safetensors")
     b = load_file(f"{pipa['model_dir']}/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("method,kind,sets", [
-    ("simpo", "paired", []), ("ipo", "paired", []), ("kto", "unpaired", []), ("confpo", "paired", []),
+    ("simpo", "paired", []), ("ipo", "paired", []), ("kto", "unpaired", []),
+    ("kto", "unpaired", ["--set", "reference_point=batch_self"]), ("confpo", "paired", []),
     ("confpo", "paired", ["--set", "base=dpo"]), ("pipa", "paired", ["--set", "variant=m"]),
     ("pipa", "unpaired", ["--set", "variant=m"]), ("pipa", "unpaired", []),
     ("pipa", "steps", []), ("pipa", "steps", ["--set", "variant=m"]),
@@ -69,13 +72,75 @@ def test_every_method_and_data_kind_trains(cli, tmp_path, method, kind, sets):
     assert len(lines) == 3 and "loss" in json.loads(lines[0])
 
 
-def test_align_run_resumes_exactly(cli, tmp_path):
-    full = align(cli, tmp_path / "a", "dpo", "paired", "--set", "checkpoint_every=2", "--set", "save=true", steps=4)
-    ckpt = next((tmp_path / "a").glob("*/artifacts/0_dpo/checkpoints/step_2"))
-    resumed = align(cli, tmp_path / "b", "dpo", "paired", "--set", f"resume={ckpt}", "--set", "save=true", steps=4)
+def test_every_epoch_has_its_own_order_and_a_resumed_run_replays_the_same_batches(cli, tmp_path, monkeypatch):
+    from llmx.core.train.align import run as R
+
+    batches: list[list[int]] = []
+    real = R.logps
+
+    def spy(policy, reference, g_head, batcher, idx, objective):
+        if not isinstance(objective, R._EvalView):  # a training micro-batch, not the held-out evaluation
+            batches.append(list(idx))
+        return real(policy, reference, g_head, batcher, idx, objective)
+
+    monkeypatch.setattr(R, "logps", spy)
+    full = align(cli, tmp_path / "a", "dpo", "paired", "--set", "checkpoint_every=3", "--set", "save=true", steps=6)
+    n, rows = full["train_rows"], [k for b in batches for k in b]
+    assert 2 * n <= len(rows) == 24
+    first, second = rows[:n], rows[n:2 * n]
+    assert sorted(first) == sorted(second) == list(range(n)) and first != second  # each epoch reshuffled
+    uninterrupted, batches[:] = list(batches), []
+    ckpt = next((tmp_path / "a").glob("*/artifacts/0_dpo/checkpoints/step_3"))
+    resumed = align(cli, tmp_path / "b", "dpo", "paired", "--set", f"resume={ckpt}", "--set", "save=true", steps=6)
+    assert batches == uninterrupted[3:]  # steps 4-6, across the epoch boundary, as the uninterrupted run
     a = load_file(f"{full['model_dir']}/model.safetensors")
     b = load_file(f"{resumed['model_dir']}/model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_kto_reference_point_is_trls_kl_term_on_mismatched_pairs():
+    """On a hand-made micro-batch, z_ref is TRL's formula computed here on its own: each prompt scored alone with
+    another row's completion (the completions shifted by one row of the order) under the policy and the reference,
+    ``max(0, mean(log pi(y'|x) - log ref(y'|x)))``."""
+    from llmx.core.models.archs import build_random
+    from llmx.core.train.align import run as R
+    from llmx.core.train.align.data import Example
+    from llmx.plugins.align_baselines.config import KTOParams
+    from llmx.plugins.align_baselines.objectives import KTO
+
+    policy, tok = build_random("llama", seed=0)
+    other = build_random("llama", seed=1)[0]
+    completions = ["a)", "b, c)", "dd)", "(e))", "f)"]
+    rows = [Example(f"x{i} = f(", completion=c, label=i % 2 == 0) for i, c in enumerate(completions)]
+    rows_b = R.Batcher(tok, "unpaired", rows, 64)
+    perm, idx = [3, 0, 4, 1, 2], [0, 1, 2, 3]
+    partner = {perm[k]: perm[k - 1] for k in range(len(perm))}  # TRL: completions shifted by one row
+
+    @torch.no_grad()
+    def completion_logp(model, prompt_of: int, completion_of: int) -> float:
+        own, theirs = rows_b.encoded[prompt_of][0], rows_b.encoded[completion_of][0]
+        ids = own.ids[:own.start] + theirs.ids[theirs.start:]
+        lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        return float(lp.gather(1, torch.tensor(ids[1:])[:, None])[own.start - 1:].sum())
+
+    def trl_kl(pi_model, ref_model) -> float:
+        return sum(completion_logp(pi_model, r, partner[r]) - completion_logp(ref_model, r, partner[r])
+                   for r in idx) / len(idx)
+
+    if trl_kl(policy, other) < 0:  # so the clamp at 0 does not hide the value
+        policy, other = other, policy
+    expected = trl_kl(policy, other)
+    reference = R.Reference(policy, held=other)
+    pairs = R.mismatched(rows_b, perm, 64)
+    assert all(pairs.encoded[r][0].ids[pairs.encoded[r][0].start:] == rows_b.encoded[partner[r]][0].ids[
+        rows_b.encoded[partner[r]][0].start:] and partner[r] != r for r in range(5))
+    kto = KTO(KTOParams(data="x"))
+    b = R.logps(policy, reference, None, rows_b, idx, kto)
+    b.kl_pi, b.kl_ref = R.kl_logps(policy, reference, pairs, idx)
+    z = kto.loss(b)[1]["kl_estimate"][0]
+    assert expected > 0 and float(z) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    own = KTO(KTOParams(data="x", reference_point="batch_self")).loss(b)[1]["kl_estimate"][0]
+    assert float(own) != pytest.approx(float(z), rel=1e-3)  # the batch's own completions: another estimate
 
 
 def test_brackets_checker():
@@ -144,16 +209,16 @@ def test_reference_free_methods_keep_no_copy_of_the_weights(cli, tmp_path, modul
 
 
 def test_pipa_m_still_learns_on_the_smoke_pairs_after_20_steps(cli, tmp_path):
-    def last(stabilizer):
-        m = align(cli, tmp_path / stabilizer, "pipa", "paired", "--set", "variant=m", "--set", "save=false",
-                  "--set", f"m_stabilizer={stabilizer}", steps=20)
+    def last(stabilizer):  # conditional pairs: there every chosen row reaches the bound
+        align(cli, tmp_path / stabilizer, "pipa", "paired", "--set", "variant=m", "--set", "save=false",
+              "--set", "pair_mode=conditional", "--set", f"m_stabilizer={stabilizer}", steps=20)
         lines = (tmp_path / stabilizer).glob("*/artifacts/0_pipa/metrics.jsonl")
-        return m, json.loads(next(lines).read_text().splitlines()[-1])
+        return json.loads(next(lines).read_text().splitlines()[-1])
 
-    _, smooth = last("softplus")
-    _, hard = last("clamp")
-    assert smooth["bound_rate_chosen"] > 0  # the chosen rows are past the bound ...
-    assert smooth["grad_norm"] > 0.1 and hard["grad_norm"] < 1e-3  # ... where only the smooth bound still learns
+    smooth, hard, penalty = last("softplus"), last("clamp"), last("penalty")
+    assert smooth["bound_rate_chosen"] > 0 and hard["bound_rate_chosen"] == 1  # the chosen rows are past the bound
+    assert smooth["grad_norm"] > 0.1 and hard["grad_norm"] < 1e-3  # ... where the hard clamp alone stops learning
+    assert penalty["grad_norm"] > 0.1 and penalty["bound_rate_chosen"] < 1  # the default pulls them back
 
 
 @pytest.mark.parametrize("variant", ["n", "m"])
@@ -173,15 +238,20 @@ def test_independent_pair_mode_is_the_unpaired_loss_on_both_labelled_sides(varia
     expected = (fn(s[:3], r[:3], g, torch.ones(3)) + fn(s[3:], r[3:], g, torch.zeros(3))) / 2
     assert torch.allclose(loss, expected)
     if variant == "n":  # the conditional reading is DPO: g cancels
-        cond = PIPA(PIPAParams(data="x", variant="n"), "paired")
+        cond = PIPA(PIPAParams(data="x", variant="n", pair_mode="conditional"), "paired")
         assert cond.g is None and torch.allclose(cond.loss(b)[0], P.dpo_loss(s[:3], s[3:], r[:3], r[3:], 1.0))
         shifted = LogpBatch("paired", pi, ref, torch.ones(6, 5), g=g + 1)
         assert not torch.allclose(PIPA(PIPAParams(data="x", pair_mode="independent"), "paired").loss(shifted)[0], loss)
 
 
-def test_independent_pair_mode_trains_a_g_head(cli, tmp_path):
-    m = align(cli, tmp_path, "pipa", "paired", "--set", "pair_mode=independent")
-    assert m["steps"] == 3 and len(list(tmp_path.glob("*/artifacts/0_pipa/g_head.safetensors"))) == 1
+def test_pipa_on_pairs_defaults_to_the_papers_method_and_says_so(cli, tmp_path):
+    r = cli("--json", "methods", "show", "pipa")
+    params = {x["name"]: x for x in r.json()[0]["params"]}
+    assert params["pair_mode"]["default"] == "independent" and "DPO-equivalent" in params["pair_mode"]["help"]
+    assert params["m_stabilizer"]["default"] == "penalty"
+    m = align(cli, tmp_path, "pipa", "paired")
+    assert m["steps"] == 3 and m["pair_mode"] == "independent"
+    assert len(list(tmp_path.glob("*/artifacts/0_pipa/g_head.safetensors"))) == 1  # g is learned
 
 
 def test_sampled_completions_are_scored_without_an_eos_they_never_had():
@@ -208,12 +278,13 @@ def test_prompts_start_with_bos_for_tokenizers_that_expect_one_even_when_cut():
     assert cut.prompt_cut and cut.ids[0] == 1 and cut.start == 32
 
 
-def test_precomputed_reference_log_probs_train_exactly_like_a_frozen_copy(cli, tmp_path, module_copies):
+@pytest.mark.parametrize("method,kind", [("dpo", "paired"), ("kto", "unpaired")])  # kto: its mismatched pairs too
+def test_precomputed_reference_log_probs_train_exactly_like_a_frozen_copy(cli, tmp_path, module_copies, method, kind):
     copies = module_copies
-    live = align(cli, tmp_path / "live", "dpo", "paired")
+    live = align(cli, tmp_path / "live", method, kind)
     assert copies
     copies.clear()
-    pre = align(cli, tmp_path / "pre", "dpo", "paired", "--set", "precompute_ref_log_probs=true")
+    pre = align(cli, tmp_path / "pre", method, kind, "--set", "precompute_ref_log_probs=true")
     assert not copies
     a, b = (load_file(str(Path(m["model_dir"]) / "model.safetensors")) for m in (live, pre))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
@@ -297,7 +368,30 @@ def test_conversations_render_with_the_chat_template_and_the_response_is_what_it
     text, response = render(tok, prompt, reply)
     assert (text, response) == ("<user>2+2</><assistant>", "4</>")
     e = encode(tok, text, response, 64)
-    assert tok.decode(e.ids[e.start:]) == "4</></s>"
+    assert tok.decode(e.ids[e.start:]) == "4</></s>"  # a string response gets its EOS
+
+
+def test_a_chat_rendered_response_ends_with_one_end_of_turn_and_no_second_eos():
+    from llmx.core.models.archs import build_random
+    from llmx.core.train.align.data import Example
+    from llmx.core.train.align.run import Batcher
+
+    _, tok = build_random("llama")
+    tok.add_special_tokens({"additional_special_tokens": ["<|end|>"]})
+    end = tok.convert_tokens_to_ids("<|end|>")
+    tok.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}<|end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    for end_token in ("<|end|>", tok.eos_token):  # an end-of-turn of its own, or the EOS as the end of the turn
+        tok.chat_template = tok.chat_template.replace("<|end|>", end_token)
+        last = end if end_token == "<|end|>" else tok.eos_token_id
+        row = Example([{"role": "user", "content": "2+2"}], completion=[{"role": "assistant", "content": "4\n"}],
+                      label=True)
+        e = Batcher(tok, "unpaired", [row], 64).encoded[0][0]
+        response = e.ids[e.start:]
+        assert tok.decode(response) == f"4\n{end_token}" and response[-1] == last  # no newline after, no EOS again
+        assert response.count(last) == 1 and response.count(tok.eos_token_id) == (last == tok.eos_token_id)
+        plain = Batcher(tok, "unpaired", [Example("2+2=", completion="4", label=True)], 64).encoded[0][0]
+        assert plain.ids[-1] == tok.eos_token_id  # a string row still gets its EOS
 
 
 def test_an_align_stage_without_data_trains_on_the_runs_own_judged_samples(tmp_path):

@@ -1,5 +1,5 @@
-"""Preference losses: exact reductions (PIPA-N on pairs = DPO), ConfPO's selection rule, and PIPA's priors
-recovering the truth in the world that matches them."""
+"""Preference losses: exact reductions (PIPA-N on pairs = DPO), ConfPO's selection rule, PIPA's priors recovering
+the truth in the world that matches them, PIPA-M's bound keeping a gradient, and KTO's reference point over ranks."""
 
 from __future__ import annotations
 
@@ -36,13 +36,51 @@ def test_pipa_m_probabilities_are_feasible_and_pairs_are_complementary():
     torch.manual_seed(2)
     pw, pl, rw, rl, g = (torch.randn(32) for _ in range(5))
     assert torch.all(P.pipa_m_log_q(pw + 5, rw, g) <= -1e-6)  # a ratio above 1/g is clamped into [0, 1)
-    forward = torch.exp(-P.pipa_m_paired_loss(pw, pl, rw, rl, g))
-    backward = torch.exp(-P.pipa_m_paired_loss(pl, pw, rl, rw, g))
+    forward = torch.exp(-P.pipa_m_paired_loss(pw, pl, rw, rl, g, stabilizer="clamp"))  # the likelihood alone
+    backward = torch.exp(-P.pipa_m_paired_loss(pl, pw, rl, rw, g, stabilizer="clamp"))
     assert torch.allclose(forward + backward, torch.ones(32), atol=1e-5)
     log_q = P.pipa_m_log_q(pw, rw, g).double()
     c = (torch.rand(32) > 0.5).double()
     expected = -(c * log_q + (1 - c) * torch.log(1 - log_q.exp()))  # float64 reference
-    assert torch.allclose(P.pipa_m_loss(pw, rw, g, c).double(), expected, rtol=1e-3, atol=1e-5)
+    assert torch.allclose(P.pipa_m_loss(pw, rw, g, c, stabilizer="clamp").double(), expected, rtol=1e-3, atol=1e-5)
+
+
+def test_pipa_m_default_bound_keeps_a_gradient_past_it_and_leaves_the_loss_unchanged_inside():
+    """A negative row past the bound: the hard clamp leaves it at 13.8 with no gradient, for good; the default
+    penalty pulls it back (slope 1) and is exactly the likelihood wherever f g <= p0."""
+    g, ref = torch.tensor([2.0, 2.0, 2.0, 2.0]), torch.tensor([-5.0, -5.0, -10.0, -10.0])
+    pi = torch.tensor([-2.0, -2.0, -30.0, -12.0], requires_grad=True)  # rows 0, 1 past the bound; 2, 3 inside
+    label = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    hard = P.pipa_m_loss(pi, ref, g, label, stabilizer="clamp")
+    (grad_hard,) = torch.autograd.grad(hard.sum(), pi)
+    loss = P.pipa_m_loss(pi, ref, g, label)
+    (grad,) = torch.autograd.grad(loss.sum(), pi)
+    assert float(hard[0].detach()) == pytest.approx(-math.log(-math.expm1(-1e-6)), rel=1e-3) and grad_hard[0] == 0
+    u = pi.detach() + torch.nn.functional.logsigmoid(g) - ref
+    assert torch.allclose(loss[:2], hard[:2] + (u[:2] + 1e-6), atol=1e-5)  # the likelihood at the bound + (u - c)
+    assert grad[0] == pytest.approx(1.0, abs=1e-6) and grad[1] == pytest.approx(1.0, abs=1e-6)  # pulled back
+    assert torch.equal(loss[2:], hard[2:]) and torch.equal(grad[2:], grad_hard[2:])  # unchanged inside the bound
+    paired = P.pipa_m_paired_loss(pi[:1], pi[2:3], ref[:1], ref[2:3], g[:1])
+    (grad_w,) = torch.autograd.grad(paired.sum(), pi)
+    assert grad_w[0] > 0.5  # the chosen side past the bound is pulled back in the paired loss too
+
+
+def _kl_worker(rank: int, init: str, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    pi = torch.tensor([[1.0, 2.0], [3.0, 5.0]][rank])
+    z = P.kto_kl_estimate(pi, torch.zeros(2))
+    torch.save(z, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def test_kto_reference_point_is_the_mean_over_every_ranks_mismatched_pairs(tmp_path):
+    assert P.kto_kl_estimate(torch.tensor([-1.0, -3.0]), torch.zeros(2)) == 0  # clamped at 0
+    pi = torch.tensor([1.0, 2.5], requires_grad=True)
+    z = P.kto_kl_estimate(pi, torch.tensor([0.5, 1.0]))
+    assert float(z) == pytest.approx(1.0) and not z.requires_grad
+    out = str(tmp_path / "z")
+    torch.multiprocessing.spawn(_kl_worker, args=(f"file://{tmp_path / 'store'}", out), nprocs=2, join=True)
+    assert [float(torch.load(f"{out}.{r}")) for r in (0, 1)] == [2.75, 2.75]  # (1 + 2 + 3 + 5) / 4 on both ranks
 
 
 def test_kto_matches_its_definition():

@@ -5,13 +5,17 @@ returns per-example values, so the caller chooses the reduction. Conventions:
 
 * DPO (Rafailov et al., 2023): ``-log sigma(beta * ((pi_w - ref_w) - (pi_l - ref_l)))``.
 * SimPO (Meng et al., 2024): length-normalised policy log-probs, margin ``gamma``, no reference.
-* KTO (Ethayarajh et al., 2024), TRL's form: ``1 - sigma(beta (r - z_ref))`` for desirable and
-  ``1 - sigma(beta (z_ref - r))`` for undesirable examples, ``r = pi - ref`` and ``z_ref`` a detached KL estimate.
+* KTO (Ethayarajh et al., 2024, eq. 7), TRL's form: ``1 - sigma(beta (r - z_ref))`` for desirable and
+  ``1 - sigma(beta (z_ref - r))`` for undesirable examples, ``r = pi - ref`` and ``z_ref`` the detached KL estimate
+  ``max(0, mean(pi(y'|x) - ref(y'|x)))`` on mismatched pairs, over every rank.
 * PIPA (Li et al., ICML 2025), derived by Bayes' rule from the paper's priors (no official code; see
   ``shared`` notes): with ``f`` the policy, ``p0`` the reference and ``g = p(c=1|x)``,
-  PIPA-N: ``p(c=1|x,y) = sigma(log f - log p0 + logit g)``; paired, ``g`` cancels and the loss is DPO with ``beta``.
-  PIPA-M: ``q = f g / p0`` (clamped so ``log q <= clamp``); loss ``-(c log q + (1-c) log(1-q))``; paired, the
-  probability that the chosen one is the positive given exactly one is.
+  PIPA-N: ``p(c=1|x,y) = sigma(log f - log p0 + logit g)``; paired and conditioned on exactly one positive, ``g``
+  cancels and the loss is DPO with ``beta`` (the paper's special case).
+  PIPA-M: ``q = f g / p0``, loss ``-(c log q + (1-c) log(1-q))``, under the prior's constraint ``f g <= p0``
+  (``p(y|x,c=0) = (p0 - f g) / (1 - g)`` is a probability): ``log q`` clamped at ``clamp`` plus the exact penalty
+  ``(log(f g / p0) - clamp)_+`` on a violation; paired, the probability that the chosen one is the positive given
+  exactly one is.
 * ConfPO (Yoon et al., ICML 2025): select the response tokens whose probability is below the arithmetic mean
   probability of that response (``tau = log mean exp(l)``), a detached mask; SimPO (or DPO) on the selected tokens
   only; an example with an empty selection contributes 0 but stays in the mean.
@@ -72,9 +76,17 @@ def kto_loss(pi: torch.Tensor, ref: torch.Tensor, desirable: torch.Tensor, z_ref
     return torch.where(desirable.bool(), good, bad)
 
 
-def kto_kl_estimate(pi_mismatched: torch.Tensor, ref_mismatched: torch.Tensor) -> torch.Tensor:
-    """KTO's reference point: the batch mean of ``pi - ref`` on mismatched (prompt, completion) pairs, clamped at 0."""
-    return (pi_mismatched - ref_mismatched).mean().clamp(min=0).detach()
+def kto_kl_estimate(pi: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """KTO's reference point ``z_ref`` (TRL's ``kto_loss``): the mean of ``pi - ref`` over the mismatched (prompt,
+    completion) pairs of every rank (their sum and count all-reduced when torch.distributed is initialised),
+    clamped at 0, detached."""
+    from llmx.core.train.distributed import world
+
+    d = (pi - ref).detach().float()
+    total = torch.stack([d.sum(), torch.tensor(float(d.numel()), device=d.device)])
+    if world()[1] > 1:
+        torch.distributed.all_reduce(total)
+    return (total[0] / total[1]).clamp(min=0)
 
 
 def pipa_n_loss(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
@@ -89,17 +101,26 @@ def pipa_n_paired_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tens
     return -F.logsigmoid(beta * ((pi_w - ref_w) - (pi_l - ref_l)))
 
 
-def pipa_m_log_q(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, clamp: float = -1e-6,
-                 stabilizer: str = "clamp") -> torch.Tensor:
-    """``u = log f + log g - log p0`` kept below 0 so ``q`` is a probability (how the paper does it is unknown).
-    ``clamp``: ``min(u, clamp)``, exact wherever ``q < 1`` but without gradient where it binds (learning stops on
-    those rows); ``softplus``: the smooth bound ``-softplus(-u)``, i.e. ``q = sigmoid(u) = f g / (f g + p0)``, which
-    always has a gradient but is another model of ``q`` wherever ``q`` is not small (then the clamp is only a
-    numerical floor)."""
-    u = pi + F.logsigmoid(g_logit) - ref
+def _pipa_m(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, clamp: float,
+            stabilizer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log q, penalty)`` from ``u = log f + log g - log p0`` in fp32. PIPA-M's prior ``p0 = f g + p(y|x,c=0)
+    (1 - g)`` holds only where ``u <= 0``; the stabilizer keeps ``log q`` at or below ``clamp``:
+    ``penalty``: ``min(u, clamp)`` and the exact penalty ``(u - clamp)_+`` on the violated constraint, so the loss is
+    unchanged wherever the constraint holds and a row past the bound is pulled back with slope 1 (the positive
+    term's own slope: a positive row's constrained optimum is the bound); ``clamp``: the hard clamp alone (no
+    gradient past the bound: a negative row there stays at ``-log(1 - e^clamp)``, 13.8, for good); ``softplus``:
+    ``q = sigmoid(u) = f g / (f g + p0)``, always a gradient, another model of ``q`` wherever it is not small."""
+    u = pi.float() + F.logsigmoid(g_logit.float()) - ref.float()
     if stabilizer == "softplus":
         u = -F.softplus(-u)
-    return u.clamp(max=clamp)
+    penalty = (u - clamp).clamp(min=0) if stabilizer == "penalty" else torch.zeros_like(u)
+    return u.clamp(max=clamp), penalty
+
+
+def pipa_m_log_q(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, clamp: float = -1e-6,
+                 stabilizer: str = "penalty") -> torch.Tensor:
+    """``log q = log(f g / p0)`` kept at or below ``clamp`` (``_pipa_m``)."""
+    return _pipa_m(pi, ref, g_logit, clamp, stabilizer)[0]
 
 
 def _log1m_exp(log_q: torch.Tensor) -> torch.Tensor:
@@ -108,22 +129,23 @@ def _log1m_exp(log_q: torch.Tensor) -> torch.Tensor:
 
 
 def pipa_m_loss(pi: torch.Tensor, ref: torch.Tensor, g_logit: torch.Tensor, label: torch.Tensor,
-                clamp: float = -1e-6, stabilizer: str = "clamp") -> torch.Tensor:
-    """PIPA-M, unpaired (or per step): ``-(c log q + (1 - c) log(1 - q))`` with ``q = f g / p0``."""
-    log_q = pipa_m_log_q(pi.float(), ref.float(), g_logit.float(), clamp, stabilizer)
+                clamp: float = -1e-6, stabilizer: str = "penalty") -> torch.Tensor:
+    """PIPA-M, unpaired (or per step): ``-(c log q + (1 - c) log(1 - q))`` with ``q = f g / p0``, plus the
+    stabilizer's penalty."""
+    log_q, penalty = _pipa_m(pi, ref, g_logit, clamp, stabilizer)
     c = label.float()
-    return -(c * log_q + (1 - c) * _log1m_exp(log_q))
+    return -(c * log_q + (1 - c) * _log1m_exp(log_q)) + penalty
 
 
 def pipa_m_paired_loss(pi_w: torch.Tensor, pi_l: torch.Tensor, ref_w: torch.Tensor, ref_l: torch.Tensor,
-                       g_logit: torch.Tensor, clamp: float = -1e-6, stabilizer: str = "clamp") -> torch.Tensor:
+                       g_logit: torch.Tensor, clamp: float = -1e-6, stabilizer: str = "penalty") -> torch.Tensor:
     """PIPA-M conditioned on exactly one positive: ``-log[q_w (1-q_l) / (q_w (1-q_l) + (1-q_w) q_l)]``
-    (derived; ``g`` does not cancel)."""
-    lw = pipa_m_log_q(pi_w.float(), ref_w.float(), g_logit.float(), clamp, stabilizer)
-    ll = pipa_m_log_q(pi_l.float(), ref_l.float(), g_logit.float(), clamp, stabilizer)
+    (derived; ``g`` does not cancel), plus both sides' penalties."""
+    lw, pen_w = _pipa_m(pi_w, ref_w, g_logit, clamp, stabilizer)
+    ll, pen_l = _pipa_m(pi_l, ref_l, g_logit, clamp, stabilizer)
     a = lw + _log1m_exp(ll)
     b = _log1m_exp(lw) + ll
-    return -(a - torch.logaddexp(a, b))
+    return -(a - torch.logaddexp(a, b)) + pen_w + pen_l
 
 
 def confpo_mask(logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from llmx.core.refs import DataFile
@@ -27,5 +29,9 @@ class SimPOParams(PairedParams):
 
 class KTOParams(AlignParams):
     data: DataFile | None = Field(None, description=DEFAULT.format(kind="unpaired"))
+    reference_point: Literal["mismatched", "batch_self"] = Field(
+        "mismatched", description="KTO's z_ref: mismatched (TRL's KL term: each prompt with another row's "
+        "completion, mean log-ratio over every rank, clamped at 0; a second, gradient-free forward of policy and "
+        "reference); batch_self, the mean log-ratio of the batch's own completions (no extra forward).")
     desirable_weight: float = Field(1.0, gt=0)
     undesirable_weight: float = Field(1.0, gt=0)

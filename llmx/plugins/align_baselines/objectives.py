@@ -47,17 +47,18 @@ class SimPO:
 
 
 class KTO:
-    """TRL-style KTO; the reference point is the detached batch mean of ``pi - ref`` on the batch itself (KTO's
-    paper estimates it on mismatched prompt/completion pairs, which costs a second forward)."""
+    """TRL's KTO (Ethayarajh et al. 2024, eq. 7); the reference point ``z_ref`` is TRL's KL estimate on mismatched
+    pairs (``reference_point: mismatched``) or the batch's own completions (``batch_self``), over every rank."""
 
     kinds, needs_reference, g = ("unpaired",), True, None
 
     def __init__(self, p: KTOParams):
         self.p = p
+        self.kl_pairs = p.reference_point == "mismatched"
 
     def loss(self, b: LogpBatch):
         pi, ref = b.sums(b.pi), b.sums(b.ref)
-        z = P.kto_kl_estimate(pi, ref)
+        z = P.kto_kl_estimate(b.kl_pi, b.kl_ref) if self.kl_pairs else P.kto_kl_estimate(pi, ref)
         loss = P.kto_loss(pi, ref, b.labels, z, self.p.beta, self.p.desirable_weight, self.p.undesirable_weight)
         return loss, {"kl_estimate": z.expand_as(pi)}
 

@@ -16,16 +16,19 @@ class PIPAParams(AlignParams):
                                                     "with its label).")
     variant: Literal["m", "n"] = Field("n", description="m: the prior constrains the marginal p(y|x) = p0(y|x); "
                                        "n: it constrains the negative conditional p(y|x,c=0) = p0(y|x).")
-    pair_mode: Literal["conditional", "independent"] = Field(
-        "conditional", description="Paired data: conditional conditions on exactly one of y_w, y_l being positive "
-        "(the notes' derivation: g cancels, and PIPA-N is DPO with beta); independent treats a pair as two labelled "
-        "samples (y_w, c=1) and (y_l, c=0) with g learned (the unpaired loss on both). Which one the paper's paired "
-        "results use is not settled by the notes.")
-    beta: float = Field(1.0, gt=0, description="Paired PIPA-N temperature; 1.0 is the derivation (then it equals DPO "
-                        "with beta 1). Unpaired and PIPA-M losses do not use it.")
+    pair_mode: Literal["independent", "conditional"] = Field(
+        "independent", description="Paired data: independent (the paper's method) treats a pair as two labelled "
+        "samples (y_w, c=1) and (y_l, c=0) with g learned (the unpaired loss on both); conditional conditions on "
+        "exactly one of y_w, y_l being positive: for PIPA-N g cancels and it is DPO with beta (DPO-equivalent, the "
+        "paper's remark that DPO is a special case, not its method).")
+    beta: float = Field(1.0, gt=0, description="pair_mode conditional, PIPA-N: the temperature; 1.0 is the "
+                        "derivation (then it equals DPO with beta 1). The other losses do not use it.")
     clamp_logq: float = Field(-1e-6, lt=0, description="PIPA-M: log q = log f + log g - log p0 stays at or below this, "
                               "so q is a probability (how the paper keeps q <= 1 is not published).")
-    m_stabilizer: Literal["clamp", "softplus"] = Field(
-        "clamp", description="PIPA-M: how log q is kept below 0: clamp, a hard min(u, clamp_logq), exact where q < 1 "
-        "but without gradient where it binds (the bound_rate metric says how often); softplus, the smooth bound "
-        "-softplus(-u), i.e. q = f g / (f g + p0): always a gradient, but another model of q.")
+    m_stabilizer: Literal["penalty", "clamp", "softplus"] = Field(
+        "penalty", description="PIPA-M: how q = f g / p0 keeps to the prior's constraint f g <= p0: penalty, the "
+        "hard clamp min(u, clamp_logq) plus the exact penalty (u - clamp_logq)_+ on a violation (the loss unchanged "
+        "where the constraint holds, a gradient of 1 pulling a row past the bound back); clamp, the hard clamp alone "
+        "(no gradient where it binds: a negative row past the bound keeps loss 13.8 for good; the bound_rate metrics "
+        "say how often); softplus, the smooth bound -softplus(-u), i.e. q = f g / (f g + p0): always a gradient, "
+        "but another model of q.")

@@ -81,4 +81,4 @@ def pipa(ctx, p: PIPAParams) -> dict:
 
     p = with_data(ctx, p, p.run_rows)
     kind, _ = load(p.data)
-    return {"variant": p.variant, **run(ctx, p, PIPA(p, kind), "pipa")}
+    return {"variant": p.variant, "pair_mode": p.pair_mode, **run(ctx, p, PIPA(p, kind), "pipa")}

@@ -15,8 +15,8 @@ def llmx_comparisons():
     from llmx.core.compare.spec import Arm, ComparisonSpec
     from llmx.core.train.align.comparison import COMMON, aligned
 
-    note = ("PIPA's paired default pair_mode: conditional is DPO with beta 1 (g cancels), so the target is the "
-            "paper's method proper, pair_mode: independent (each side a labelled sample, g learned)")
+    note = ("the target is the paper's method, pair_mode: independent (the default: each side a labelled sample, g "
+            "learned), not pair_mode: conditional, which is DPO with beta 1 (g cancels)")
     yield ComparisonSpec(
         name="pipa",
         summary="PIPA-N on pairs (pair_mode: independent) against DPO and IPO at equal steps, data, batch and rate: "

@@ -26,10 +26,20 @@ class Encoded:
     response_cut: bool = False
 
 
+def turn_end(tok, response: str) -> str:
+    """A response a chat template rendered, ending at the template's end-of-turn special token: whitespace the
+    template writes after it (ChatML's newline) is dropped, as generation stops at that token. It is encoded with
+    ``eos=False``: the template's end-of-turn ends it, once (TRL adds an EOS to non-conversational rows only)."""
+    body = response.rstrip()
+    specials = set(tok.all_special_tokens) | {t.content for t in tok.added_tokens_decoder.values() if t.special}
+    return body if body != response and any(body.endswith(t) for t in specials) else response
+
+
 def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt_len: int | None = None,
            eos: bool = True, bos: bool = True) -> Encoded:
     """``max_prompt_len`` defaults to half of ``max_len``; ``eos=False`` scores the response as sampled, without an
-    EOS it never had; ``bos=False`` for a prompt a chat template rendered (it writes its own)."""
+    EOS it never had, or as a chat template ended it (``turn_end``); ``bos=False`` for a prompt a chat template
+    rendered (it writes its own)."""
     keep = max_prompt_len if max_prompt_len is not None else max_len // 2
     lead = leading_specials(tok) if bos else []  # BOS for tokenizers that put one first, kept through truncation
     p = tok(prompt, add_special_tokens=False)["input_ids"]

@@ -1,5 +1,7 @@
 """One align stage: load and check the data, train the policy (and PIPA's ``g`` head) on an objective with the shared
-loop, then measure held-out preference accuracy and drift from the reference."""
+loop, then measure held-out preference accuracy and drift from the reference. Micro-batch ``i`` holds the rows of
+``EpochOrder`` (a seeded permutation per epoch, a pure function of ``i``: exact resume, DDP shards); an objective
+with ``kl_pairs`` (KTO) also gets the log-probs of mismatched pairs (``mismatched``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 
 from llmx.core.context import RunContext
 from llmx.core.data import holdout
+from llmx.core.data.sampling import EpochOrder
 from llmx.core.preference import masked_mean, masked_sum
 from llmx.core.train.align import batch as B
 from llmx.core.train.align import chat
@@ -33,6 +36,8 @@ class LogpBatch:
     labels: torch.Tensor | None = None  # [B] (unpaired) or [B, S] (step)
     member: torch.Tensor | None = None  # [B, S, T-1] (step)
     step_mask: torch.Tensor | None = None
+    kl_pi: torch.Tensor | None = None  # [B] summed log-probs of the rows' mismatched pairs (kl_pairs), no graph
+    kl_ref: torch.Tensor | None = None
 
     def halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0] // 2
@@ -49,6 +54,8 @@ class LogpBatch:
 
 
 class Objective(Protocol):
+    """An align loss. One may also set ``kl_pairs`` (KTO): its batches then carry ``kl_pi`` and ``kl_ref``."""
+
     kinds: ClassVar[tuple[str, ...]]
     needs_reference: ClassVar[bool]
     g: ClassVar[Literal["answer", "step"] | None]
@@ -68,7 +75,9 @@ class Batcher:
         if self.kind == "step":
             return B.encode(self.tok, prompt, response, max_len, max_prompt_len)
         text, reply = chat.render(self.tok, prompt, response)  # conversations as text
-        return B.encode(self.tok, text, reply, max_len, max_prompt_len, bos=not chat.templated(self.tok, prompt, response))
+        if chat.templated(self.tok, prompt, response):  # the template wrote BOS and the end of the turn
+            return B.encode(self.tok, text, B.turn_end(self.tok, reply), max_len, max_prompt_len, eos=False, bos=False)
+        return B.encode(self.tok, text, reply, max_len, max_prompt_len)
 
     def truncated(self) -> tuple[int, int]:
         """(rows whose prompt was cut, sequences whose response was cut)."""
@@ -81,6 +90,30 @@ class Batcher:
         else:
             items = [self.encoded[i][0] for i in idx]
         return B.collate(items, self.tok.pad_token_id, device), items
+
+
+def mismatched(rows: Batcher, perm: list[int], max_len: int) -> Batcher:
+    """KTO's KL pairs, as TRL's KL dataset (built once, completions shifted by one row): row ``perm[k]``'s prompt
+    with row ``perm[k-1]``'s completion, cut to ``max_len``. ``perm`` is the first epoch's order, so there a batch's
+    mismatched completions are (all but one of) its own, as TRL recommends; TRL shifts within chunks of the file's
+    order, which in a file grouped by prompt pairs a prompt with its own siblings. Fixed per row, so the reference
+    can score them once (``Precomputed``)."""
+    if len(rows.rows) < 2:
+        raise UsageError("kto's reference point pairs each prompt with another row's completion: it needs at least 2 "
+                         "training rows (or reference_point: batch_self)")
+    pairs = copy.copy(rows)
+    pairs.encoded = list(rows.encoded)
+    for k, r in enumerate(perm):
+        own, other = rows.encoded[r][0], rows.encoded[perm[k - 1]][0]
+        pairs.encoded[r] = [B.Encoded(own.ids[:own.start] + other.ids[other.start:][:max_len - own.start], own.start)]
+    return pairs
+
+
+@torch.no_grad()
+def kl_logps(policy, reference, pairs: Batcher, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed policy and reference log-probs of the rows' mismatched pairs, without a graph (TRL's KL forward)."""
+    t, _ = pairs.tensors(idx, device_of(policy))
+    return masked_sum(B.forward(policy, t)[0], t.response_mask), masked_sum(reference(t, idx), t.response_mask)
 
 
 def no_dropout(model: torch.nn.Module) -> None:
@@ -229,17 +262,25 @@ def run(ctx: RunContext, p: AlignParams, objective: Objective, name: str) -> dic
                         "right (max_len %d)", cut_prompts, len(train_rows), p.max_prompt_length or p.max_len // 2,
                         cut_responses, p.max_len)
     start = Reference(policy, frozen=False)  # the policy as it is before training
+    mixed = p.precision == "bf16-mixed"  # the loss runs under the loop's autocast; evaluate() under none
     if objective.needs_reference and not p.precompute_ref_log_probs:
         reference = held_reference = Reference(policy, held=unsharded)  # the loss's p0 and the drift baseline
     else:  # precomputed, or reference-free: no copy of the weights, the starting policy's log-probs
-        mixed = p.precision == "bf16-mixed"  # the loss runs under the loop's autocast; evaluate() under none
         reference = Precomputed(start, train_b, p.batch_size, bf16=mixed) if objective.needs_reference else None
         held_reference = Precomputed(start, held_b, p.batch_size) if held_b else None
-    order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(ctx.config.seed)).tolist()
+    order = EpochOrder(len(train_rows), ctx.config.seed)  # reshuffled every epoch
+    pairs = pairs_reference = None
+    if getattr(objective, "kl_pairs", False):
+        pairs = mismatched(train_b, order.perm(0), p.max_len)
+        pairs_reference = reference if isinstance(reference, Reference) else Precomputed(start, pairs, p.batch_size,
+                                                                                          bf16=mixed)
 
-    def loss(i: int):  # micro-batch i holds rows i * batch_size ...: a pure function of i (exact resume, DDP shards)
-        idx = [order[(i * p.batch_size + j) % len(order)] for j in range(p.batch_size)]
-        value, stats = objective.loss(logps(policy, reference, g_head, train_b, idx, objective))
+    def loss(i: int):  # a pure function of i (exact resume, DDP shards)
+        idx = order.batch(i, p.batch_size)
+        kl = kl_logps(policy, pairs_reference, pairs, idx) if pairs is not None else (None, None)  # before the graph
+        b = logps(policy, reference, g_head, train_b, idx, objective)
+        b.kl_pi, b.kl_ref = kl
+        value, stats = objective.loss(b)
         return value.mean(), {k: v.float().mean() for k, v in stats.items()}
 
     params = trainable(policy)
