@@ -575,6 +575,36 @@ def test_a_wide_image_is_padded_to_a_square_not_cropped(tiny_llava, tmp_path):
                           torch.tensor(proc.image_processor.image_std)[:, None], atol=0.02)  # the mean-colour band
 
 
+def test_a_saved_processor_gives_plain_transformers_llmx_pixels_for_a_non_square_image(tiny_llava, tmp_path):
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoProcessor, CLIPImageProcessorPil
+
+    from llmx.core import models
+    from llmx.core.multimodal.batch import pixel_values
+    from llmx.core.multimodal.model import load
+
+    folder = tiny_llava(tmp_path / "hf")
+    hf = AutoProcessor.from_pretrained(folder, local_files_only=True)
+    cropping = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    hf.image_processor = cropping  # as llava-hf's LLaVA-1.5 folders ship: resize, then a centre crop
+    hf.save_pretrained(folder)
+    model, proc = load(folder, torch.float32, "cpu")
+    out = models.save(model, proc, tmp_path / "saved")
+    saved = AutoProcessor.from_pretrained(out, local_files_only=True)
+    rng = np.random.default_rng(0)
+    for w, h in ((64, 32), (27, 50)):
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        side = max(w, h)  # LLaVA's expand2square by hand: centred on the mean colour
+        square = Image.new("RGB", (side, side), tuple(int(255 * m) for m in cropping.image_mean))
+        square.paste(image, ((side - w) // 2, (side - h) // 2))
+        ours = pixel_values(proc, [image])
+        assert torch.equal(ours, cropping([square], return_tensors="pt")["pixel_values"])
+        plain = saved(images=[image], text=["USER: <image>\nHi ASSISTANT:"], return_tensors="pt")["pixel_values"]
+        assert torch.equal(plain, ours)  # the saved processor pads as llmx does
+        assert not torch.allclose(hf(images=[image], text=["<image>"], return_tensors="pt")["pixel_values"], ours)
+
+
 def test_mmbench_files_are_scored_by_circular_eval(tmp_path):
     from llmx.errors import UsageError
 

@@ -34,24 +34,9 @@ class Example:
 
 
 def pixel_values(proc, images: list) -> torch.Tensor:
-    """The processor's pixels for PIL images, each first padded to a square with the processor's mean colour
-    (LLaVA-1.5's and Parrot's ``image_aspect_ratio: pad``, ``expand2square``), so a wide image keeps its edges."""
-    mean = getattr(proc.image_processor, "image_mean", None) or (0.5, 0.5, 0.5)
-    return proc.image_processor([square(im, tuple(int(255 * m) for m in mean)) for im in images],
-                                return_tensors="pt")["pixel_values"]
-
-
-def square(image, fill: tuple[int, ...]):
-    """``image`` in RGB centred on a square canvas of its longer side, filled with ``fill`` (no canvas when square)."""
-    from PIL import Image
-
-    image = image.convert("RGB")
-    w, h = image.size
-    if w == h:
-        return image
-    canvas = Image.new("RGB", (max(w, h), max(w, h)), fill)
-    canvas.paste(image, ((max(w, h) - w) // 2, (max(w, h) - h) // 2))
-    return canvas
+    """The processor's own pixels for PIL images (in RGB): llmx's processors pad to a square first
+    (``model.padding``), so the processor saved with a model reproduces them."""
+    return proc.image_processor([im.convert("RGB") for im in images], return_tensors="pt")["pixel_values"]
 
 
 def examples(proc, convs: list[Conversation], image_tokens: int, max_length: int) -> list[Example]:

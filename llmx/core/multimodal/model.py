@@ -70,14 +70,28 @@ def llava_config(text_config, vision: Any, image_token_id: int):
 
 
 def processor(tok, image_size: int, patch: int):
-    """A ``LlavaProcessor`` for a CLIP tower of this geometry (CLIP's normalisation; resize to the tower's size, the
-    crop a no-op on the square images ``batch.pixel_values`` pads to), expanding ``<image>`` to patches + CLS."""
-    from transformers import CLIPImageProcessorPil, LlavaProcessor
+    """A ``LlavaProcessor`` for a CLIP tower of this geometry (CLIP's normalisation; ``padding``'s square, resized to
+    the tower's size), expanding ``<image>`` to patches + CLS."""
+    from transformers import LlavaImageProcessorPil, LlavaProcessor
 
-    images = CLIPImageProcessorPil(size={"shortest_edge": image_size}, crop_size={"height": image_size,
-                                                                                   "width": image_size})
+    images = LlavaImageProcessorPil(do_pad=True, size={"shortest_edge": image_size},
+                                    crop_size={"height": image_size, "width": image_size})
     return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=patch, vision_feature_select_strategy="full",
                           num_additional_image_tokens=1, image_token=IMAGE_TOKEN, chat_template=CHAT_TEMPLATE)
+
+
+def padding(images):
+    """An image processor that pads each image to a square of its longer side with its mean colour before resizing
+    (LLaVA-1.5's and Parrot's ``image_aspect_ratio: pad``, ``expand2square``), so a wide image keeps its edges where
+    CLIP's processor would crop them: ``images`` itself when it pads, else a ``LlavaImageProcessorPil`` with its
+    settings and ``do_pad``. Saved with the model, it gives plain transformers llmx's pixels."""
+    from transformers import LlavaImageProcessorPil
+
+    if getattr(images, "do_pad", False):
+        return images
+    settings = {k: v for k, v in images.to_dict().items()
+                if k not in ("image_processor_type", "processor_class") and not k.startswith("_")}
+    return LlavaImageProcessorPil(**{**settings, "do_pad": True})
 
 
 def add_image_token(tok) -> int:
@@ -107,7 +121,9 @@ def load(path: str | Path, dtype, device: str, local: bool = True) -> tuple[Any,
     model = LlavaForConditionalGeneration.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=local)
     if local:
         model = attach_saved(model, Path(path), dtype)
-    return model.to(device), AutoProcessor.from_pretrained(str(path), local_files_only=local)
+    proc = AutoProcessor.from_pretrained(str(path), local_files_only=local)
+    proc.image_processor = padding(proc.image_processor)
+    return model.to(device), proc
 
 
 def text_tokenizer(tok_or_processor) -> Any:
