@@ -299,6 +299,18 @@ def test_a_seeded_mutate_search_lifts_the_best_training_score_above_eis():
     assert s.evaluated(EI)[0].score > seed_score + 0.05
 
 
+def test_the_scripted_sampler_proposes_the_textbook_afs_in_order_then_repeats_them():
+    sampler = samplers.ScriptedSampler()
+    assert "not a model" in sampler.label
+    s = _search(sampler)
+    n = len(afs.TEXTBOOK)
+    s.step(n)
+    assert s.tally.valid == n and s.tally.duplicates == 0
+    assert [key(row["source"]) for row in s.log] == [key(src) for src in afs.TEXTBOOK.values()]
+    s.step(2)
+    assert s.tally.duplicates == 2 and [row["source"] for row in s.log[-2:]] == [row["source"] for row in s.log[:2]]
+
+
 def test_the_mutator_uses_only_its_prompts_programs_and_its_operators():
     kids = mutate.Mutator(1).sample(P.build([EI]), 20)
     programs = [P.to_program(k, 1) for k in kids]

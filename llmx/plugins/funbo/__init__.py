@@ -2,9 +2,10 @@
 
 The evolved program is ``acquisition_function(predictive_mean, predictive_var, incumbent, beta=1.0)`` returning a grid
 index, seeded with EI (``afs``). ``database`` is FunSearch's islands and clusters, ``prompt`` its prompt and completion
-trimming, ``samplers`` the program proposers (``hf``, ``openai``, and the offline ``mutate``, which is not an LLM),
-``sandbox``/``program`` the untrusted-code runner, ``bo``/``gp`` the evaluator (fixed GP on a Sobol grid, worst point
-first, FunBO's score), ``botorch_check`` its BoTorch validation and the MES baseline, ``search`` the loop.
+trimming, ``samplers`` the program proposers (``hf``, ``openai``, and two offline ones that are not models:
+``mutate`` and ``scripted``, textbook AFs in a fixed order), ``sandbox``/``program`` the untrusted-code runner,
+``bo``/``gp`` the evaluator (fixed GP on a Sobol grid, worst point first, FunBO's score), ``botorch_check`` its BoTorch
+validation and the MES baseline, ``search`` the loop.
 
 Deviations, each an option: resets every ``reset_period`` prompts rather than every 4 hours; t_found read as the trial
 that hit the grid's optimum (``time_term``, ``found`` the other reading); the kernel fitted per base function, shared

@@ -2,7 +2,11 @@
 seed), UCB (beta = 1, the lower bound mu - beta sigma minimised), PI, the posterior mean, and the OOD AF the notes
 recall from a secondary summary of the paper (EI + beta sigma; unverified). Two baselines are policies, not programs:
 random search (``bo.random_policy``) ignores the posterior, and MES (max-value entropy search, Wang & Jegelka 2017) is
-BoTorch's ``qMaxValueEntropy`` on the same GP and grid (``botorch_check``)."""
+BoTorch's ``qMaxValueEntropy`` on the same GP and grid (``botorch_check``).
+
+``TEXTBOOK`` are the programs the ``scripted`` sampler proposes: textbook AFs written by hand as programs (EI and PI
+with an improvement margin xi, lower confidence bounds mu - kappa beta sigma, the posterior variance), not found by
+any model."""
 
 from __future__ import annotations
 
@@ -23,6 +27,22 @@ SOURCES = {
 }
 POLICIES = ("random", "mes")
 BASELINES = (*SOURCES, *POLICIES)
+
+
+def _margin(xi: float, score: str) -> str:
+    """EI or PI with the improvement margin ``xi`` (Lizotte 2008): z = (incumbent - mu - xi) / sigma."""
+    gap = f"  gap = incumbent - predictive_mean - {xi}\n  sigma = np.sqrt(predictive_var)\n  z = gap / sigma\n"
+    return _HEAD + gap + f"  return np.argmax({score})\n"
+
+
+TEXTBOOK = {
+    **{f"ei-xi{xi}": _margin(xi, "gap * norm.cdf(z) + sigma * norm.pdf(z)") for xi in (0.01, 0.1)},
+    **{f"pi-xi{xi}": _margin(xi, "norm.cdf(z)") for xi in (0.01, 0.1)},
+    **{f"lcb-kappa{k}": _HEAD + f"  return np.argmin(predictive_mean - {k} * beta * np.sqrt(predictive_var))\n"
+       for k in (0.5, 2.0, 3.0)},
+    "ucb": SOURCES["ucb"], "pi": SOURCES["pi"], "mean": SOURCES["mean"],
+    "variance": _HEAD + "  return np.argmax(predictive_var)\n",
+}
 
 
 def load(ref: str) -> str | None:

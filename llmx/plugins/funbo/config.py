@@ -44,9 +44,13 @@ class Protocol(Params):
 class FunboParams(Protocol):
     """FunBO's search (notes §2.1-2.2): FunSearch's database and prompt around a BO evaluator."""
 
-    sampler: Literal["mutate", "hf", "openai"] = Field("mutate", description="mutate: offline AST mutation and "
-                                                       "crossover (not an LLM; labelled so); hf: the run's --model; "
-                                                       "openai: an OpenAI-compatible /v1/completions endpoint.")
+    sampler: Literal["mutate", "scripted", "hf", "openai"] = Field("mutate", description="mutate: offline AST "
+                                                                   "mutation and crossover (not an LLM; labelled "
+                                                                   "so); scripted: textbook EI, PI, LCB and variance "
+                                                                   "AFs written as programs, proposed in a fixed "
+                                                                   "order (not a model; labelled so); hf: the run's "
+                                                                   "--model; openai: an OpenAI-compatible "
+                                                                   "/v1/completions endpoint.")
     endpoint: str | None = Field(None, description="openai: the server's base URL (e.g. http://127.0.0.1:8000).")
     endpoint_model: str = Field("default", description="openai: the model name the server expects.")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: the environment variable holding the key, if any.")

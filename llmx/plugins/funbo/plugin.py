@@ -9,7 +9,8 @@ PAPER = "Aglietti et al., ICML 2025 (PMLR 267:639-661)"
 def llmx_methods():
     yield MethodSpec("funbo", (Stage.ANALYZE,), "llmx.plugins.funbo.method:analyze", "llmx.plugins.funbo.config:FunboParams",
                      summary="FunBO: evolve a Bayesian-optimisation acquisition function as code (FunSearch's islands "
-                     "and prompt, a sandboxed BO evaluator); samplers hf, openai, or offline mutation.", paper=PAPER)
+                     "and prompt, a sandboxed BO evaluator); samplers hf, openai, or offline: mutation, or scripted textbook "
+                     "AFs (neither is a model).", paper=PAPER)
     yield MethodSpec("acquisition", (Stage.EVAL,), "llmx.plugins.funbo.method:acquisition",
                      "llmx.plugins.funbo.config:AcquisitionParams",
                      summary="Score an acquisition function (a .py file or EI, UCB, PI, mean, MES, random) by BO on "
@@ -21,6 +22,7 @@ def llmx_methods():
 # Levy and Schwefel and validates on shifted 1-D Rosenbrock and Rastrigin). Every arm runs the same GP, grid, initial
 # point and T; MES through BoTorch (qMaxValueEntropy, about 8 s a 2-D problem on one CPU thread).
 TEST = {"functions": "ood-test", "instances": 50, "instance_seed": 1000, "against": None}
+SEARCH = {"samples": 160, "islands": 4}
 
 
 def _score(af: str) -> dict:
@@ -31,13 +33,16 @@ def _score(af: str) -> dict:
 def llmx_comparisons():
     yield ComparisonSpec(
         name="funbo",
-        summary="The acquisition function FunBO finds (offline mutate sampler, not an LLM, unless --set "
-                "funbo.sampler=hf) against EI, UCB, PI, MES and random search: final normalised regret per held-out "
-                "OOD-Bench problem at T = 30.",
+        summary="The acquisition function FunBO finds against EI, UCB, PI, MES and random search, and against the "
+                "same search choosing among textbook AFs: final normalised regret per held-out OOD-Bench problem at "
+                "T = 30. No LLM writes programs here: funbo's sampler is the offline AST mutator (--set "
+                "funbo.sampler=hf for a model), funbo-scripted's proposes textbook EI, PI, LCB and variance AFs.",
         paper="Aglietti et al., ICML 2025, Fig. 3 (OOD-Bench: the OOD AF against EI, UCB, PI, MEAN, random; MES is "
               "this comparison's addition)",
-        target="funbo", baselines=("ei", "ucb", "pi", "mes", "random"),
-        arms=(Arm("funbo", ({"method": "funbo", "params": {"samples": 160, "islands": 4}}, _score("found"))),
+        target="funbo", baselines=("ei", "ucb", "pi", "mes", "random", "funbo-scripted"),
+        arms=(Arm("funbo", ({"method": "funbo", "params": SEARCH}, _score("found"))),
+              Arm("funbo-scripted", ({"method": "funbo", "params": {**SEARCH, "sampler": "scripted"}},
+                                     _score("found")), family="funbo, scripted textbook AFs"),
               *(Arm(af, (_score(af),), family=af) for af in ("ei", "ucb", "pi", "mes", "mean", "random"))),
         evaluation=None, items="problems.jsonl", metric="final_regret", higher_is_better=False,
         cost="BO trials", cost_key="trials",

@@ -1,6 +1,7 @@
 """Program samplers, one interface ``sample(prompt, n) -> list[str]`` of completions of the prompt's last header:
 ``hf`` (any local causal LM), ``openai`` (an OpenAI-compatible ``/v1/completions`` endpoint the user runs: vLLM,
-llama.cpp) and ``mutate`` (offline; ``mutate.Mutator``). ``label`` says which one wrote a result."""
+llama.cpp), and two offline ones that are not models: ``mutate`` (``mutate.Mutator``) and ``scripted`` (the textbook
+AFs of ``afs.TEXTBOOK`` in a fixed order). ``label`` says which one wrote a result."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import urllib.request
 from typing import Any
 
 from llmx.errors import UsageError
+from llmx.plugins.funbo import afs
+from llmx.plugins.funbo import prompt as P
 from llmx.plugins.funbo.mutate import Mutator
 
 
@@ -22,6 +25,22 @@ class MutateSampler:
 
     def sample(self, prompt: str, n: int) -> list[str]:
         return self.mutator.sample(prompt, n)
+
+
+class ScriptedSampler:
+    """Proposes ``afs.TEXTBOOK``'s programs in order, whatever the prompt shows, then again (a second pass is all
+    duplicates): what a search can choose among the textbook AFs it is told, by the same scores and selection."""
+
+    label = "scripted (textbook EI, PI, LCB and variance AFs written as programs, in a fixed order; not a model)"
+
+    def __init__(self) -> None:
+        self.bodies = ["\n".join(P.body(source)) for source in afs.TEXTBOOK.values()]
+        self.next = 0
+
+    def sample(self, prompt: str, n: int) -> list[str]:
+        out = [self.bodies[(self.next + i) % len(self.bodies)] for i in range(n)]
+        self.next += n
+        return out
 
 
 class HFSampler:
@@ -101,9 +120,11 @@ class OpenAISampler:
         return [c.get("text", "") if isinstance(c, dict) else "" for c in reply.get("choices", [])][:n]
 
 
-def make(p, ctx) -> MutateSampler | HFSampler | OpenAISampler:
+def make(p, ctx) -> MutateSampler | ScriptedSampler | HFSampler | OpenAISampler:
     if p.sampler == "mutate":
         return MutateSampler(ctx.config.seed)
+    if p.sampler == "scripted":
+        return ScriptedSampler()
     if p.sampler == "openai":
         if not p.endpoint:
             raise UsageError("sampler openai needs --set endpoint=http://HOST:PORT")
