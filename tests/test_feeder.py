@@ -1,4 +1,4 @@
-"""FEEDER (Jin et al., ICML 2025): the tree with an oracle whose sufficiency is sharing the query's cue, its cost
+"""FEEDER (Jin et al., ICML 2025): the tree with the exact copier (sufficiency is sharing the query's cue), its cost
 bound and cache, the measured pool-sufficiency rate, seeding, node-size caps, label-word scoring against hand sums,
 the in-context episodes, the CLI stages and bad input."""
 
@@ -17,21 +17,10 @@ from llmx.core.eval import icl
 from llmx.core.eval.score import encode_pair
 from llmx.errors import UsageError
 from llmx.plugins.feeder import episodes as E
-from llmx.plugins.feeder.oracle import KnnOracle, Oracle
-from llmx.plugins.feeder.tree import select
+from llmx.plugins.feeder.oracle import CopyOracle, KnnOracle, Oracle
+from llmx.plugins.feeder.tree import inferred, select, sufficient
 
 MODEL = "ref:llama-test"
-
-
-class CueOracle(Oracle):
-    """Ψ(C, x): the label of a demonstration holding x's cue, else a label no row has; sufficiency is sharing cues."""
-
-    def _answer(self, questions):
-        out = []
-        for demos, x in questions:
-            same = [d for d in demos if self.rows[d]["cue"] == self.rows[x]["cue"]]
-            out.append(self.rows[same[-1]]["label"] if same else "none")
-        return out
 
 
 class RuleOracle(Oracle):
@@ -52,11 +41,27 @@ def pool(cues=12, rows=120, noise=0.0, seed=0):
 @pytest.mark.parametrize("depth", [1, 2, 3, None])
 def test_tree_and_necessity_keep_exactly_one_row_per_cue(depth):
     made = pool()
-    oracle = CueOracle(made["pool"], made["labels"] + ["none"])
+    oracle = CopyOracle(made["pool"], made["labels"])
     sel = select(oracle, depth=depth, seed=3)
     cues = [made["pool"][i]["cue"] for i in sel.indices]
     assert sorted(cues) == sorted({r["cue"] for r in made["pool"]}) and sel.sufficiency_rate == 1.0
     assert sel.truncations == 0
+
+
+def test_the_copier_finds_one_row_per_cue_sufficient_and_not_once_a_cues_only_row_is_gone():
+    made = pool()
+    oracle, everything = CopyOracle(made["pool"], made["labels"]), list(range(len(made["pool"])))
+    first: dict[str, int] = {}
+    for i, r in enumerate(made["pool"]):
+        first.setdefault(r["cue"], i)
+    one_per_cue = sorted(first.values())
+    assert sufficient(oracle, [(one_per_cue, everything)]) == [True]
+    gone = made["pool"][one_per_cue[0]]["cue"]
+    assert sufficient(oracle, [(one_per_cue[1:], everything)]) == [False]
+    failed = [x for x, ok in enumerate(inferred(oracle, one_per_cue[1:])) if not ok]
+    assert failed == [x for x, r in enumerate(made["pool"]) if r["cue"] == gone]
+    with pytest.raises(UsageError, match="no 'cue'"):
+        CopyOracle([{"input": "bera", "label": "red"}], ["red", "blue"])
 
 
 def test_necessity_over_the_pool_drops_the_noisy_rows_that_self_keeps():
@@ -64,7 +69,7 @@ def test_necessity_over_the_pool_drops_the_noisy_rows_that_self_keeps():
     partner); ``pool`` drops it when the rest still infers every row the set inferred (the notes' wording)."""
     made = pool(cues=8, rows=160, noise=0.15, seed=1)
     noisy = lambda idx: sum(made["pool"][i]["label"] != made["map"][made["pool"][i]["cue"]] for i in idx)  # noqa: E731
-    by = {check: select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=2, necessity_check=check)
+    by = {check: select(CopyOracle(made["pool"], made["labels"]), seed=2, necessity_check=check)
           for check in ("self", "pool")}
     assert noisy(by["self"].indices) > noisy(by["pool"].indices)
     assert len(by["pool"].indices) < len(by["self"].indices) and by["pool"].dropped_by_necessity > 0
@@ -83,7 +88,7 @@ def test_the_parent_is_a_then_b_then_their_union():
 
 def test_the_tree_alone_shrinks_the_pool_and_stays_sufficient():
     made = pool()
-    sel = select(CueOracle(made["pool"], made["labels"]), depth=None, necessity_pass=False, seed=0)
+    sel = select(CopyOracle(made["pool"], made["labels"]), depth=None, necessity_pass=False, seed=0)
     cues = len({r["cue"] for r in made["pool"]})
     assert sel.sufficiency_rate == 1.0 and cues < len(sel.indices) < len(made["pool"]) // 3
     assert sel.levels == sorted(sel.levels, reverse=True) and sel.levels[-1] == 1
@@ -142,13 +147,13 @@ def test_repair_adds_rows_the_set_does_not_infer():
 
 def test_a_repair_that_lowers_the_rate_is_reverted():
     made = pool(cues=8, rows=160, noise=0.15, seed=1)  # added mislabelled rows override clean ones for this seed
-    plain = select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=2)
-    fixed = select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=2, repair_pass=True)
+    plain = select(CopyOracle(made["pool"], made["labels"]), seed=2)
+    fixed = select(CopyOracle(made["pool"], made["labels"]), seed=2, repair_pass=True)
     assert fixed.added_by_repair > 0 and fixed.dropped_after_repair > 0 and fixed.repair_reverted
     assert fixed.indices == plain.indices and fixed.sufficiency_rate == plain.sufficiency_rate
     for seed in range(4):
-        grown = select(CueOracle(made["pool"], made["labels"] + ["none"]), seed=seed, repair_pass=True)
-        assert grown.sufficiency_rate >= select(CueOracle(made["pool"], made["labels"] + ["none"]),
+        grown = select(CopyOracle(made["pool"], made["labels"]), seed=seed, repair_pass=True)
+        assert grown.sufficiency_rate >= select(CopyOracle(made["pool"], made["labels"]),
                                                 seed=seed).sufficiency_rate
 
 
@@ -165,13 +170,13 @@ def test_a_node_past_max_node_size_is_cut_and_counted():
 def test_a_redundancy_cut_drops_repeated_cues_before_new_ones():
     made = pool(cues=6, rows=48, noise=0.0, seed=1)
     cues = lambda sel: {made["pool"][i]["cue"] for i in sel.indices}  # noqa: E731
-    runs = {how: [select(CueOracle(made["pool"], made["labels"] + ["none"], max_node_size=6), depth=None,
+    runs = {how: [select(CopyOracle(made["pool"], made["labels"], max_node_size=6), depth=None,
                          necessity_pass=False, seed=s, cut=how) for s in range(5)] for how in ("redundancy", "random")}
     assert all(sel.truncations > 0 for sels in runs.values() for sel in sels)
     assert all(len(cues(sel)) == 6 == len(sel.indices) and sel.sufficiency_rate == 1.0 for sel in runs["redundancy"])
     assert any(len(cues(sel)) < 6 for sel in runs["random"])  # a random cut drops cues
     noisy = pool(cues=6, rows=48, noise=0.2, seed=1)
-    oracle = CueOracle(noisy["pool"], noisy["labels"] + ["none"], max_node_size=6)
+    oracle = CopyOracle(noisy["pool"], noisy["labels"], max_node_size=6)
     sel = select(oracle, depth=2, necessity_pass=False, seed=0, cut="redundancy")
     n = len(noisy["pool"])
     assert sel.truncations > 0 and sel.oracle_calls <= n * 2 + n + sel.truncations * n  # a cut asks each row once

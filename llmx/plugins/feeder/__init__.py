@@ -4,7 +4,8 @@ infer its pool, then run ICL or fine-tuning on that set.
 There is no official code; every choice below is a reconstruction (notes §2.2) and an option:
 
 - Ψ(C, x): the label word the model scores highest after ``C``'s rows and ``x`` in ``template`` (multi-token labels
-  by summed log-probabilities), demonstrations in pool-index order; ``oracle: knn`` is a deterministic stand-in.
+  by summed log-probabilities), demonstrations in pool-index order; ``oracle: knn`` is a deterministic stand-in,
+  ``oracle: copy`` the exact copier of an episode pool (the label of a demonstration with the query's cue).
 - Sufficiency is per instance: A is sufficient for B when Ψ(A, x) = y for every (x, y) in B, with all of A in context.
 - The tree pairs nodes at random per level; the parent is A, else B, else A ∪ B; ``depth`` levels (default: until
   one node); ``rounds`` > 1 runs the tree again on the previous round's set.

@@ -68,8 +68,10 @@ class TreeParams(Params):
                                                  "fit; redundancy: rows in a random order, each kept when the rows "
                                                  "kept so far do not infer it, while they fit (keeps mislabelled "
                                                  "rows first under label noise: bench_feeder.py --cut redundancy).")
-    oracle: Literal["lm", "knn"] = Field("lm", description="Ψ: the model scoring label words (lm), or the nearest "
-                                         "demonstration by shared words (knn, a deterministic stand-in).")
+    oracle: Literal["lm", "knn", "copy"] = Field("lm", description="Ψ: the model scoring label words (lm), the "
+                                                 "nearest demonstration by shared words (knn, a deterministic "
+                                                 "stand-in), or the exact copier of an episode pool (copy: the "
+                                                 "label of a demonstration with the query's cue; rows need 'cue').")
 
 
 class FeederParams(IclData, TreeParams):

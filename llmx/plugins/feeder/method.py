@@ -22,7 +22,7 @@ from llmx.core.eval.items import FIELD, item_id
 from llmx.errors import UsageError
 from llmx.plugins.feeder import episodes as E
 from llmx.plugins.feeder.config import EpisodeParams, FeederParams, FeederTrainParams, IclData, IclEvalParams
-from llmx.plugins.feeder.oracle import KnnOracle, LMOracle, Oracle
+from llmx.plugins.feeder.oracle import CopyOracle, KnnOracle, LMOracle, Oracle
 from llmx.plugins.feeder.tree import Selection, select
 
 SET_FILE = "feeder.json"
@@ -72,8 +72,8 @@ def _limit(ctx: RunContext, p: IclData) -> int | None:
 
 def _oracle(ctx: RunContext, p: FeederParams | FeederTrainParams, rows: list[dict], labels: list[str], fmt: Format,
             batch_size: int) -> Oracle:
-    if p.oracle == "knn":
-        return KnnOracle(rows, labels, p.max_node_size)
+    if p.oracle != "lm":
+        return (KnnOracle if p.oracle == "knn" else CopyOracle)(rows, labels, p.max_node_size)
     oracle = LMOracle(ctx.model, ctx.tokenizer, fmt, rows, labels, batch_size, p.max_node_size, _limit(ctx, p))
     if not any(oracle.fits([i]) for i in range(len(rows))):
         raise UsageError("not one demonstration fits the model's context with the longest query: shorten the rows")

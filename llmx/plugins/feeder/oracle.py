@@ -1,12 +1,16 @@
 """The ICL oracle Ψ(C, x) the tree asks (notes §6): the label a model predicts for pool row ``x`` with the pool rows
 ``C`` in context, in pool-index order. Questions are batched and cached by (demonstration ids, query id): the tree and
 its passes re-ask many. ``LMOracle`` scores label words with a causal LM (``core.eval.icl``); ``KnnOracle`` is a
-deterministic stand-in (the nearest demonstration by shared words) for tests and CPU prototypes."""
+deterministic stand-in (the nearest demonstration by shared words) for tests and CPU prototypes; ``CopyOracle`` is the
+exact copier an episode pool can be judged by (a demonstration with the query's cue gives its label), under which "one
+row per cue" is sufficient (notes §2.2's definition) and removing a cue's only row is not."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from llmx.errors import UsageError
 
 Question = tuple[tuple[int, ...], int]  # (sorted demonstration ids, query id), all pool indices
 
@@ -87,4 +91,24 @@ class KnnOracle(Oracle):
                 if shared and shared >= best:
                     best, label = shared, self.rows[d]["label"]
             out.append(label)
+        return out
+
+
+class CopyOracle(Oracle):
+    """Ψ(C, x): the label of the last demonstration (pool-index order) whose ``cue`` is x's, else no label (an empty
+    answer, which infers nothing): an exact copier, for episode pools (rows with a ``cue``, ``episodes.row``)."""
+
+    NONE = ""
+
+    def __init__(self, rows: Sequence[dict], labels: Sequence[str], max_node_size: int | None = None) -> None:
+        missing = next((i for i, r in enumerate(rows) if "cue" not in r), None)
+        if missing is not None:
+            raise UsageError(f"pool row {missing} has no 'cue': oracle copy judges episode pools (icl-episodes)")
+        super().__init__(rows, labels, max_node_size)
+
+    def _answer(self, questions: list[Question]) -> list[str]:
+        out = []
+        for demos, x in questions:
+            same = [d for d in demos if self.rows[d]["cue"] == self.rows[x]["cue"]]
+            out.append(self.rows[same[-1]]["label"] if same else self.NONE)
         return out

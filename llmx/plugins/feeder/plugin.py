@@ -56,5 +56,5 @@ def llmx_comparisons():
               Arm("feeder", (EPISODES, SELECT, _icl("feeder")), family="feeder")),
         evaluation=None, items="rows.jsonl", metric="accuracy", higher_is_better=True,
         cost="demonstration pool (rows)", cost_key="demo_pool_rows",
-        quick={"cues": 4, "shots": 2, "oracle": "knn", "limit": 12},
+        quick={"cues": 4, "shots": 2, "oracle": "copy", "limit": 12},
         model="ref:llama-icl", quick_model="ref:llama-test", data={"source": "icl-episodes", "seq_len": 64}, corpus=False)
