@@ -106,6 +106,21 @@ def test_naive_and_quamba1_recipes_run_side_by_side(cli, tmp_path):
     assert naive["recipe"] == "naive" and naive["rotated"] is False
 
 
+def test_channel_clustering_features_side_by_side(cli, tmp_path):
+    """W4A8 on the trained tiny Mamba2 with the official channel-clustering features (every head's sorted values) and
+    with the head group's mean profile: both within the W4A8 gate of FP (printed with -s; at this size neither is
+    reliably ahead, notes Sec. 5c), and the option reaches the stored x scales."""
+    fp = cli("--json", "eval", "--method", "perplexity", "--model", "ref:mamba2-test", "--set", "max_tokens=1024",
+             "-o", tmp_path / "fp").json()["stages"][0]["metrics"]["perplexity"]
+    runs = {f: _quantize(cli, tmp_path / f, "ref:mamba2-test", "w4a8", "--set", f"quamba2.cluster_features={f}")
+            for f in ("heads", "mean_profile")}
+    print("W4A8 perplexity: fp", round(fp, 4), {f: round(ppl, 4) for f, (_, ppl) in runs.items()})
+    assert all(ppl <= 1.06 * fp for _, ppl in runs.values()), (fp, runs)
+    scales = {f: [layer.mixer.points["x"].scale for layer in models.load(q["model_dir"])[0].backbone.layers]
+              for f, (q, _) in runs.items()}
+    assert any(not torch.equal(a, b) for a, b in zip(scales["heads"], scales["mean_profile"], strict=True))
+
+
 def test_bad_bits_and_non_ssm_models_are_usage_errors(cli, tmp_path):
     bad = cli("quantize", "--method", "quamba2", "--bits", "w2a2", "--model", "tiny:mamba2", "-o", tmp_path / "a")
     assert bad.code == 2 and "w8a8, w4a8, w4a16" in bad.err

@@ -3,8 +3,11 @@
 From calibration: a statistic per channel of x (mean |x| over a sample's tokens, running max over samples). Inside
 each SSD group: sort every head's channels by it (ascending), cluster the heads on their unit-norm sorted profiles
 (Ward, ``head_groups`` clusters) and place each cluster's heads together, then split the sorted channel positions of
-each head group into ``dim_groups`` contiguous runs by 1-D k-means on the group's mean profile. x then gets one
-static scale per (SSD group, head group, dim group); B and C one per SSD group ("per-state-group").
+each head group into ``dim_groups`` contiguous runs by k-means. Its features (``features``): ``heads``, as the
+official code, each sorted position's unit-norm values in every head of the group, from the centres at every
+``head_dim / dim_groups``-th position; ``mean_profile``, the group's mean sorted profile (1-D), from evenly spaced
+positions including both ends. x then gets one static scale per (SSD group, head group, dim group); B and C one per
+SSD group ("per-state-group").
 """
 
 from __future__ import annotations
@@ -27,24 +30,33 @@ def channel_stat(x: torch.Tensor) -> torch.Tensor:
     return x.abs().mean(dim=1).amax(dim=0)
 
 
-def _kmeans_1d(values: torch.Tensor, k: int, iters: int = 50) -> list[int]:
-    """Boundaries of k contiguous runs of a sorted 1-D profile (Lloyd from evenly spaced starts; a CPU tensor here,
-    so the loop's checks cost no device sync)."""
-    n = len(values)
-    centers = values[torch.linspace(0, n - 1, k, device=values.device).round().long()].clone()
+def _kmeans_runs(points: torch.Tensor, starts: torch.Tensor, iters: int = 50) -> list[int]:
+    """Boundaries of contiguous runs of sorted channel positions: Lloyd's over ``points`` [positions, features] from
+    the centres at ``starts``. Labels are made monotone, so that runs stay contiguous (the official code asserts it
+    of scikit-learn's labels); a CPU tensor here, so the loop's checks cost no device sync."""
+    centers = points[starts].clone()
+    k = len(starts)
     for _ in range(iters):
-        labels = (values[:, None] - centers[None]).abs().argmin(1)
-        labels = torch.cummax(labels, 0).values  # sorted input: runs must stay contiguous
-        new = torch.stack([values[labels == c].mean() if (labels == c).any() else centers[c] for c in range(k)])
+        labels = torch.cdist(points, centers, compute_mode="donot_use_mm_for_euclid_dist").argmin(1)  # exact
+        labels = torch.cummax(labels, 0).values
+        new = torch.stack([points[labels == c].mean(0) if (labels == c).any() else centers[c] for c in range(k)])
         if torch.allclose(new, centers):
             break
         centers = new
-    bounds = [0] + [int((labels < c).sum()) for c in range(1, k)] + [n]
+    bounds = [0] + [int((labels < c).sum()) for c in range(1, k)] + [len(points)]
     return sorted(set(bounds))
 
 
+def _dim_bounds(sorted_prof: torch.Tensor, feats: torch.Tensor, k: int, features: str) -> list[int]:
+    """One head group's dim groups from its heads' sorted profiles (raw and unit-norm), by ``features``."""
+    n = sorted_prof.shape[1]
+    if features == "heads":
+        return _kmeans_runs(feats.T, torch.arange(k) * (n // k))
+    return _kmeans_runs(sorted_prof.mean(0)[:, None], torch.linspace(0, n - 1, k).round().long())
+
+
 def sort_and_cluster(stat: torch.Tensor, heads: int, head_dim: int, groups: int, head_groups: int = 4,
-                     dim_groups: int = 4) -> Clustering:
+                     dim_groups: int = 4, features: str = "heads") -> Clustering:
     """The clustering runs on the CPU (scipy's Ward linkage, a few thousand floats per layer: the statistic is
     copied there once, so every device computes the same permutation); its tensors are returned on ``stat``'s
     device."""
@@ -57,14 +69,15 @@ def sort_and_cluster(stat: torch.Tensor, heads: int, head_dim: int, groups: int,
     head_index, head_group, dim_bounds = [], [], []
     for g in range(groups):
         ids = list(range(g * per, (g + 1) * per))
-        feats = torch.nn.functional.normalize(sorted_prof[ids].double(), dim=1).cpu().numpy()
+        feats = torch.nn.functional.normalize(sorted_prof[ids].double(), dim=1)
         k = min(head_groups, per)
-        labels = fcluster(linkage(feats, method="ward"), t=k, criterion="maxclust") if per > 1 else [1]
+        labels = fcluster(linkage(feats.numpy(), method="ward"), t=k, criterion="maxclust") if per > 1 else [1]
         for cluster in sorted(set(labels)):
-            members = [ids[i] for i, lab in enumerate(labels) if lab == cluster]
-            head_index += members
+            members = [i for i, lab in enumerate(labels) if lab == cluster]
+            head_index += [ids[i] for i in members]
             head_group += [len(dim_bounds)] * len(members)
-            dim_bounds.append(_kmeans_1d(sorted_prof[members].mean(0), min(dim_groups, head_dim)))
+            dim_bounds.append(_dim_bounds(sorted_prof[[ids[i] for i in members]], feats[members],
+                                          min(dim_groups, head_dim), features))
     hi = torch.tensor(head_index, device=stat.device)
     return Clustering(hi, order.to(stat.device)[hi], torch.tensor(head_group, device=stat.device), dim_bounds)
 

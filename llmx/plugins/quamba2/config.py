@@ -24,7 +24,10 @@ class Quamba2Params(BitsParams, GridParams):
         "quamba1, as the official code does). quamba1: percentile-clipped per-tensor x, per-tensor B/C. naive: no "
         "rotation, per-tensor min-max scales everywhere, RTN weights (the baseline).")
     head_groups: int = Field(4, gt=0, description="Head clusters per SSD group (Ward clustering).")
-    dim_groups: int = Field(4, gt=0, description="Channel groups per head group (1-D k-means over sorted channels).")
+    dim_groups: int = Field(4, gt=0, description="Channel groups per head group (k-means over sorted channel positions).")
+    cluster_features: Literal["heads", "mean_profile"] = Field(
+        "heads", description="The channel clustering's features: heads (official: each sorted position's unit-norm "
+        "values in every head of the group); mean_profile: the group's mean sorted profile, 1-D (llmx before issue 67).")
     hadamard: bool = Field(True, description="Fold norms, rotate the residual stream and the out_proj input with "
                            "Walsh-Hadamard matrices (ignored by the naive recipe).")
     x_percentile: float = Field(0.9995, gt=0, le=1, description="quamba1 recipe: percentile of |x| for its scale.")

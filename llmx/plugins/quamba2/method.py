@@ -96,7 +96,8 @@ def cluster_and_reorder(ctx, model, mixers: list[QuantMixer], batches, p: Quamba
     out = []
     for m, obs in zip(mixers, observers, strict=True):
         del m.points["x"]
-        c = cluster.sort_and_cluster(obs.meanabs, m.heads, m.head_dim, m.groups, p.head_groups, p.dim_groups)
+        c = cluster.sort_and_cluster(obs.meanabs, m.heads, m.head_dim, m.groups, p.head_groups, p.dim_groups,
+                                     p.cluster_features)
         reorder.apply(m, c.head_index, c.within)
         out.append(c)
     return out
