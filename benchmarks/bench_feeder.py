@@ -142,7 +142,8 @@ def main() -> None:
 
     def episodes(cues: int, map_seed: int) -> str:
         stage = {"method": "icl-episodes", "stage": "analyze",
-                 "params": {"cues": cues, "labels": 4, "pool": 400, "test": 200, "map_seed": map_seed}}
+                 "params": {"cues": cues, "labels": 4, "pool": 400, "test": 200, "distractors": [1, 3],
+                            "map_seed": map_seed}}
         return run(f"data_c{cues}_m{map_seed}", [stage])[0]["data_dir"]
 
     jobs = ThreadPoolExecutor(args.workers)

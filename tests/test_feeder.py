@@ -1,4 +1,5 @@
-"""FEEDER (Jin et al., ICML 2025): the tree with the exact copier (sufficiency is sharing the query's cue), its cost
+"""FEEDER (Jin et al., ICML 2025): the tree with the exact copier (sufficiency is sharing the query's cue), the set
+paired against random subsets of its size, the default episode pool fitting the context uncut, the tree's cost
 bound and cache, the measured pool-sufficiency rate, seeding, node-size caps, label-word scoring against hand sums,
 the in-context episodes, the CLI stages and bad input."""
 
@@ -18,7 +19,7 @@ from llmx.core.eval.score import encode_pair
 from llmx.errors import UsageError
 from llmx.plugins.feeder import episodes as E
 from llmx.plugins.feeder.oracle import CopyOracle, KnnOracle, Oracle
-from llmx.plugins.feeder.tree import inferred, select, sufficient
+from llmx.plugins.feeder.tree import inferred, select, sufficient, versus_random
 
 MODEL = "ref:llama-test"
 
@@ -62,6 +63,46 @@ def test_the_copier_finds_one_row_per_cue_sufficient_and_not_once_a_cues_only_ro
     assert failed == [x for x, r in enumerate(made["pool"]) if r["cue"] == gone]
     with pytest.raises(UsageError, match="no 'cue'"):
         CopyOracle([{"input": "bera", "label": "red"}], ["red", "blue"])
+
+
+def test_the_set_beats_random_subsets_of_its_size_row_by_row():
+    made = pool()  # 12 cues, 10 rows each: a random 12 rows miss cues
+    oracle = CopyOracle(made["pool"], made["labels"])
+    sel = select(oracle, seed=0)
+    calls = oracle.calls
+    vs = versus_random(oracle, sel.indices, sel.inferred, draws=8, seed=0)
+    assert sel.sufficiency_rate == 1.0 and vs["subset_rows"] == len(sel.indices) == 12
+    assert vs["random_sufficiency_rate"] < 0.9 and vs["sufficiency_minus_random_ci_low"] > 0
+    assert vs["sufficiency_minus_random"] == pytest.approx(1.0 - vs["random_sufficiency_rate"])
+    assert vs["losses"] == 0 and vs["wins"] > 0 and vs["oracle_calls"] == oracle.calls - calls <= 8 * 120
+    capped = CopyOracle(made["pool"], made["labels"], max_node_size=5)  # subsets only as large as one prompt holds
+    assert versus_random(capped, list(range(12)), [True] * 120, draws=2, seed=0)["subset_rows"] == 5
+
+
+def test_the_default_episode_pool_fits_the_icl_models_context_so_no_node_is_cut():
+    """The comparison's pool (icl-episodes' defaults) under ref:llama-icl's tokenizer and 64-token context: the whole
+    pool fits one prompt beside the longest query and label, so even a random model, whose unions grow to the
+    whole pool, never cuts a node (a 400-row pool forced 42-47 cuts a selection)."""
+    from llmx.core.tokenizer import train_bpe
+    from llmx.core.zoo.presets import PRESETS
+    from llmx.plugins.feeder.config import EpisodeParams
+    from llmx.plugins.feeder.oracle import LMOracle
+    from llmx.plugins.feeder.plugin import EPISODES
+
+    preset = PRESETS["icl"]["llama"]
+    tok = train_bpe(E.documents("train"), preset.vocab)  # as the zoo trains ref:llama-icl's tokenizer
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=preset.seq_len)).eval()
+    p = EpisodeParams(**EPISODES["params"])
+    for seed in range(3):
+        made = E.heldout(E.Spec(cues=p.cues, labels=p.labels, distractors=p.distractors, noise=p.noise), p.pool, 1,
+                         seed)
+        oracle = LMOracle(model, tok, E.FORMAT, made["pool"], made["labels"])
+        assert oracle.fits(list(range(len(made["pool"]))))
+        sel = select(oracle, seed=seed)
+        assert sel.truncations == 0 and sel.levels[-1] == 1
 
 
 def test_necessity_over_the_pool_drops_the_noisy_rows_that_self_keeps():
@@ -266,7 +307,7 @@ def test_template_rules():
 @pytest.fixture
 def episode_data(cli, tmp_path):
     r = cli("--json", "analyze", "--method", "icl-episodes", "--set", "cues=6", "--set", "labels=3", "--set",
-            "pool=30", "--set", "test=12", "-o", tmp_path / "runs")
+            "pool=30", "--set", "test=12", "--set", "distractors=[1, 3]", "-o", tmp_path / "runs")
     assert r.code == 0, r.err
     return Path(r.json()["stages"][0]["metrics"]["data_dir"])
 
@@ -361,8 +402,8 @@ def test_a_collapsed_reselection_keeps_the_previous_rounds_set(cli, tmp_path, ep
 
     real, calls = method._choose, []
 
-    def choose(ctx, p, rows, labels, fmt, batch):
-        out = real(ctx, p, rows, labels, fmt, batch)
+    def choose(ctx, p, oracle):
+        out = real(ctx, p, oracle)
         calls.append(list(out.indices))
         if len(calls) == 2:
             out.indices = out.indices[:1]
@@ -399,3 +440,18 @@ def test_a_run_reads_the_episodes_an_earlier_stage_wrote_and_its_rows_average_to
     assert sum(row["accuracy"] for row in rows) / len(rows) == pytest.approx(m["accuracy"])
     alone = cli("eval", "--method", "icl", "--model", MODEL, "-o", tmp_path / "alone")
     assert alone.code == 2 and "run analyze --method icl-episodes first" in alone.err
+
+
+def test_a_default_run_reports_no_cuts_and_pairs_the_set_against_random_subsets(cli, tmp_path):
+    import yaml
+
+    pipeline = [{"method": "icl-episodes", "params": {"noise": 0.0}}, {"method": "feeder", "params": {"oracle": "copy"}}]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "copier", "model": MODEL, "seed": 1, "pipeline": pipeline}))
+    r = cli("--json", "run", recipe, "-o", tmp_path / "runs")
+    episodes, sel = (_stage(r, k) for k in range(2))
+    assert episodes["pool_rows"] == 12 and sel["truncations"] == sel["truncated_rows"] == 0
+    assert sel["feeder_rows"] == episodes["cues_in_pool"] and sel["sufficiency_rate"] == 1.0  # one row per cue
+    vs = sel["versus_random"]
+    assert vs["draws"] == 8 and vs["subset_rows"] == sel["feeder_rows"] and vs["losses"] == 0
+    assert vs["sufficiency_minus_random"] == pytest.approx(1.0 - vs["random_sufficiency_rate"])

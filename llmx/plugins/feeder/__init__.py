@@ -14,7 +14,9 @@ There is no official code; every choice below is a reconstruction (notes §2.2) 
   necessity pass again, and is discarded when the repaired set infers fewer pool rows.
 - ``max_node_size`` (default: as many of the pool's longest rows as fit the context) cuts a larger node: ``cut:
   random`` keeps a random order's rows while they fit, ``redundancy`` each row the kept ones do not infer; every cut
-  is counted in the output.
+  is counted in the output (``truncations``; none with the default episode pool, which fits a 64-token context).
+- The set is paired, per pool row, against random subsets of its size (``random_draws``): the share of them that
+  infer the row against the set's inference, with a bootstrap interval (``core.eval.stats.paired``).
 - Bi-level fine-tuning: ``outer_rounds`` of (select with the current model, fine-tune ``steps`` on in-context
   sequences: a selected row as the query, ``shots`` other selected rows as its demonstrations).
 - The similarity selector of ``eval --method icl`` uses the model's mean last-layer hidden state of each input.

@@ -77,6 +77,10 @@ class TreeParams(Params):
 class FeederParams(IclData, TreeParams):
     """``analyze --method feeder``: the FEEDER set of the pool, selected once with the run's model and --seed."""
 
+    random_draws: int = Field(8, ge=0, description="Random subsets of the FEEDER set's size (rows of a random order "
+                              "while they fit one prompt) whose pool inference the set's is paired against, per pool "
+                              "row, with a bootstrap interval (0: none); n oracle questions each.")
+
 
 class IclEvalParams(IclData):
     test: DataFile | None = Field(None, description="Rows to classify (.jsonl {input, label}); default: the test rows "
@@ -121,11 +125,23 @@ class FeederTrainParams(IclData, TreeParams, TrainParams):
 
 
 class EpisodeParams(Params):
-    """``analyze --method icl-episodes``: a held-out map's pool and test rows (``episodes.heldout``)."""
+    """``analyze --method icl-episodes``: a held-out map's pool and test rows (``episodes.heldout``). The default pool
+    (12 rows of one distractor and a cue, 5 tokens each with the episode tokenizer) fits a 64-token context whole
+    beside the longest query and label, so no FEEDER node is ever cut."""
 
-    cues: int = Field(32, ge=1, le=128, description="Cue words in the map.")
+    cues: int = Field(6, ge=1, le=128, description="Cue words in the map.")
     labels: int = Field(4, ge=2, le=16, description="Label words in the map.")
-    pool: int = Field(400, gt=0, description="Pool rows (noisy).")
+    pool: int = Field(12, gt=0, description="Pool rows (noisy).")
     test: int = Field(200, gt=0, description="Test rows (noise-free).")
     noise: float = Field(0.05, ge=0, lt=1, description="Share of pool rows with another label.")
+    distractors: tuple[int, int] = Field((1, 1), description="Distractor words before the cue in an input: a range, "
+                                         "drawn uniformly (training episodes have 1 or 2; 1 keeps every row 5 "
+                                         "tokens).")
     map_seed: int | None = Field(None, description="Which held-out map (default: the run's seed).")
+
+    @field_validator("distractors")
+    @classmethod
+    def _distractors(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not 0 <= value[0] <= value[1] <= 8:
+            raise ValueError("distractors is a range [low, high] with 0 <= low <= high <= 8")
+        return value

@@ -23,7 +23,7 @@ from llmx.errors import UsageError
 from llmx.plugins.feeder import episodes as E
 from llmx.plugins.feeder.config import EpisodeParams, FeederParams, FeederTrainParams, IclData, IclEvalParams
 from llmx.plugins.feeder.oracle import CopyOracle, KnnOracle, LMOracle, Oracle
-from llmx.plugins.feeder.tree import Selection, select
+from llmx.plugins.feeder.tree import Selection, select, versus_random
 
 SET_FILE = "feeder.json"
 EPISODES = "icl_episodes"  # ctx.state: the pool, test rows and template an icl-episodes stage wrote
@@ -80,9 +80,8 @@ def _oracle(ctx: RunContext, p: FeederParams | FeederTrainParams, rows: list[dic
     return oracle
 
 
-def _choose(ctx: RunContext, p: FeederParams | FeederTrainParams, rows, labels, fmt, batch_size: int) -> Selection:
-    oracle = _oracle(ctx, p, rows, labels, fmt, batch_size)
-    ctx.log.info("feeder: %d pool rows, %s tokens a question for demonstrations", len(rows), oracle.budget)
+def _choose(ctx: RunContext, p: FeederParams | FeederTrainParams, oracle: Oracle) -> Selection:
+    ctx.log.info("feeder: %d pool rows, %s tokens a question for demonstrations", len(oracle.rows), oracle.budget)
     return select(oracle, p.depth, p.rounds, p.necessity_pass, p.repair_pass, ctx.config.seed, p.necessity_check,
                   p.cut)
 
@@ -95,16 +94,19 @@ def _summary(sel: Selection, pool: int) -> dict[str, Any]:
 def analyze(ctx: RunContext, p: FeederParams) -> dict[str, Any]:
     p = _from_run(ctx, p)
     rows, labels, fmt = _pool(p)
-    sel = _choose(ctx, p, rows, labels, fmt, p.batch_size)
+    oracle = _oracle(ctx, p, rows, labels, fmt, p.batch_size)
+    sel = _choose(ctx, p, oracle)
+    versus = versus_random(oracle, sel.indices, sel.inferred, p.random_draws, ctx.config.seed) if p.random_draws \
+        else None
     record = {"indices": sel.indices, **_provenance(ctx, p.data, rows, labels, fmt), **_summary(sel, len(rows)),
               "not_inferred": [x for x, ok in enumerate(sel.inferred) if not ok],
               "params": p.model_dump(mode="json")}
     atomic.write_json(ctx.artifact(SET_FILE), record)
     atomic.write_jsonl(ctx.artifact("feeder_rows.jsonl"), [rows[i] | {"index": i} for i in sel.indices])
     ctx.state["feeder"] = record
-    ctx.log.info("feeder: %d of %d rows, %d oracle calls, pool inferred %.3f", len(sel.indices), len(rows),
-                 sel.oracle_calls, sel.sufficiency_rate)
-    return {**_summary(sel, len(rows)), "set_file": str(ctx.artifact(SET_FILE))}
+    ctx.log.info("feeder: %d of %d rows, %d oracle calls, pool inferred %.3f, %d cuts", len(sel.indices), len(rows),
+                 sel.oracle_calls, sel.sufficiency_rate, sel.truncations)
+    return {**_summary(sel, len(rows)), "versus_random": versus, "set_file": str(ctx.artifact(SET_FILE))}
 
 
 def _provenance(ctx: RunContext, data: str, rows: list[dict], labels: list[str], fmt: Format) -> dict[str, Any]:
@@ -214,7 +216,7 @@ def train(ctx: RunContext, p: FeederTrainParams) -> dict[str, Any]:
     for r in range(p.outer_rounds):
         figures: dict[str, Any] = {"round": r}
         if p.pool == "feeder":
-            last = _choose(ctx, p, rows, labels, fmt, p.batch_size)
+            last = _choose(ctx, p, _oracle(ctx, p, rows, labels, fmt, p.batch_size))
             figures.update({k: v for k, v in _summary(last, len(rows)).items() if k != "levels"})
             collapsed = r > 0 and len(last.indices) < 2  # the tuned model infers the pool from one row
             figures["kept_previous_selection"] = collapsed
@@ -255,7 +257,7 @@ def train(ctx: RunContext, p: FeederTrainParams) -> dict[str, Any]:
 
 
 def episodes(ctx: RunContext, p: EpisodeParams) -> dict[str, Any]:
-    spec = E.Spec(cues=p.cues, labels=p.labels, noise=p.noise)
+    spec = E.Spec(cues=p.cues, labels=p.labels, distractors=p.distractors, noise=p.noise)
     map_seed = ctx.config.seed if p.map_seed is None else p.map_seed
     made = E.heldout(spec, p.pool, p.test, map_seed)
     pool = atomic.write_jsonl(ctx.artifact("pool.jsonl"), made["pool"])
@@ -265,4 +267,5 @@ def episodes(ctx: RunContext, p: EpisodeParams) -> dict[str, Any]:
     noisy = sum(r["label"] != made["map"][r["cue"]] for r in made["pool"])
     cues = len({r["cue"] for r in made["pool"]})
     return {"pool_rows": p.pool, "test_rows": p.test, "map_seed": map_seed, "cues": p.cues, "cues_in_pool": cues,
+            "distractors": list(p.distractors),
             "labels": made["labels"], "noisy_pool_rows": noisy, "template": E.TEMPLATE, "data_dir": str(pool.parent)}

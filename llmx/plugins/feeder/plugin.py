@@ -30,10 +30,12 @@ def llmx_datasets():
                       "per input, 5% label noise (6000 train / 300 validation episodes)")
 
 
-# bench_feeder.py's setting: per seed a held-out map (6 cues, 4 labels) of 400 noisy pool rows and 200 clean test
-# rows; the tree to one node, its necessity pass checking the whole pool (the notes' wording); 8 demonstrations per
-# query drawn at random from what each arm keeps.
-EPISODES = {"method": "icl-episodes", "params": {"cues": 6, "labels": 4, "pool": 400, "test": 200}}
+# Per seed a held-out map (6 cues, 4 labels) with icl-episodes' default pool: 12 noisy rows of one distractor and a
+# cue, which fit ref:llama-icl's 64-token context whole, so the tree never cuts a node (a 400-row pool forced 42-47
+# cuts a selection and left sets of 3-9 rows); 200 clean test rows; the tree to one node, its necessity pass checking
+# the whole pool (the notes' wording); 8 demonstrations per query drawn at random from what each arm keeps. The quick
+# form selects with the exact copier (oracle copy), the test model's stdlib tokenizer splitting the episode words.
+EPISODES = {"method": "icl-episodes", "params": {"cues": 6, "labels": 4, "test": 200}}
 SELECT = {"method": "feeder", "params": {"batch_size": 32, "necessity_check": "pool"}}
 
 

@@ -8,7 +8,8 @@ repair pass adds the pool rows the set does not infer, while they fit. Sufficien
 the pool the set infers is measured, never assumed. A node (or the final union) that does not fit one prompt
 (``max_node_size``, the model's context) is cut, and every cut is counted: ``cut: random`` keeps the rows of a random
 order while they fit; ``redundancy`` (reconstructed) visits them in a random order and keeps each one the rows kept so
-far do not already infer, while it fits, so a cut drops redundant rows before rows that carry something new."""
+far do not already infer, while it fits, so a cut drops redundant rows before rows that carry something new.
+``versus_random`` pairs the set's pool inference with random subsets of its size (notes §4's informative baseline)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import random
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from llmx.core.eval import stats
 from llmx.plugins.feeder.oracle import Oracle
 
 
@@ -43,10 +45,12 @@ class Selection:
         return asdict(self)
 
 
-def _fill(oracle: Oracle, kept: list[int], candidates: list[int]) -> list[int]:
-    """``kept`` plus the candidates, in their order, that still fit one prompt."""
+def _fill(oracle: Oracle, kept: list[int], candidates: list[int], size: int | None = None) -> list[int]:
+    """``kept`` plus the candidates, in their order, that still fit one prompt (at most ``size`` rows in all)."""
     kept = list(kept)
     for i in candidates:
+        if size is not None and len(kept) >= size:
+            break
         if oracle.fits([*kept, i]):
             kept.append(i)
     return kept
@@ -170,3 +174,20 @@ def select(oracle: Oracle, depth: int | None = None, rounds: int = 1, necessity_
                      dict(sorted(Counter(oracle.rows[i]["label"] for i in chosen).items())), seed,
                      sum(outside) / len(outside) if outside else 1.0, cap.cuts, cap.rows, levels, dropped, added, unfit,
                      after_repair, reverted, oracle.budget)
+
+
+def versus_random(oracle: Oracle, chosen: list[int], hits: list[bool], draws: int, seed: int) -> dict:
+    """The set against ``draws`` random subsets of its size, paired per pool row: the set's inference of the row
+    (1/0, ``hits``) minus the share of the subsets that infer it, the mean with a bootstrap interval and the rows
+    the set wins or loses (``core.eval.stats.paired``). A subset is a random order's rows while they fit one prompt,
+    up to the set's size; its questions are counted here, apart from the selection's."""
+    rng, n, calls = random.Random(seed), len(oracle.rows), oracle.calls
+    shares, sizes = [0.0] * n, []
+    for _ in range(draws):
+        subset = _fill(oracle, [], rng.sample(range(n), n), len(chosen))
+        sizes.append(len(subset))
+        for x, ok in enumerate(inferred(oracle, subset)):
+            shares[x] += ok / draws
+    versus = stats.paired(shares, [float(h) for h in hits], seed=seed)
+    return {"draws": draws, "subset_rows": stats.mean(sizes), "random_sufficiency_rate": stats.mean(shares),
+            **versus.as_dict("sufficiency_minus_random"), "oracle_calls": oracle.calls - calls}
