@@ -1,8 +1,9 @@
 """Publish ``llmx compare`` results as the repository's figures: each full-form ``result.json`` found under the
-folders given (default ``comparisons/``) is copied with its Markdown and plot to ``benchmarks/results/compare/``
-as ``NAME.json``, ``NAME.md`` and ``NAME.png`` (quick forms are CI checks, never published), and the README's table
-between its ``comparisons`` markers is regenerated from every published file (``tests/test_readme.py`` fails when
-the two differ). ``make compare`` runs the comparisons and this."""
+folders given (default ``comparisons/``) is copied with its Markdown and plot to ``benchmarks/results/compare/`` as
+``NAME.json``, ``NAME.md`` and ``NAME.png`` (only each comparison's own form: its model, seeds and params; quick
+forms are CI checks), and the README's table between its ``comparisons`` markers is regenerated from every
+published file (``tests/test_readme.py`` fails when the two differ). ``make compare`` runs the comparisons and
+this."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     PUBLISHED.mkdir(parents=True, exist_ok=True)
     for result in summary.load(args.sources):
         if result["quick"]:
+            continue
+        if result.get("options") or result["model"] != result.get("default_model"):
+            print(f"not published: {result['_path']} is a variant (model {result['model']}, options "
+                  f"{result.get('options')}); the repository's figures are each comparison's own form")
             continue
         src = Path(result["_path"])
         for suffix in (".json", ".md", ".png"):

@@ -13,6 +13,8 @@ from llmx.core.compare.spec import Arm, ComparisonSpec
 from llmx.core.eval import stats
 
 QUICK_EVAL = {"method": "perplexity", "params": {"max_tokens": 1024}}
+NOTES = "".join(f"Note {i}: the {['red', 'green', 'blue'][i % 3]} kettle boiled {i % 7} times before the train left "
+                f"platform {i % 11}, and nobody wrote down why.\n" for i in range(400))  # a user's own text
 
 
 def _spec(**kw) -> ComparisonSpec:
@@ -30,8 +32,7 @@ def test_a_better_arm_is_ahead_an_identical_one_within_noise_and_the_results_are
     model, tok = llmx.load("ref:llama-test")  # a model folder and a text file of the user's own
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
-    text = Path(llmx.__file__).parent / "core" / "compare" / "runner.py"
-    (tmp_path / "notes.txt").write_text(text.read_text() * 3)
+    (tmp_path / "notes.txt").write_text(NOTES * 3)
     own = runner.run(runner.plan(_spec(seeds=(0,)), out=tmp_path / "own", model=str(tmp_path / "model"),
                                  data=str(tmp_path / "notes.txt")), progress=False)
     assert own["data"]["source"].endswith("notes.txt") and all(v["pairs"] > 10 for v in own["verdicts"])
@@ -104,8 +105,7 @@ def test_a_model_folder_or_text_changed_in_place_is_not_reused_and_each_run_says
     model, tok = llmx.load("ref:llama-test")
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
-    text = Path(llmx.__file__).parent / "core" / "compare" / "runner.py"
-    (tmp_path / "notes.txt").write_text(text.read_text() * 2)
+    (tmp_path / "notes.txt").write_text(NOTES * 2)
     spec = _spec(seeds=(0,), arms=(Arm("start", cost=16.0), Arm("start-again", cost=16.0)))
 
     def ran() -> list[str]:
@@ -117,7 +117,7 @@ def test_a_model_folder_or_text_changed_in_place_is_not_reused_and_each_run_says
         return ["reused" in s for s in said]
 
     assert ran() == [False, False] and ran() == [True, True]
-    (tmp_path / "notes.txt").write_text(text.read_text() * 3)  # the user's text, edited
+    (tmp_path / "notes.txt").write_text(NOTES * 3)  # the user's text, edited
     assert ran() == [False, False]
     import torch
 
@@ -133,11 +133,10 @@ def test_items_are_paired_by_what_was_scored_not_by_position(tmp_path):
                  arms=(Arm("a", (own,), cost=16.0), Arm("b", (own,), cost=16.0)))
     same = runner.run(runner.plan(spec, out=tmp_path / "same"), progress=False)
     assert same["verdicts"][0]["improvement"] == 0 and same["verdicts"][0]["pairs"] > 5
-    from llmx.errors import UsageError
-
     shifted = runner.plan(spec, out=tmp_path / "shifted", sets=["b.seq_len=32"])  # b scores other windows
-    with pytest.raises(UsageError, match="not paired"):
-        runner.run(shifted, progress=False)
+    verdict = runner.run(shifted, progress=False)["verdicts"][0]
+    assert verdict["verdict"].startswith("unpaired: seed 0:") and verdict["improvement"] is None
+    assert (tmp_path / "shifted" / "result.json").is_file()  # the other baselines' verdicts are still written
 
 
 def test_a_changed_arm_loses_its_declared_cost(tmp_path):
@@ -152,7 +151,7 @@ def test_a_changed_arm_loses_its_declared_cost(tmp_path):
 def test_a_baseline_whose_measured_cost_is_not_matched_is_not_judged(tmp_path):
     result = runner.run(runner.plan(_spec(seeds=(0,), tolerance=1.0), out=tmp_path), progress=False)
     verdicts = {v["baseline"]: v["verdict"] for v in result["verdicts"]}
-    assert verdicts["start-again"] == "within noise" and verdicts["rtn-w2"].startswith("unmatched")
+    assert verdicts["start-again"] == "within noise (one seed)" and verdicts["rtn-w2"].startswith("unmatched")
     assert "| rtn-w2 | rtn |" in (tmp_path / "result.md").read_text()
 
 
@@ -161,17 +160,29 @@ def test_quick_overrides_reach_every_stage_with_the_field_or_only_the_named_meth
     assert runner._quick_for({"max_tokens": 64, "rtn.group_size": 16}, "perplexity") == {"max_tokens": 64}
 
 
-def test_the_bootstrap_interval_covers_a_noisy_null_about_as_often_as_it_claims():
+def _judged(table):
+    """``runner._verdict`` on per-seed rows of paired differences (the baseline scoring 0 on every item)."""
+    target = {seed: {(str(i), 0): float(d) for i, d in enumerate(row)} for seed, row in enumerate(table)}
+    rows = [{"seed": seed, "items": dict.fromkeys(target[seed], 0.0)} for seed in target]
+    return runner._verdict("b", target, rows, 1.0)
+
+
+def test_the_interval_covers_a_noisy_null_with_few_seeds_and_one_seed_says_it_covers_items_only():
     import numpy as np
 
     rng = np.random.default_rng(7)
     covered = 0
-    for trial in range(200):  # 3 seeds that shift every item alike, 40 items each: a difference of zero in truth
-        shift = rng.normal(0, 0.2, size=(3, 1))
-        groups = (rng.normal(0, 1, size=(3, 40)) + shift).tolist()
-        _, low, high = stats.clustered(groups, resamples=400, seed=trial, crossed=False)
-        covered += low <= 0 <= high
-    assert 0.80 <= covered / 200 <= 0.995  # a percentile bootstrap on 3 seeds under-covers a little, never badly
+    for _ in range(200):  # 3 seeds that shift every item alike (sd 0.5), 40 items each (sd 1): zero in truth
+        v = _judged(rng.normal(0, 1, size=(3, 40)) + rng.normal(0, 0.5, size=(3, 1)))
+        covered += v["low"] <= 0 <= v["high"]
+    assert covered / 200 >= 0.90  # the bootstrap alone covered about 0.80 here
+    one = _judged(rng.normal(0.5, 0.1, size=(1, 40)))
+    assert one["verdict"] == "ahead (one seed)"
+
+
+def test_a_handful_of_items_gets_no_verdict_however_they_fall():
+    assert _judged([[0.01, 0.5]])["verdict"] == "too few items (2 pairs)"
+    assert _judged([[0.0] * 8, [0.0] * 8])["verdict"] == "too few items (16 pairs)"
 
 
 def test_a_relative_tolerance_scales_with_the_targets_cost():
@@ -223,6 +234,35 @@ def test_a_kv_comparison_refuses_a_mamba_and_one_with_its_own_data_refuses_data(
     assert not (tmp_path / "arms").exists()
 
 
+def test_a_set_must_say_which_stage_and_costs_both_unknown_are_unmatched(tmp_path):
+    from llmx.core.plugins import host
+    from llmx.errors import UsageError
+
+    crow = host().comparison("crow")  # its arms plant a backdoor (LoRA training) before the defence trains
+    with pytest.raises(UsageError, match="all have 'lr'"):
+        runner.plan(crow, out=tmp_path, quick=True, sets=["crow.lr=0.002"])
+    p = runner.plan(crow, out=tmp_path, quick=True, sets=["crow.crow.lr=0.002", "sft.2.lr=0.0001"])
+    stages = {r.arm.name: [s.params for s in r.run.stages] for r in p.runs}
+    plain = {r.arm.name: [s.params for s in r.run.stages] for r in runner.plan(crow, out=tmp_path, quick=True).runs}
+    assert stages["crow"][:-2] == plain["crow"][:-2] and stages["sft"][:2] == plain["sft"][:2]  # the implants
+    assert stages["crow"][-2].lr == 0.002 and stages["sft"][2].lr == 0.0001
+    assert [r.declared for r in p.runs if r.arm.name != "backdoored"] == [None, None]
+    rows = {"crow": [{"seed": 0, "cost": None, "items": {}, "value": 0.0, "machine": None}],
+            "sft": [{"seed": 0, "cost": None, "items": {}, "value": 0.0, "machine": None}],
+            "backdoored": [{"seed": 0, "cost": 0.0, "items": {}, "value": 0.0, "machine": None}]}
+    verdict = next(v for v in runner._judge(p, rows)["verdicts"] if v["baseline"] == "sft")
+    assert verdict["verdict"].startswith("unmatched")  # neither cost known: not "matched"
+
+
+def test_a_missing_model_folder_or_data_file_is_refused_before_any_run(tmp_path):
+    from llmx.errors import UsageError
+
+    with pytest.raises(UsageError, match="model folder not found: ./no-such-model"):
+        runner.plan(_spec(), out=tmp_path, model="./no-such-model")
+    with pytest.raises(UsageError, match="data file not found: notes-missing.txt"):
+        runner.plan(_spec(), out=tmp_path, data="notes-missing.txt")
+
+
 def test_a_missing_package_stops_the_comparison_before_its_first_arm(tmp_path, monkeypatch):
     import importlib.util
 
@@ -269,7 +309,8 @@ def test_summary_tabulates_every_result_under_a_folder_and_refuses_an_empty_one(
     r = cli("--json", "compare", "summary", tmp_path / "cmp")
     assert r.code == 0, r.err
     rows = {row["baseline"]: row for row in r.json()}
-    assert rows["rtn-w2"]["verdict"] == "ahead" and rows["rtn-w2"]["baseline_value"] > rows["rtn-w2"]["target_value"]
+    assert rows["rtn-w2"]["verdict"] == "ahead (one seed)"
+    assert rows["rtn-w2"]["baseline_value"] > rows["rtn-w2"]["target_value"]
     import torch
 
     assert rows["start-again"]["improvement"] == 0

@@ -68,7 +68,8 @@ def compare(
     from llmx.core.compare import runner
 
     spec = host().comparison(name)
-    folder = runner.slug(runner.model_for(spec, model, quick)) + ("-quick" if quick else "")
+    folder = runner.folder_for(spec, model, quick, {"data": data, "sets": list(sets or []), "seeds": chosen,
+                                                    "device": device, "dtype": dtype, "onload": onload})
     p = runner.plan(spec, out=Path(output_dir or "comparisons") / spec.name / folder, model=model, data=data,
                     seeds=chosen, quick=quick, sets=list(sets or []), device=device, dtype=dtype, onload=onload)
     result = runner.run(p, progress=False, say=info)

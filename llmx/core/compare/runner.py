@@ -3,9 +3,8 @@
 items paired on (seed, item), the target against each baseline with a two-level bootstrap interval of the paired
 difference (``stats.clustered``), the verdict ("ahead" or "behind" only where the interval excludes zero; otherwise
 "within noise"), and the results: ``result.json``, ``result.md`` and ``result.png`` (the metric against the cost, one
-line per arm family). A finished run is reused only where its inputs are unchanged: every local file or folder its
-config names (the model, the data) and the stack's versions, fingerprinted in its ``compare.json`` with the machine
-it ran on. Everything the user can get wrong is checked before the first run."""
+line per arm family). A finished run is reused only where its inputs are unchanged (``provenance``). Everything the
+user can get wrong is checked before the first run."""
 
 from __future__ import annotations
 
@@ -19,13 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from llmx.core import atomic
+from llmx.core.compare import provenance
 from llmx.core.compare.spec import Arm, ComparisonSpec
 from llmx.core.eval import stats
 from llmx.core.eval.items import FIELD
 from llmx.errors import UsageError
 
 RESULT = "result"
-PROVENANCE = "compare.json"
+MIN_PAIRS = 20  # fewer paired items: no verdict (two items of one sign make any bootstrap interval exclude zero)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}  # Student t, 97.5%
+PROVENANCE = provenance.FILE
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Plan:
     seeds: tuple[int, ...]
     quick: bool
     out: Path
+    options: dict[str, Any] = field(default_factory=dict)  # what the user changed: --data, --set, --device, ...
     runs: list[Planned] = field(default_factory=list)
 
 
@@ -55,6 +58,22 @@ def slug(name: str) -> str:
 
 def model_for(spec: ComparisonSpec, model: str | None, quick: bool) -> str:
     return model or (spec.quick_model if quick else spec.model)
+
+
+def folder_for(spec: ComparisonSpec, model: str | None, quick: bool, options: Mapping[str, Any]) -> str:
+    """``MODEL[-quick][-DIGEST]``: a variant with options of its own (data, overrides, seeds, device) never writes
+    over the comparison's own form."""
+    name = slug(model_for(spec, model, quick)).strip(".-") + ("-quick" if quick else "")
+    chosen = _options(spec, quick, options)
+    if not chosen:
+        return name
+    return f"{name}-{hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:8]}"
+
+
+def _options(spec: ComparisonSpec, quick: bool, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options that make a variant: those given, less seeds equal to the form's own."""
+    default = list(spec.quick_seeds if quick else spec.seeds)
+    return {k: v for k, v in options.items() if v and not (k == "seeds" and list(dict.fromkeys(v)) == default)}
 
 
 def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, data: str | None = None,
@@ -70,9 +89,12 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
         raise UsageError(f"comparison '{spec.name}' reads data of its own: --data would not feed it",
                          hint=f"Give a stage its data with --set ARM.data=PATH (llmx compare show {spec.name}).")
     model = model_for(spec, model, quick)
+    for what, path in (("model folder", model), ("data file", data)):
+        if path and provenance.path_like(path) and not Path(path).expanduser().exists():
+            raise UsageError(f"{what} not found: {path}")
     _check_kind(spec, model)
     data_cfg = dict(spec.data) if data is None else {**spec.data, "source": data}
-    chosen = tuple(seeds) if seeds else (spec.quick_seeds if quick else spec.seeds)
+    chosen = tuple(dict.fromkeys(seeds)) if seeds else (spec.quick_seeds if quick else spec.seeds)
     methods = host().methods
     stages = {a.name: [copy.deepcopy(dict(s)) for s in a.stages] for a in spec.arms}
     evaluation = copy.deepcopy(dict(spec.evaluation)) if spec.evaluation else None
@@ -80,11 +102,14 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
         for arm_stages in (*stages.values(), [evaluation] if evaluation else []):
             for s in arm_stages:
                 _override(s, _quick_for(spec.quick, s["method"]), methods)
+    before = copy.deepcopy(stages)  # the quick form changes every arm alike: declared costs still compare
     for item in sets:
         _apply_set(spec, item, stages, evaluation, methods)
-    changed = {a.name for a in spec.arms if stages[a.name] != [dict(s) for s in a.stages]}
+    changed = {a.name for a in spec.arms if stages[a.name] != before[a.name]}
     _check_costs(spec, changed)
-    p = Plan(spec, model, data_cfg, chosen, quick, Path(out))
+    options = {"data": data, "sets": list(sets), "seeds": list(seeds or []), "device": device, "dtype": dtype,
+               "onload": onload}
+    p = Plan(spec, model, data_cfg, chosen, quick, Path(out), _options(spec, quick, options))
     from llmx.core.pipeline import check_requirements
 
     for arm in spec.arms:
@@ -100,41 +125,8 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
             resolved = resolve(raw, methods)
             check_requirements(resolved)  # a missing package or device: exit 3 before the first arm runs
             p.runs.append(Planned(arm, seed, folder, resolved, None if arm.name in changed else arm.cost,
-                                  _inputs(resolved)))
+                                  provenance.inputs(resolved.to_dict())))
     return p
-
-
-def _inputs(resolved) -> dict[str, Any]:
-    """What a finished run must share with this plan to be reused beyond its config: a fingerprint of every local
-    file or folder the config names (names, sizes, modification times: a model retrained or a text edited in place),
-    and the versions of llmx and the libraries that compute the figures."""
-    from llmx.core.runs import versions
-
-    found: dict[str, str] = {}
-
-    def walk(value: Any) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                if k != "output_dir":
-                    walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
-        elif isinstance(value, str) and value and Path(value).exists():
-            found[value] = _fingerprint(Path(value))
-
-    walk(resolved.to_dict())
-    stack = versions()
-    return {"paths": found, "versions": {k: stack.get(k) for k in ("llmx", "torch", "transformers")}}
-
-
-def _fingerprint(path: Path) -> str:
-    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f.relative_to(path) if path.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
 
 
 def _quick_for(quick: Mapping[str, Any], method: str) -> dict[str, Any]:
@@ -170,24 +162,39 @@ def _override(stage: dict, values: dict[str, Any], methods) -> bool:
 
 def _apply_set(spec: ComparisonSpec, item: str, stages: dict[str, list[dict]], evaluation: dict | None,
                methods) -> None:
-    """``ARM.KEY=VALUE`` (``*`` for every arm, ``eval`` for the evaluation): the param of every stage of that arm
-    whose method has it."""
+    """``ARM.KEY=VALUE``, ``ARM.METHOD.KEY=VALUE`` or ``ARM.N.KEY=VALUE`` (the arm's stage N, from 0; ``*`` for every
+    arm, ``eval`` for the evaluation): the param of the arm's stage that has it. An ``ARM.KEY`` that more than one
+    stage of one arm has is refused (CROW's arm plants a backdoor before it defends: ``crow.epochs`` must say
+    which)."""
     from llmx.core.config import parse_set
+    from llmx.core.names import normalize
 
     keys, value = parse_set(item)
-    if len(keys) != 2:
-        raise UsageError(f"--set {item!r}: expected ARM.KEY=VALUE (ARM: an arm's name, '*' for every arm, or 'eval')")
-    who, key = keys
+    if len(keys) not in (2, 3):
+        raise UsageError(f"--set {item!r}: expected ARM.KEY=VALUE or ARM.METHOD.KEY=VALUE (ARM: an arm's name, '*' "
+                         "for every arm, or 'eval')")
+    who, key, method = keys[0], keys[-1], keys[1] if len(keys) == 3 else None
     if who == "eval":
         if evaluation is None:
             raise UsageError(f"--set {item!r}: comparison '{spec.name}' has no separate evaluation stage")
-        targets = [evaluation]
+        arms = [[evaluation]]
     elif who == "*":
-        targets = [s for arm in stages.values() for s in arm]
+        arms = list(stages.values())
     else:
-        targets = stages[spec.arm(who).name]
-    if not any([_override(s, {key: value}, methods) for s in targets]):
-        raise UsageError(f"--set {item!r}: no stage of {who!r} has a param '{key}'")
+        arms = [stages[spec.arm(who).name]]
+    hit = False
+    for arm in arms:
+        chosen = ([arm[int(method)]] if method is not None and method.isdigit() and int(method) < len(arm) else
+                  [s for s in arm if method is None or normalize(s["method"]) == normalize(method)])
+        having = [s for s in chosen if key in _fields(s, methods)]
+        if len(having) > 1 and who != "*":
+            raise UsageError(f"--set {item!r}: stages {', '.join(s['method'] for s in having)} of {who!r} all have "
+                             f"'{key}'", hint=f"Name the stage: --set {who}.METHOD.{key}=... or {who}.N.{key}=... "
+                             f"(llmx compare show {spec.name} lists the stages).")
+        hit |= any([_override(s, {key: value}, methods) for s in having])
+    if not hit:
+        raise UsageError(f"--set {item!r}: no stage of {who!r}{f' running {method}' if method else ''} has a param "
+                         f"'{key}'")
 
 
 def _check_costs(spec: ComparisonSpec, changed: set[str]) -> None:
@@ -274,7 +281,7 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     target_cost = _mean_cost(rows[spec.target])
     for arm in map(spec.arm, spec.judged):
         cost = _mean_cost(rows[arm.name])
-        if spec.tolerance is not None and (cost is None) != (target_cost is None):
+        if spec.tolerance is not None and (cost is None or target_cost is None):
             unmatched = f"unmatched: {spec.cost} unknown (changed and not measured)"
         elif cost is not None and target_cost is not None and not spec.matched(cost, target_cost):
             unmatched = f"unmatched: {cost:.3g} against {target_cost:.3g} {spec.cost}"
@@ -284,22 +291,7 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             verdicts.append({"baseline": arm.name, "improvement": None, "low": None, "high": None,
                              "verdict": unmatched, "pairs": 0, "seeds": 0})
             continue
-        groups, keys = [], []
-        for r in rows[arm.name]:
-            t = target[r["seed"]]
-            if t.keys() != r["items"].keys():
-                only = len(r["items"].keys() - t.keys())
-                raise UsageError(f"arm '{arm.name}', seed {r['seed']} scored {only} items the target did not and "
-                                 f"missed {len(t.keys() - r['items'].keys())} of its {len(t)}: not paired",
-                                 hint="A --set on one arm changed what is scored (a length, a source, an instance)?")
-            order = sorted(t)
-            keys.append(order)
-            groups.append([sign * (t[k] - r["items"][k]) for k in order])
-        crossed = all(k == keys[0] for k in keys)  # every seed scored the same items: cross them with the seeds
-        diff, low, high = stats.clustered(groups, seed=0, crossed=crossed)
-        verdict = "ahead" if low > 0 else "behind" if high < 0 else "within noise"
-        verdicts.append({"baseline": arm.name, "improvement": diff, "low": low, "high": high, "verdict": verdict,
-                         "pairs": sum(len(g) for g in groups), "seeds": len(groups)})
+        verdicts.append(_verdict(arm.name, target, rows[arm.name], sign))
     arms = []
     for arm in spec.arms:
         runs = [{k: v for k, v in r.items() if k != "items"} for r in rows[arm.name]]
@@ -308,11 +300,47 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                      "cost": _mean_cost(runs),
                      spec.metric: sum(values) / len(values) if values else None, "runs": runs})
     return {"comparison": spec.name, "summary": spec.summary, "paper": spec.paper, "model": p.model, "data": p.data,
-            "seeds": list(p.seeds), "quick": p.quick, "metric": spec.metric, "higher_is_better": spec.higher_is_better,
+            "seeds": list(p.seeds), "quick": p.quick, "options": p.options, "default_model": spec.model,
+            "metric": spec.metric, "higher_is_better": spec.higher_is_better,
             "cost": spec.cost, "target": spec.target, "arms": arms, "verdicts": verdicts, "machine": _machine(),
             "run_machines": _distinct([r["machine"] for runs in rows.values() for r in runs if r["machine"]]),
             "improvement": f"{'target - baseline' if spec.higher_is_better else 'baseline - target'} in {spec.metric}, "
                            "per item, paired on (seed, item); interval: seeds then items resampled (95%)"}
+
+
+def _verdict(name: str, target: dict[int, dict], rows: list[dict[str, Any]], sign: float) -> dict[str, Any]:
+    """The target against one baseline: the mean paired difference and its interval, the wider of the two-level
+    bootstrap and (with 2-8 seeds) a t-interval on the per-seed means, which the bootstrap under-covers with few
+    seeds. "ahead"/"behind" only where the interval excludes zero over at least ``MIN_PAIRS`` pairs; one seed's
+    verdict covers item noise only, and says so."""
+    import statistics
+
+    groups, keys, bad = [], [], []
+    for r in rows:
+        t = target[r["seed"]]
+        if t.keys() != r["items"].keys():
+            bad.append(f"seed {r['seed']}: {len(r['items'].keys() - t.keys())} items the target did not score, "
+                       f"{len(t.keys() - r['items'].keys())} of its {len(t)} missing")
+            continue
+        order = sorted(t)
+        keys.append(order)
+        groups.append([sign * (t[k] - r["items"][k]) for k in order])
+    out = {"baseline": name, "improvement": None, "low": None, "high": None, "pairs": sum(len(g) for g in groups),
+           "seeds": len(groups)}
+    if bad:  # a --set on one arm changed what it scored (a length, a source, an instance): no verdict for it
+        return {**out, "pairs": 0, "verdict": "unpaired: " + "; ".join(bad)}
+    crossed = all(k == keys[0] for k in keys)  # every seed scored the same items: cross them with the seeds
+    diff, low, high = stats.clustered(groups, seed=0, crossed=crossed)
+    if 2 <= len(groups) <= max(T95) + 1:
+        means = [sum(g) / len(g) for g in groups]
+        half = T95[len(means) - 1] * statistics.stdev(means) / len(means) ** 0.5
+        low, high = min(low, diff - half), max(high, diff + half)
+    if out["pairs"] < MIN_PAIRS:
+        verdict = f"too few items ({out['pairs']} pairs)"
+    else:
+        verdict = "ahead" if low > 0 else "behind" if high < 0 else "within noise"
+        verdict += " (one seed)" if len(groups) == 1 else ""
+    return {**out, "improvement": diff, "low": low, "high": high, "verdict": verdict}
 
 
 def _mean_cost(runs: list[dict[str, Any]]) -> float | None:
@@ -339,7 +367,8 @@ def markdown(result: dict[str, Any]) -> str:
     metric = result["metric"]
     lines = [f"# {result['comparison']}", "", result["summary"], "",
              f"Model {result['model']}, data {result['data'].get('source')}, seeds {result['seeds']}"
-             f"{' (quick form)' if result['quick'] else ''}. {metric}: "
+             f"{' (quick form)' if result['quick'] else ''}"
+             f"{'; options ' + json.dumps(result['options']) if result.get('options') else ''}. {metric}: "
              f"{'higher' if result['higher_is_better'] else 'lower'} is better.", "",
              f"| arm | family | {result['cost']} | {metric} | improvement of {result['target']} | verdict |",
              "|---|---|---|---|---|---|"]

@@ -13,6 +13,9 @@ from typing import Any
 ARCHS = ("gpt2", "llama", "mamba", "mamba2", "moe", "opt", "qwen2")
 NO_GQA = ("gpt2", "opt")  # one key/value head per query head, learned positions (no RoPE)
 ATTENTION_FREE = ("mamba", "mamba2")
+# model_type values of the decoder-only transformers with a self-attention KV cache: what the comparisons of
+# attention, KV-cache and weight-block methods accept (``ComparisonSpec.kinds``)
+ATTENTION_KINDS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "opt", "gpt2", "phi3")
 
 
 def _round64(x: float) -> int:

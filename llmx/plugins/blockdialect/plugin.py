@@ -1,4 +1,5 @@
 from llmx.core.compare.spec import Arm, ComparisonSpec
+from llmx.core.models.archs import ATTENTION_KINDS
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
@@ -44,4 +45,4 @@ def llmx_comparisons():
         # no calibration and no randomness: every seed would repeat the same runs
         seeds=(0,),
         quick={"max_tokens": 256},
-        model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128})
+        model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, kinds=ATTENTION_KINDS)

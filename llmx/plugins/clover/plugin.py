@@ -1,4 +1,5 @@
 from llmx.core.compare.spec import Arm, ComparisonSpec
+from llmx.core.models.archs import ATTENTION_KINDS
 from llmx.core.spec import LayerSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
@@ -56,7 +57,7 @@ def llmx_comparisons():
               _prune("clover", mode="global")),
         evaluation=HELD_OUT, cost="parameters", cost_key="params_after", tolerance=0.01, relative=True,
         quick={"max_tokens": 1024, "calib_windows": 2, "calib_seq_len": 32, "seq_len": 32},
-        model="ref:gpt2", quick_model="ref:gpt2-test", data={"source": "stdlib", "seq_len": 128})
+        model="ref:gpt2", quick_model="ref:gpt2-test", kinds=ATTENTION_KINDS, data={"source": "stdlib", "seq_len": 128})
     yield ComparisonSpec(
         name="clover-finetune",
         summary="CLOVER's singular-value fine-tuning (r x r cores between frozen orthonormal vectors) against LoRA "
@@ -68,4 +69,4 @@ def llmx_comparisons():
               _tune("pissa", 3e-3, tuner="pissa"), _tune("clover", 1e-2)),
         evaluation=HELD_OUT, cost="trainable parameters", cost_key="trainable_params", tolerance=0.05, relative=True,
         quick={"steps": 2, "warmup": 1, "eval_windows": 2, "max_tokens": 1024, "seq_len": 32},
-        model="ref:gpt2", quick_model="ref:gpt2-test", data={"source": "pydoc", "seq_len": 128})
+        model="ref:gpt2", quick_model="ref:gpt2-test", kinds=ATTENTION_KINDS, data={"source": "pydoc", "seq_len": 128})

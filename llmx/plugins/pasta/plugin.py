@@ -1,4 +1,5 @@
 from llmx.core.compare.spec import Arm, ComparisonSpec
+from llmx.core.models.archs import ATTENTION_KINDS
 from llmx.core.spec import MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
@@ -33,7 +34,6 @@ SFT = {"epochs": 4, "batch_size": 8, "lr": 1e-3, "warmup_ratio": 0.05, "max_leng
 DECODE = {"max_new_tokens": 384, "max_chunk_tokens": 256, "judge": "ref:llama-bench"}
 
 # Full-attention models the interpreter has run on (its threads share one cache through attention masks).
-KINDS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "opt", "gpt2", "phi3")
 
 
 def _arm(name: str, family: str, annotated: bool = True, **decode) -> Arm:
@@ -58,7 +58,8 @@ def llmx_comparisons():
               _arm("baseline-sft", "sequential", annotated=False)),
         evaluation=None, items="prompts.jsonl", metric="judge_nll", higher_is_better=False,
         cost="decode steps per response", cost_key="steps_mean",
-        seeds=(0, 1, 2), model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, corpus=False, kinds=KINDS,
+        seeds=(0, 1, 2), model="ref:llama-bench", data={"source": "stdlib", "seq_len": 128}, corpus=False,
+        kinds=ATTENTION_KINDS,
         quick={"limit": 80, "epochs": 0.02, "batch_size": 1, "max_length": 300, "max_new_tokens": 8,
                "judge": "ref:llama-test"},
         quick_model="ref:llama-test", quick_seeds=(0,))
