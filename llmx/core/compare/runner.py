@@ -382,7 +382,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {a['name']} | {a['family']} | {cost} | {value} | {cell} | {v['verdict'] if v else ''} |")
     from llmx.core.compare.summary import where
 
-    lines += ["", f"Improvement: {result['improvement']}.", "", "Runs made on: " + "; ".join(
+    judged = len(result["verdicts"])
+    lines += ["", f"Improvement: {result['improvement']}."
+              + (f" Each interval is 95% on its own: no correction across the {judged} baselines." if judged > 1
+                 else ""), "", "Runs made on: " + "; ".join(
         f"{where(m)}, torch {m.get('torch')}" for m in result.get("run_machines") or [result["machine"]]) + "."]
     return "\n".join(lines) + "\n"
 
