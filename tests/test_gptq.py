@@ -1,4 +1,5 @@
-"""GPTQ: below RTN on every layer of a trained model, equal to a plain unoptimised GPTQ, block-size invariant."""
+"""GPTQ: below RTN on every layer of a trained model, equal to a plain unoptimised GPTQ and to the reference loop
+(group ranges at the block's start), block-size invariant per channel."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def random_problem(rows=32, cols=64, seed=0):
 def test_matches_plain_unoptimised_gptq(full_range):
     w, h = random_problem()
     fmt = IntFormat(4, 16, full_range=full_range)
-    fast = gptq(w, h.float(), fmt, block_size=32)
+    fast = gptq(w, h.float(), fmt, block_size=32, group_scale="updated")  # the textbook reads ranges as updated
     plain = plain_gptq(w, h, fmt)
     agree = (fast.weight.double() - plain).abs() < 1e-4
     # float32 vs float64 may break a rounding tie the other way. On the full grid every group's most negative weight
@@ -150,18 +151,58 @@ def gptq_before_issue65(w, h, fmt, block_size=128, percdamp=0.01, actorder=False
 @pytest.mark.parametrize("actorder,static,block", [(False, False, 128), (False, False, 48), (True, False, 48),
                                                    (False, True, 48)])
 def test_bit_identical_to_the_solver_before_issue65(group, symmetric, actorder, static, block):
-    """Codes, scales, zeros and weights equal (``torch.equal``) the pre-issue-65 solver's, on layers whose width is no
-    multiple of the group (a ragged last group) with blocks of 48 (groups of 32 and 128 start mid-block and run past
-    it: the branch that reads the next block's columns) and of 128, with and without act-order or static groups."""
+    """With ``group_scale="updated"`` codes, scales, zeros and weights equal (``torch.equal``) the pre-issue-65
+    solver's, on layers whose width is no multiple of the group (a ragged last group) with blocks of 48 (groups of 32
+    and 128 start mid-block and run past it: the branch that reads the next block's columns) and of 128, with and
+    without act-order or static groups."""
     fmt = IntFormat(4, group, symmetric)
     for seed, (rows, cols) in enumerate([(24, 200), (40, 264)]):
         w, h = random_problem(rows, cols, seed=10 + seed)
         h[7, :] = h[:, 7] = 0  # a dead input
-        got = gptq(w, h.float(), fmt, block, actorder=actorder, static_groups=static)
+        got = gptq(w, h.float(), fmt, block, actorder=actorder, static_groups=static, group_scale="updated")
         want = gptq_before_issue65(w, h.float(), fmt, block, actorder=actorder, static_groups=static)
         for name, a, b in zip(("codes", "scale", "zero", "weight"), (got.codes, got.scale, got.zero, got.weight), want,
                               strict=True):
             assert a.shape == b.shape and torch.equal(a, b), (name, seed)
+
+
+def reference_gptq(w, h, bits, groupsize, blocksize, percdamp=0.01):
+    """The reference ``fasterquant`` loop (IST-DASLab/gptq, ``static_groups=False``, no act-order), asymmetric, written
+    out plainly: a group's min/max are read from ``W``, which holds the earlier blocks' error feedback but not the
+    current block's (those go to the copy ``W1``)."""
+    W, H = w.clone().float(), h.clone().float()
+    H += percdamp * torch.mean(torch.diag(H)) * torch.eye(len(H))
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    maxq, Q = 2**bits - 1, torch.zeros_like(W)
+    for i1 in range(0, W.shape[1], blocksize):
+        i2 = min(i1 + blocksize, W.shape[1])
+        W1, Err1 = W[:, i1:i2].clone(), torch.zeros(W.shape[0], i2 - i1)
+        for i in range(i2 - i1):
+            if (i1 + i) % groupsize == 0:
+                x = W[:, i1 + i:i1 + i + groupsize]
+                lo, hi = x.min(1).values.clamp(max=0), x.max(1).values.clamp(min=0)
+                scale = (hi - lo) / maxq
+                zero = torch.round(-lo / scale)
+            q = (torch.clamp(torch.round(W1[:, i] / scale) + zero, 0, maxq) - zero) * scale
+            Q[:, i1 + i] = q
+            err = (W1[:, i] - q) / Hinv[i1 + i, i1 + i]
+            W1[:, i:] -= err[:, None] * Hinv[i1 + i, i1 + i:i2][None, :]
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+    return Q
+
+
+@pytest.mark.parametrize("bits,group,block", [(4, 16, 64), (3, 32, 48)])
+def test_group_ranges_default_to_the_reference_block_start(bits, group, block):
+    """Groups that start mid-block (16 in 64; 32 in 48, running past the block): the default matches the reference
+    loop to float tolerance, and ``group_scale="updated"`` gives other weights on the same random layer."""
+    w, h = random_problem(48, 200, seed=4)
+    fmt = IntFormat(bits, group, symmetric=False)
+    ref = reference_gptq(w, h, bits, group, block)
+    default = gptq(w, h.float(), fmt, block)
+    updated = gptq(w, h.float(), fmt, block, group_scale="updated")
+    assert torch.allclose(default.weight, ref, atol=1e-5)
+    assert (updated.weight - ref).abs().max() > 1e-2 and not torch.equal(updated.scale, default.scale)
 
 
 def test_layer_objectives_are_opt_in_and_change_nothing(notes, caplog):

@@ -3,15 +3,20 @@
 Minimises ``||W X - Q X||^2 = tr((W - Q) H (W - Q)^T)`` with ``H = X X^T`` from calibration inputs. The Hessian is an
 argument, so other methods (GuidedQuant) can pass their own. Steps as in the paper / reference code: dead inputs
 zeroed, optional activation order, dampening ``percdamp * mean(diag H)``, the upper Cholesky factor of ``H^-1``, and
-lazy block updates (``block_size`` columns at a time). A group's range (non-static groups) is taken from its
-columns as updated so far, the current block's updates included; the reference code reads them before the current
-block's updates. The two agree whenever every group starts a block (group size a multiple of ``block_size``, as
-with the defaults 128 and 128); smaller groups inside a block see slightly different ranges.
+lazy block updates (Algorithm 1, ``block_size`` columns at a time).
+
+A group's range (non-static groups) is found when its first column comes up. ``group_scale="block_start"`` (the
+reference code, ``static_groups=False``) reads the group's columns of ``W`` as they stood when the current block began:
+the earlier blocks' error feedback in, the current block's own updates not yet. ``"updated"`` reads them as updated
+so far, the current block's updates included. The two agree whenever every group starts a block (group size a
+multiple of ``block_size``, as at the defaults 128 and 128); with ``block_start`` a group that starts mid-block makes
+the result depend on ``block_size``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -45,10 +50,10 @@ def _group_range(cols: torch.Tensor, fmt: IntFormat) -> tuple[torch.Tensor, torc
     return range_to_scale(lo, hi, fmt)
 
 
-def _group_columns(W: torch.Tensor, W1: torch.Tensor, i: int, i2: int, g: int) -> torch.Tensor:
-    """The ``g`` columns of a group starting at column ``i`` of the current block ``W1`` (which ends at ``i2`` in
-    ``W``): the block's own columns, continued from ``W`` when the group runs past the block. Only the group's
-    columns are read (``[rows, g]``), never the whole remaining weight."""
+def _updated_columns(W: torch.Tensor, W1: torch.Tensor, i: int, i2: int, g: int) -> torch.Tensor:
+    """``group_scale="updated"``: the ``g`` columns of a group starting at column ``i`` of the current block ``W1``
+    (which ends at ``i2`` in ``W``): the block's own columns as updated so far, continued from ``W`` when the group
+    runs past the block. Only the group's columns are read (``[rows, g]``), never the whole remaining weight."""
     inside = W1.shape[1] - i
     if g <= inside:
         return W1[:, i:i + g]
@@ -73,7 +78,8 @@ def _cholesky_inverse_upper(h: torch.Tensor, percdamp: float) -> torch.Tensor:
 
 
 def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128, percdamp: float = 0.01,
-         actorder: bool = False, static_groups: bool = False) -> GPTQResult:
+         actorder: bool = False, static_groups: bool = False,
+         group_scale: Literal["block_start", "updated"] = "block_start") -> GPTQResult:
     """Quantize ``w`` ([out, in]) against the Hessian ``h`` ([in, in]).
 
     With ``actorder`` and groups, scales are fixed before the permutation (``static_groups``), so every group stays
@@ -116,8 +122,9 @@ def gptq(w: torch.Tensor, h: torch.Tensor, fmt: IntFormat, block_size: int = 128
         for i in range(i2 - i1):
             col = i1 + i
             group = order[col] // g if g else 0
-            if g and not static_groups and col % g == 0:
-                scale[:, group], zero[:, group] = _group_range(_group_columns(W, W1, i, i2, g), fmt)
+            if g and not static_groups and col % g == 0:  # W[:, i1:i2] is never written: as at the block's start
+                span = W[:, col:col + g] if group_scale == "block_start" else _updated_columns(W, W1, i, i2, g)
+                scale[:, group], zero[:, group] = _group_range(span, fmt)
             s, z = scale[:, group], zero[:, group]
             c = torch.clamp(torch.round(W1[:, i:i + 1] / s) + z, fmt.qmin, fmt.qmax)
             q = ((c - z) * s).flatten()
