@@ -2,7 +2,9 @@
 
 ``sequential`` walks the model block by block: the inputs of block ``i`` are computed with blocks ``< i`` already
 quantized (``propagate="quantized"``, as GPTQ and Quamba do) or all in full precision (``propagate="fp"``, as
-GuidedQuant's Hessians are), and a callback quantizes each block once its statistics are in.
+GuidedQuant's Hessians are), and a callback quantizes each block once its statistics are in. With
+``true_sequential`` (the reference GPTQ code's ``--true-sequential``) a block's layers are quantized group by group in
+the order it calls them, each group's inputs recomputed with the block's earlier groups quantized.
 """
 
 from __future__ import annotations
@@ -118,6 +120,39 @@ def block_inputs(model: torch.nn.Module, blocks: torch.nn.ModuleList, first: int
     return calls
 
 
+def _input_key(x: torch.Tensor) -> tuple:
+    """What identifies one tensor within a call (hold the tensor meanwhile, so that no address is reused)."""
+    return x.data_ptr(), tuple(x.shape), x.stride()
+
+
+@torch.no_grad()
+def _input_groups(block: torch.nn.Module, call: tuple[tuple, dict], layers: dict[str, torch.nn.Module],
+                  ) -> list[dict[str, torch.nn.Module]]:
+    """``layers`` in the order ``block`` calls them on one cached ``call``, consecutive layers that read one tensor
+    together: q, k, v; o; gate, up; down in a Llama block, the reference's true-sequential groups. Layers that call
+    does not reach (an idle expert) form a last group."""
+    order: dict[str, tuple[tuple, torch.Tensor]] = {}  # each layer's first input, held
+
+    def record(name, x):
+        order.setdefault(name, (_input_key(x), x))
+
+    hooks = [m.register_forward_pre_hook(lambda _m, args, n=name: record(n, args[0])) for name, m in layers.items()]
+    try:
+        block(*call[0], **call[1])
+    finally:
+        for h in hooks:
+            h.remove()
+    groups: list[dict[str, torch.nn.Module]] = []
+    last = None
+    for name, (key, _) in order.items():
+        if key != last:
+            groups.append({})
+            last = key
+        groups[-1][name] = layers[name]
+    rest = {n: m for n, m in layers.items() if n not in order}
+    return (groups + [rest]) if rest else groups
+
+
 def _hidden(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -143,8 +178,7 @@ def _run_block(block: torch.nn.Module, calls: list[tuple[tuple, dict]], layers: 
     def record(name, x):
         if name in same_as:
             return
-        key = (x.data_ptr(), tuple(x.shape), x.stride())
-        first, _ = seen.setdefault(key, (name, x))
+        first, _ = seen.setdefault(_input_key(x), (name, x))
         if make_stats is None and first != name and not stats[name].tokens:
             same_as[name] = first
             return
@@ -194,7 +228,7 @@ def dequantized_once(block: torch.nn.Module) -> Iterator[None]:
 def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batches: torch.Tensor,
                quantize_block: Callable[[dict[str, torch.nn.Module], dict[str, LinearStats]], None],
                propagate: str = "quantized", with_hessian: bool = True, progress=None,
-               make_stats: Callable[[str], LinearStats] | None = None) -> None:
+               make_stats: Callable[[str], LinearStats] | None = None, true_sequential: bool = False) -> None:
     """Group ``layers`` by decoder block and call ``quantize_block(block_layers, stats)`` block by block.
 
     One pass of the model records every block's arguments (:func:`block_inputs`); then each block runs once on its
@@ -206,6 +240,11 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
     re-forward each packed weight is dequantized once for all chunks (:func:`dequantized_once`). ``make_stats``
     builds each layer's statistics (GuidedQuant's saliency-weighted Hessians); blocks only then.
 
+    ``true_sequential`` splits each block's layers into the groups :func:`_input_groups` finds and runs the block once
+    per group, quantizing that group before the next one's statistics are taken (one block run per group, then the
+    re-forward). It needs ``quantized`` propagation: ``fp`` would feed the next block outputs that no quantized block
+    computes.
+
     A model under :mod:`~llmx.core.models.onload` keeps each block on the execution device for its statistics,
     quantization and re-forward (statistics and packed layers are made there), and writes it back to the CPU store
     after; the capture pass and the whole-model passes onload one block at a time.
@@ -214,6 +253,8 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
     for name, module in layers.items():
         groups.setdefault(block_of(name), {})[name] = module
     outside = groups.pop(None, {})
+    if true_sequential and propagate != "quantized":
+        raise ValueError("true_sequential recomputes inputs from quantized layers: it needs propagate='quantized'")
     blocks = decoder_blocks(model, layers)
     del layers  # from here each block's layers are held only until it is quantized
     if outside and make_stats is not None:
@@ -232,12 +273,16 @@ def sequential(model: torch.nn.Module, layers: dict[str, torch.nn.Module], batch
                 if hidden is not None:
                     mine = [_with_hidden(c, h) for c, h in zip(mine, hidden, strict=True)]
                 with onload.held(block, write_back=bool(targets)):  # on the device for all three, then back
-                    hidden, stats = _run_block(block, mine, targets, with_hessian, make_stats)
-                    if targets:
-                        quantize_block(targets, stats)
-                        if propagate == "quantized":
-                            with dequantized_once(block):  # exact, and each packed weight unpacked once, not per chunk
-                                hidden, _ = _run_block(block, mine)
-                del stats, targets, mine
+                    parts = _input_groups(block, mine[0], targets) if targets and true_sequential else [targets]
+                    for part in parts:
+                        with dequantized_once(block):  # exact, and each packed weight unpacked once, not per chunk
+                            hidden, stats = _run_block(block, mine, part, with_hessian, make_stats)
+                        if part:
+                            quantize_block(part, stats)
+                        del stats
+                    if targets and propagate == "quantized":
+                        with dequantized_once(block):
+                            hidden, _ = _run_block(block, mine)
+                del parts, targets, mine
         if outside:
             quantize_block(outside, collect(model, outside, batches, with_hessian))

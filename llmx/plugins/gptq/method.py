@@ -28,7 +28,7 @@ def run(ctx: RunContext, p: GPTQParams) -> dict:
                 apply.install(model, name, linear, *quantize(linear.weight, fmt), fmt, p, None)
                 continue
             h = stats[name].hessian.float()
-            res = gptq(linear.weight, h, fmt, p.block_size, p.percdamp, p.actorder, p.static_groups)
+            res = gptq(linear.weight, h, fmt, p.block_size, p.percdamp, p.actorder, p.static_groups, p.group_scale)
             if p.log_objectives:
                 trace[name] = {"gptq": res.objective(linear.weight, h),
                                "rtn": layer_objective(linear.weight, fake_quantize(linear.weight, fmt), h)}
@@ -36,8 +36,8 @@ def run(ctx: RunContext, p: GPTQParams) -> dict:
 
     # no reference to the float layers kept here: each is freed once its block is quantized
     sequential(model, apply.target_linears(model, p.skip), batches, quantize_block, propagate=p.propagate,
-               progress=ctx.progress)
-    extra = {"calib_tokens": int(batches.numel()), "propagate": p.propagate}
+               progress=ctx.progress, true_sequential=p.true_sequential)
+    extra = {"calib_tokens": int(batches.numel()), "propagate": p.propagate, "true_sequential": p.true_sequential}
     if p.log_objectives:
         ratios = [t["gptq"] / t["rtn"] for t in trace.values() if t["rtn"] > 0]
         ctx.log.info("GPTQ/RTN layer objective: %s",
