@@ -35,6 +35,10 @@ def complete(model, hd, attention, buffer_length=4, chunk=2):
                            buffer_length=buffer_length, chunk=chunk, buffer_dtype=None, attention=attention)
 
 
+def codes(layer) -> tuple[torch.Tensor, ...]:
+    return (*layer.key_codes, *layer.value_codes)
+
+
 def storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind ``tensors``: what they really keep alive."""
     seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
@@ -51,7 +55,7 @@ def test_complete_dictionary_reproduces_greedy_and_beam_search_exactly(setup, at
             out = model.generate(ids, max_new_tokens=16, num_beams=beams, do_sample=False, past_key_values=cache,
                                  pad_token_id=0)
         assert torch.equal(ref, out), (attention, beams)
-        assert all(layer.compressed == out.shape[1] - 2 and layer.keys.shape[-2] == 1 for layer in cache.layers)
+        assert all(layer.compressed_keys == out.shape[1] - 2 and layer.keys.shape[-2] == 1 for layer in cache.layers)
     assert model.config._attn_implementation == "sdpa"  # restored after the block
 
 
@@ -84,7 +88,7 @@ def test_codes_lost_before_attention_is_an_error(setup, monkeypatch):
     model, _, hd, ids = setup
     cache = complete(model, hd, "codes")
     monkeypatch.setattr(cache_mod, "CODES_ATTR", "elsewhere")  # the tag no longer reaches the attention function
-    with torch.no_grad(), over_codes(model), pytest.raises(RuntimeError, match="did not reach"):
+    with torch.no_grad(), over_codes(model), pytest.raises(RuntimeError, match="never read"):
         model(input_ids=ids, past_key_values=cache)
         model(input_ids=ids[:, -1:], past_key_values=cache)
 
@@ -110,15 +114,15 @@ def test_batch_selection_and_reordering_keep_codes_with_their_sequence(setup):
     model(input_ids=batch[1:], past_key_values=alone, use_cache=True)
     both.reorder_cache(torch.tensor([1, 0]))
     for a, b in zip(both.layers, alone.layers, strict=True):
-        assert all(torch.equal(x[:1].float(), y.float()) for x, y in zip(a.codes, b.codes, strict=True))
+        assert all(torch.equal(x[:1].float(), y.float()) for x, y in zip(codes(a), codes(b), strict=True))
         assert torch.equal(a.keys[:1], b.keys)
     both.batch_select_indices(torch.tensor([0]))
     repeated = make()
     model(input_ids=batch[1:], past_key_values=repeated, use_cache=True)
     repeated.batch_repeat_interleave(2)
     for a, b, r in zip(both.layers, alone.layers, repeated.layers, strict=True):
-        assert all(torch.equal(x.float(), y.float()) for x, y in zip(a.codes, b.codes, strict=True))
-        assert r.codes[0].shape[0] == 2 and torch.equal(r.codes[0][1], b.codes[0][0])
+        assert all(torch.equal(x.float(), y.float()) for x, y in zip(codes(a), codes(b), strict=True))
+        assert r.key_codes[0].shape[0] == 2 and torch.equal(r.key_codes[0][1], b.key_codes[0][0])
 
 
 @pytest.mark.parametrize("codec", ["lexico", "kivi"])
@@ -129,17 +133,16 @@ def test_after_prefill_storage_is_exactly_the_accounted_bytes(setup, codec):
     cache = CompressedCache(make, model.config.num_hidden_layers, buffer_length=8)
     model(input_ids=ids, past_key_values=cache, use_cache=True)
     for layer in cache.layers:
-        assert storage_bytes([layer.keys, layer.values, *layer.codes]) == layer.stored_bytes()
+        assert storage_bytes([layer.keys, layer.values, *codes(layer)]) == layer.stored_bytes()
     cfg, t = model.config, ids.shape[1]
     vectors = cfg.num_hidden_layers * cfg.num_key_value_heads
     if codec == "lexico":  # 3s bytes per compressed vector (int16 id + fp8 coefficient), fp16 buffer
         assert cache.stored_bytes() == 2 * vectors * ((t - 8) * 3 * 4 + 8 * hd * 2)
-    else:  # keys: whole 8-token groups only, the partial group stays exact; 2-bit codes packed 4 to a byte
-        kept = t - 8 - (t - 8) % 8
-        assert all(layer.compressed == kept for layer in cache.layers)
-        groups, vgroups = kept // 8, hd // 8
-        codes = 2 * kept * hd // 4 + 2 * 2 * (groups * hd + kept * vgroups)
-        assert cache.stored_bytes() == vectors * (codes + (t - kept) * hd * 2 * 2)
+    else:  # KIVI's residual: keys in whole 8-token residuals (the rest exact), values all but the last 8; 2-bit
+        keys, values = t - t % 8, t - 8  # codes packed 4 to a byte, an fp16 scale and zero per group
+        assert all((layer.compressed_keys, layer.compressed_values) == (keys, values) for layer in cache.layers)
+        stored = (keys + values) * hd // 4 + 2 * 2 * (keys // 8 * hd + values * hd // 8) + (2 * t - keys - values) * hd * 2
+        assert cache.stored_bytes() == vectors * stored
 
 
 def test_attention_over_codes_equals_the_dense_rebuild():
@@ -147,8 +150,9 @@ def test_attention_over_codes_equals_the_dense_rebuild():
     B, Hkv, g, Tq, Tc, Tb, d, N = 2, 2, 3, 3, 41, 5, 16, 64
     D = torch.nn.functional.normalize(torch.randn(d, N, generator=gen), dim=0)
     codec = LexicoCodec(D, torch.nn.functional.normalize(torch.randn(d, N, generator=gen), dim=0), 4, 6)
-    codes = codec.encode(torch.randn(B, Hkv, Tc, d, generator=gen), torch.randn(B, Hkv, Tc, d, generator=gen))
-    keys, values = codec.decode(codes, torch.float32)
+    kc = codec.encode_keys(torch.randn(B, Hkv, Tc, d, generator=gen))
+    vc = codec.encode_values(torch.randn(B, Hkv, Tc, d, generator=gen))
+    keys, values = codec.decode_keys(kc, torch.float32), codec.decode_values(vc, torch.float32)
     bk, bv = torch.randn(B, Hkv, Tb, d, generator=gen), torch.randn(B, Hkv, Tb, d, generator=gen)
     q = torch.randn(B, Hkv * g, Tq, d, generator=gen)
     mask = torch.ones(B, 1, Tq, Tc + Tb, dtype=torch.bool)
@@ -162,19 +166,49 @@ def test_attention_over_codes_equals_the_dense_rebuild():
 
         old, codecs.GATHER_ELEMENTS = codecs.GATHER_ELEMENTS, gather
         try:
-            out = codec.attend(q, bk, bv, codes, mask, 0.3)
+            out = codec.attend(q, bk, bv, kc, vc, mask, 0.3)
         finally:
             codecs.GATHER_ELEMENTS = old
         assert torch.allclose(out, ref.transpose(1, 2), atol=1e-5)
 
 
-def test_model_logits_agree_between_codes_and_dense_attention(setup):
+@pytest.mark.parametrize("split", [(40, 38), (40, 0), (0, 3)])
+def test_kivi_attention_over_codes_equals_the_dense_rebuild(split):
+    """Quantized keys and values over other counts of tokens (KIVI's residual keeps 0..R-1 keys exact and R values),
+    either side possibly none yet; one block, eighths, then a key group and a value token at a time."""
+    import llmx.plugins.lexico.codecs as codecs
+
+    gen = torch.Generator().manual_seed(0)
+    B, Hkv, g, Tq, T, d = 2, 2, 3, 3, 46, 16
+    codec, (tk, tv) = KIVICodec(2, 8), split
+    k, v = torch.randn(B, Hkv, T, d, generator=gen), torch.randn(B, Hkv, T, d, generator=gen)
+    kc, vc = (codec.encode_keys(k[:, :, :tk]) if tk else None), (codec.encode_values(v[:, :, :tv]) if tv else None)
+    keys = torch.cat([*([codec.decode_keys(kc, torch.float32)] if tk else []), k[:, :, tk:]], 2)
+    values = torch.cat([*([codec.decode_values(vc, torch.float32)] if tv else []), v[:, :, tv:]], 2)
+    q = torch.randn(B, Hkv * g, Tq, d, generator=gen)
+    mask = torch.ones(B, 1, Tq, T, dtype=torch.bool)
+    mask[0, :, :, :7] = False  # left padding in the first sequence
+    mask[:, :, 0, -2:] = False  # causal tail inside the buffer
+    ref = torch.nn.functional.scaled_dot_product_attention(q, keys.repeat_interleave(g, 1),
+                                                           values.repeat_interleave(g, 1), attn_mask=mask, scale=0.3)
+    for elements, split in ((1 << 22, 1), (1 << 22, 8), (1, 1)):
+        old = codecs.DEQUANT_ELEMENTS, codecs.DEQUANT_SPLIT
+        codecs.DEQUANT_ELEMENTS, codecs.DEQUANT_SPLIT = elements, split
+        try:
+            out = codec.attend(q, k[:, :, tk:], v[:, :, tv:], kc, vc, mask, 0.3)
+        finally:
+            codecs.DEQUANT_ELEMENTS, codecs.DEQUANT_SPLIT = old
+        assert torch.allclose(out, ref.transpose(1, 2), atol=1e-5)
+
+
+@pytest.mark.parametrize("codec", ["lexico", "kivi"])
+def test_model_logits_agree_between_codes_and_dense_attention(setup, codec):
     model, _, hd, ids = setup
     d = torch.nn.functional.normalize(torch.randn(hd, 64, generator=torch.Generator().manual_seed(2)), dim=0)
+    make = (lambda i: LexicoCodec(d, d, 4)) if codec == "lexico" else (lambda i: KIVICodec(2, 4))
     logits = {}
     for attention in ("dense", "codes"):
-        cache = CompressedCache(lambda i: LexicoCodec(d, d, 4), model.config.num_hidden_layers, buffer_length=4,
-                                chunk=2, attention=attention)
+        cache = CompressedCache(make, model.config.num_hidden_layers, buffer_length=4, chunk=2, attention=attention)
         with torch.no_grad(), scope(model, attention):
             model(input_ids=ids[:, :-6], past_key_values=cache, use_cache=True)
             logits[attention] = torch.cat([model(input_ids=ids[:, t:t + 1], past_key_values=cache).logits
@@ -190,16 +224,18 @@ def test_sparsity_at_or_above_head_dim_stops_early_without_nan(setup):
                                 buffer_length=4)
         with torch.no_grad():
             out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-            keys, _ = cache.layers[0].codec.decode(cache.layers[0].codes, torch.float32)
+            keys = cache.layers[0].codec.decode_keys(cache.layers[0].key_codes, torch.float32)
         assert torch.isfinite(out.logits).all() and torch.isfinite(keys).all()
-        assert cache.layers[0].codes[0].shape[-1] == hd  # no slot stored past head_dim
+        assert cache.layers[0].key_codes[0].shape[-1] == hd  # no slot stored past head_dim
 
 
 def test_kivi_codec_round_trip_error_shrinks_with_bits():
     x = torch.randn(1, 2, 64, 32)
     errs = []
     for b in (2, 4, 8):
-        k, v = KIVICodec(b).decode(KIVICodec(b).encode(x, x), torch.float32)
+        codec = KIVICodec(b)
+        k = codec.decode_keys(codec.encode_keys(x), torch.float32)
+        v = codec.decode_values(codec.encode_values(x), torch.float32)
         errs.append((float((k - x).norm() / x.norm()), float((v - x).norm() / x.norm())))
     assert errs[0][0] > errs[1][0] > errs[2][0] and errs[0][1] > errs[1][1] > errs[2][1] and errs[2][0] < 0.01
 
@@ -286,3 +322,41 @@ def test_the_window_items_depend_on_the_windows_not_the_cache(cli, tmp_path):
     kivi = items("kivi", "group=8", "context_len=48")
     assert len(set(kivi)) == 2 and items("kv-window", "window=12", "context_len=48") == kivi
     assert not set(items("kivi", "group=8", "context_len=40")) & set(kivi)
+
+
+@pytest.mark.parametrize("codec", ["lexico", "kivi"])
+def test_two_models_decoding_interleaved_decode_as_each_alone(setup, codec):
+    """A second model steps inside the first's every step, between the first's cache update and its attention (the
+    finest interleaving two threads can produce), both attending over codes: each decodes what it decodes alone. The
+    state of handed-out codes is each cache's own (a process-wide record keyed by layer index collided here)."""
+    llama, tok, hd, ids = setup
+    qwen = models.load("ref:qwen2-test")[0]
+    d = torch.nn.functional.normalize(torch.randn(hd, 64, generator=torch.Generator().manual_seed(3)), dim=0)
+
+    def make(model):
+        codec_for = (lambda i: LexicoCodec(d, d, 4)) if codec == "lexico" else (lambda i: KIVICodec(2, 4))
+        return CompressedCache(codec_for, model.config.num_hidden_layers, buffer_length=4, chunk=2, attention="codes")
+
+    def greedy(model, cache, steps: int = 8):
+        """Tokens decoded one at a time; yields after each step."""
+        tokens = ids
+        for _ in range(steps):
+            step = tokens if tokens is ids else tokens[:, -1:]
+            nxt = model(input_ids=step, past_key_values=cache).logits[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], 1)
+            yield tokens
+
+    with torch.no_grad(), over_codes(llama), over_codes(qwen):
+        alone = {name: list(greedy(m, make(m)))[-1] for name, m in (("llama", llama), ("qwen", qwen))}
+        first, second = make(llama), make(qwen)
+        inner = greedy(qwen, second)
+        layer0, seen = first.layers[0], []
+
+        def update_then_step_the_other(*args, **kwargs):
+            out = type(layer0).update(layer0, *args, **kwargs)
+            seen.append(next(inner, None))
+            return out
+
+        layer0.update = update_then_step_the_other
+        outer = list(greedy(llama, first))[-1]
+    assert torch.equal(outer, alone["llama"]) and torch.equal(seen[-1], alone["qwen"])

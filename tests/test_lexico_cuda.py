@@ -59,14 +59,15 @@ def test_complete_dictionary_on_cuda_reproduces_greedy_and_beam_search(model_on_
             out = model.generate(ids, max_new_tokens=12, num_beams=beams, do_sample=False, pad_token_id=0,
                                  past_key_values=cache)
         assert torch.equal(ref, out)
-        assert all(c.is_cuda for layer in cache.layers for c in layer.codes)
+        assert all(c.is_cuda for layer in cache.layers for c in (*layer.key_codes, *layer.value_codes))
 
 
 def test_kivi_cache_on_cuda(model_on_cuda):
     model, _, ids = model_on_cuda
-    cache = CompressedCache(lambda i: KIVICodec(4, 8), model.config.num_hidden_layers, buffer_length=4, chunk=8)
+    cache = CompressedCache(lambda i: KIVICodec(4, 8), model.config.num_hidden_layers, buffer_length=8)
     out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-    assert torch.isfinite(out.logits).all() and all(c.is_cuda for c in cache.layers[0].codes)
+    layer = cache.layers[0]
+    assert torch.isfinite(out.logits).all() and all(c.is_cuda for c in (*layer.key_codes, *layer.value_codes))
 
 
 @pytest.fixture
@@ -147,7 +148,8 @@ def held_by(cache) -> tuple[int, int]:
     """(bytes of the distinct storages behind a cache's tensors, the same rounded to the CUDA allocator's 512-byte
     blocks)."""
     sizes = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-             for layer in cache.layers for t in (layer.keys, layer.values, *(layer.codes or ()))}
+             for layer in cache.layers
+             for t in (layer.keys, layer.values, *(layer.key_codes or ()), *(layer.value_codes or ()))}
     return sum(sizes.values()), sum(-(-n // 512) * 512 for n in sizes.values())
 
 

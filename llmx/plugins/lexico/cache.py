@@ -1,17 +1,21 @@
 """KV caches that keep the most recent tokens exact and older tokens compressed, as transformers ``Cache`` objects
 (``model.generate(..., past_key_values=cache)`` works, beam search included).
 
-``CompressedLayer`` holds the exact buffer in ``keys`` / ``values`` (in the model's dtype, or fp16 under a 32-bit
-model, as the paper's fp16 models hold them) and the older tokens as a codec's tensors (``codes``, see
-``codecs.py``). Each ``update`` appends the new tokens to the buffer, then moves its oldest tokens out to the codec
-``chunk`` at a time (the prompt's excess at once, in whole codec granules: a partial KIVI key group stays exact) so
-that ``buffer_length`` tokens stay exact.
-No storage outlives what it holds: the buffer left after a compression is a fresh tensor, not a view of the prompt.
+``CompressedLayer`` holds the exact buffers in ``keys`` / ``values`` (in the model's dtype, or fp16 under a 32-bit
+model, as the paper's fp16 models hold them) and the older tokens as a codec's tensors (``key_codes``,
+``value_codes``, see ``codecs.py``). Each ``update`` appends the new tokens to the buffers, then hands the oldest to
+the codec as the buffer rule says (``buffers.py``: each method's official rule by default, llmx's earlier
+"at least ``buffer_length`` exact" as ``buffer="at_least"``); keys and values may keep different counts exact (KIVI).
+No storage outlives what it holds: a buffer left after a compression is a fresh tensor, not a view of the prompt.
+``padding`` (the prompt's attention mask, 0 at padding) keeps padded positions out of the statistics a codec takes over
+several tokens (KIVI's per-channel key groups).
 
-Attention over the compressed part, per layer: with ``attention="codes"`` (Lexico) the layer returns only the exact
-buffer and tags it with the codes, and ``attention.py``'s function scores the codes directly; with
-``attention="dense"`` it rebuilds every compressed token (a transient ``[B, H, T, head_dim]`` per layer): the
-reference the codes path is tested against, and the only path for KIVI here.
+Attention over the compressed part, per layer: with ``attention="codes"`` the layer returns only the exact buffers,
+the key tagged with this step's codes, and ``attention.py``'s function hands them to the codec's ``attend`` (Lexico:
+scores gathered from the codes; KIVI: a block of tokens dequantized at a time), which must read them before the
+cache's next update (the cache checks: codes left unread mean the model ran outside ``over_codes`` or the tag was
+lost); with ``attention="dense"`` it rebuilds every compressed token (a transient ``[B, H, T, head_dim]`` per layer):
+the reference the codes path is tested against.
 """
 
 from __future__ import annotations
@@ -19,26 +23,36 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-CODES_ATTR = "llmx_codes"  # attribute on the returned key tensor: (codec, codes) for the attention function
-PENDING: dict[int, bool] = {}  # layer index -> codes handed out and not yet read (a lost tag is an error, not silence)
+from llmx.plugins.lexico.buffers import AtLeast
+
+CODES_ATTR = "llmx_codes"  # attribute on the returned key tensor: (layer, key codes, value codes) for attention
 
 
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _append(codes, new):
+    return new if codes is None else tuple(torch.cat(pair, dim=2) for pair in zip(codes, new, strict=True))
+
+
 class CompressedLayer(DynamicLayer):
     def __init__(self, codec, buffer_length: int, chunk: int = 1, buffer_dtype: torch.dtype | None = torch.float16,
-                 attention: str = "dense", layer_idx: int | None = None):
+                 attention: str = "dense", buffer: str = "official", padding: torch.Tensor | None = None):
         super().__init__()
         if buffer_length < 1:
             raise ValueError("buffer_length must be at least 1 (generate crops the newest token)")
-        if attention not in ("dense", "codes") or (attention == "codes" and not hasattr(codec, "attend")):
-            raise ValueError(f"attention must be 'dense' or 'codes' (codes needs a codec that attends), got {attention}")
-        self.codec, self.buffer_length, self.chunk, self.attention = codec, buffer_length, chunk, attention
+        if attention not in ("dense", "codes"):
+            raise ValueError(f"attention must be 'dense' or 'codes', got {attention}")
+        if buffer not in ("official", "at_least"):
+            raise ValueError(f"buffer must be 'official' or 'at_least', got {buffer}")
+        self.codec, self.attention, self.padding = codec, attention, padding
+        self.rule = codec.official_rule(buffer_length, chunk) if buffer == "official" else \
+            AtLeast(buffer_length, chunk, codec.granule)
         self.buffer_dtype = buffer_dtype  # the exact tokens' storage under a 32-bit model; None: the model's dtype
-        self.codes: tuple[torch.Tensor, ...] | None = None
-        self.compressed, self.layer_idx = 0, layer_idx
+        self.key_codes = self.value_codes = None
+        self.compressed_keys = self.compressed_values = 0
+        self.unread = False  # codes handed to attention this step and not read yet
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -46,58 +60,77 @@ class CompressedLayer(DynamicLayer):
         store = self.buffer_dtype if self.buffer_dtype and key_states.element_size() > 2 else key_states.dtype
         self.keys, self.values = self.keys.to(store), self.values.to(store)
 
-    def _to_compress(self, exact: int) -> int:
-        excess = exact - self.buffer_length
-        if excess <= 0:
-            return 0
-        n = excess if self.codes is None else excess - excess % self.chunk  # the prompt's excess at once
-        return n - n % self.codec.granule
+    def _valid(self, start: int, n: int, batch: int) -> torch.Tensor | None:
+        """Which of tokens ``start .. start + n`` are not padding, ``[batch, n]`` (None: no padding given)."""
+        if self.padding is None:
+            return None
+        if self.padding.shape[0] != batch:
+            raise ValueError(f"padding has {self.padding.shape[0]} rows for a batch of {batch} (expand it as the "
+                             "inputs are, e.g. for beam search)")
+        valid = self.padding[:, start:start + n].to(torch.bool)
+        return torch.cat([valid, valid.new_ones(batch, n - valid.shape[1])], 1)
+
+    def _view(self, keys, values):
+        """What attention reads this step: the codes held before it, then every exact token."""
+        out_k, out_v = keys.to(self.dtype), values.to(self.dtype)
+        if self.key_codes is None and self.value_codes is None:
+            return out_k, out_v
+        if self.attention == "codes":
+            out_k = out_k.view(out_k.shape)  # a fresh tensor object to carry the tag
+            setattr(out_k, CODES_ATTR, (self, self.key_codes, self.value_codes))
+            self.unread = True
+            return out_k, out_v
+        parts_k = [self.codec.decode_keys(self.key_codes, self.dtype)] if self.key_codes is not None else []
+        parts_v = [self.codec.decode_values(self.value_codes, self.dtype)] if self.value_codes is not None else []
+        return torch.cat([*parts_k, out_k], -2), torch.cat([*parts_v, out_v], -2)
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
+        first = not self.is_initialized
+        if first:
             self.lazy_initialization(key_states, value_states)
+        held_k, held_v = self.get_buffer_lengths()
         keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
         values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
-        before = self.codes
-        if before is not None and self.attention == "codes":
-            out_k, out_v = keys.to(self.dtype), values.to(self.dtype)
-            out_k = out_k.view(out_k.shape)  # a fresh tensor object to carry the tag
-            setattr(out_k, CODES_ATTR, (self.codec, before))
-            if self.layer_idx is not None:
-                if PENDING.get(self.layer_idx):
-                    raise RuntimeError("the previous step's compressed KV codes were never read: run the model inside "
-                                       "lexico.attention.over_codes(model) when the cache attends over codes")
-                PENDING[self.layer_idx] = True
-        elif before is not None:
-            old_k, old_v = self.codec.decode(before, self.dtype)
-            out_k, out_v = torch.cat([old_k, keys.to(self.dtype)], -2), torch.cat([old_v, values.to(self.dtype)], -2)
-        else:
-            out_k, out_v = keys.to(self.dtype), values.to(self.dtype)
-        n = self._to_compress(keys.shape[-2])
-        if n:
-            new = self.codec.encode(keys[..., :n, :], values[..., :n, :])
-            self.codes = new if before is None else tuple(torch.cat(pair, dim=2) for pair in zip(before, new, strict=True))
-            self.compressed += n
-            keys, values = keys[..., n:, :].clone(), values[..., n:, :].clone()
+        out = self._view(keys, values)
+        nk, nv = self.rule(held_k, held_v, key_states.shape[-2], first)
+        if nk:
+            valid = self._valid(self.compressed_keys, nk, keys.shape[0])
+            self.key_codes = _append(self.key_codes, self.codec.encode_keys(keys[..., :nk, :], valid))
+            self.compressed_keys += nk
+            keys = keys[..., nk:, :].clone()
+        if nv:
+            self.value_codes = _append(self.value_codes, self.codec.encode_values(values[..., :nv, :]))
+            self.compressed_values += nv
+            values = values[..., nv:, :].clone()
         self.keys, self.values = keys, values
-        return out_k, out_v
+        return out
+
+    def get_buffer_lengths(self) -> tuple[int, int]:
+        """Exact keys and values held."""
+        if not self.is_initialized or self.keys.dim() < 4:
+            return 0, 0
+        return self.keys.shape[-2], self.values.shape[-2]
 
     def get_seq_length(self) -> int:
-        return 0 if not self.is_initialized or self.keys.dim() < 4 else self.compressed + self.keys.shape[-2]
+        return self.compressed_keys + self.get_buffer_lengths()[0] if self.is_initialized else 0
 
     def reset(self) -> None:
-        self.codes, self.compressed = None, 0
+        self.key_codes = self.value_codes = None
+        self.compressed_keys = self.compressed_values = 0
+        self.unread = False
         super().reset()
 
     def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove and self.get_seq_length() and -tokens_to_remove > self.keys.shape[-2]:
+        if tokens_to_remove and self.get_seq_length() and -tokens_to_remove > min(self.get_buffer_lengths()):
             raise ValueError("cannot crop into the compressed part of the cache")
         super().crop(tokens_to_remove)
 
     def _batch(self, op) -> None:
         self.keys, self.values = op(self.keys), op(self.values)
-        if self.codes is not None:
-            self.codes = tuple(op(t) for t in self.codes)
+        self.key_codes, self.value_codes = (None if c is None else tuple(op(t) for t in c)
+                                            for c in (self.key_codes, self.value_codes))
+        if self.padding is not None:
+            self.padding = op(self.padding)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.get_seq_length():
@@ -114,7 +147,7 @@ class CompressedLayer(DynamicLayer):
     def stored_bytes(self) -> int:
         if not self.is_initialized:
             return 0
-        return _nbytes((self.keys, self.values)) + (_nbytes(self.codes) if self.codes is not None else 0)
+        return _nbytes((self.keys, self.values, *(self.key_codes or ()), *(self.value_codes or ())))
 
 
 class WindowLayer(DynamicLayer):
@@ -180,12 +213,22 @@ class _Measured(Cache):
 
 
 class CompressedCache(_Measured):
-    """One CompressedLayer per decoder layer; ``codec_for(layer_idx)`` gives each layer its codec."""
+    """One CompressedLayer per decoder layer; ``codec_for(layer_idx)`` gives each layer its codec. The codes-reading
+    attention's state is the cache's own: a layer whose codes were handed out and not read is an error at this
+    cache's next update (the next layer's, within a step), whatever other model runs in the process meanwhile."""
 
     def __init__(self, codec_for, layers: int, buffer_length: int = 128, chunk: int = 1,
-                 buffer_dtype: torch.dtype | None = torch.float16, attention: str = "dense"):
-        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk, buffer_dtype, attention, i)
-                                 for i in range(layers)])
+                 buffer_dtype: torch.dtype | None = torch.float16, attention: str = "dense", buffer: str = "official",
+                 padding: torch.Tensor | None = None):
+        super().__init__(layers=[CompressedLayer(codec_for(i), buffer_length, chunk, buffer_dtype, attention, buffer,
+                                                 padding) for i in range(layers)])
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        if any(layer.unread for layer in self.layers):
+            raise RuntimeError("compressed KV codes handed to attention were never read: run the model inside "
+                               "lexico.attention.over_codes(model) when the cache attends over codes, and keep the "
+                               "key tensor the cache returns (its tag carries the codes)")
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
 class WindowCache(_Measured):

@@ -6,6 +6,7 @@ from pydantic import Field, model_validator
 
 from llmx.core.refs import DataFile
 from llmx.core.spec import Params
+from llmx.plugins.lexico.buffers import KIVIRule, LexicoRule
 
 
 class KVEvalParams(Params):
@@ -16,9 +17,11 @@ class KVEvalParams(Params):
     recall_tokens: int = Field(16, ge=0, description="Recall task: tokens to continue after the cue (0: skip it; "
                                "skipped by default when the context is too short for it).")
     recall_cue: int = Field(32, gt=0, description="Recall task: the context's first tokens, repeated at its end.")
-    buffer_length: int = Field(128, ge=1, description="Most recent tokens kept exact (official Lexico: 128).")
-    chunk: int = Field(32, gt=0, description="Tokens compressed at a time when the buffer overflows (official "
-                       "approximation_length: 32 in the cache config, 1 model-side).")
+    buffer_length: int = Field(128, ge=1, description="Recent tokens kept exact (official Lexico: 128; KIVI's "
+                               "residual length R; the window's size for kv-window is `window`).")
+    chunk: int = Field(32, gt=0, description="Tokens Lexico compresses at a time (official approximation_length: 32 in "
+                       "the cache config, 1 model-side; by default at most buffer_length); also the at_least rule's "
+                       "step.")
     amortize_batch: int = Field(8, gt=0, description="Sequences the dictionaries are shared by, for the amortised "
                                 "memory figure.")
 
@@ -33,7 +36,17 @@ class KVEvalParams(Params):
         return self
 
 
-class LexicoDecodeParams(KVEvalParams):
+class CompressedParams(KVEvalParams):
+    attention: Literal["codes", "dense"] = Field("codes", description="codes: attend over the compressed tokens "
+                                                 "without rebuilding them (Lexico: gathered scores; KIVI: a block "
+                                                 "dequantized at a time); dense: rebuild them per layer (reference).")
+    buffer: Literal["official", "at_least"] = Field("official", description="official: the exact buffer as the "
+                                                    "method's code keeps it (Lexico: buffer_length - chunk + 1 to "
+                                                    "buffer_length tokens; KIVI: keys 0 to R-1, values R); at_least: "
+                                                    "llmx's earlier rule, buffer_length to buffer_length + chunk - 1.")
+
+
+class LexicoDecodeParams(CompressedParams):
     dictionary: DataFile | None = Field(None, description="Dictionaries file from `llmx train --method lexico`; default: "
                                    "the one an earlier lexico train stage of this run wrote.")
     sparsity: int | None = Field(None, gt=0, description="Atoms per key vector (default: the sparsity it was "
@@ -42,13 +55,25 @@ class LexicoDecodeParams(KVEvalParams):
     fp8: bool = Field(True, description="Store coefficients as float8 e4m3 (the method's format).")
     tol: float | None = Field(None, gt=0, lt=1, description="Stop a vector's OMP once its relative residual is at most "
                               "this (official error_threshold); the slots stay stored (fixed-width layout).")
-    attention: Literal["codes", "dense"] = Field("codes", description="codes: attend over the sparse codes (no "
-                                                 "rebuild); dense: rebuild the compressed tokens per layer (reference).")
+
+    @model_validator(mode="after")
+    def _rule_fits(self):
+        if "chunk" not in self.model_fields_set:
+            self.chunk = min(self.chunk, self.buffer_length)  # the default fits a short buffer
+        if self.buffer == "official":
+            LexicoRule(self.buffer_length, self.chunk)  # its ValueError is the config's
+        return self
 
 
-class KIVIParams(KVEvalParams):
+class KIVIParams(CompressedParams):
     bits: Literal[1, 2, 4, 8] = Field(2, description="Bits per code, packed 8 / bits to a byte.")
     group: int = Field(32, gt=0, description="Tokens per key group (per channel) and channels per value group.")
+
+    @model_validator(mode="after")
+    def _rule_fits(self):
+        if self.buffer == "official":
+            KIVIRule(self.buffer_length, self.group)  # its ValueError is the config's
+        return self
 
 
 class LexicoTrainParams(Params):

@@ -3,8 +3,6 @@ eviction are the baselines measured the same way."""
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from llmx.core.context import RunContext
@@ -13,7 +11,7 @@ from llmx.plugins.lexico import dictionary as dictionary_lib
 from llmx.plugins.lexico import store
 from llmx.plugins.lexico.cache import CompressedCache, WindowCache
 from llmx.plugins.lexico.codecs import KIVICodec, LexicoCodec
-from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams, LexicoTrainParams, WindowParams
+from llmx.plugins.lexico.config import CompressedParams, KIVIParams, LexicoDecodeParams, LexicoTrainParams, WindowParams
 from llmx.plugins.lexico.measure import measure
 
 
@@ -57,6 +55,16 @@ def train(ctx: RunContext, p: LexicoTrainParams) -> dict:
     return {"dictionary": str(path), "atoms": p.atoms, "sparsity": p.sparsity, "vectors_per_layer": len(kv[0][0]), **out}
 
 
+def _measured(ctx: RunContext, p: CompressedParams, make) -> dict:
+    """``measure`` under the codes-reading attention when the cache attends over codes."""
+    if p.attention == "dense":
+        return measure(ctx, p, make)
+    from llmx.plugins.lexico.attention import over_codes
+
+    with over_codes(ctx.model):
+        return measure(ctx, p, make)
+
+
 def decode(ctx: RunContext, p: LexicoDecodeParams) -> dict:
     path = p.dictionary or ctx.state.get("lexico_dictionary")
     if path is None:
@@ -68,27 +76,21 @@ def decode(ctx: RunContext, p: LexicoDecodeParams) -> dict:
 
     def make():
         return CompressedCache(lambda i: LexicoCodec(*dicts[i], sk, sv, p.fp8, p.tol), len(dicts), p.buffer_length,
-                               p.chunk, attention=p.attention)
+                               p.chunk, attention=p.attention, buffer=p.buffer)
 
-    if p.attention == "codes":
-        from llmx.plugins.lexico.attention import over_codes
-
-        scope = over_codes(ctx.model)
-    else:
-        scope = contextlib.nullcontext()
-    with scope:
-        metrics = measure(ctx, p, make)
     name = f"lexico s={sk}" if sk == sv else f"lexico s={sk}/{sv}"
-    return {"method": name, "sparsity": sk, "value_sparsity": sv, "attention": p.attention, **metrics}
+    return {"method": name, "sparsity": sk, "value_sparsity": sv, "attention": p.attention, "buffer_rule": p.buffer,
+            **_measured(ctx, p, make)}
 
 
 def kivi(ctx: RunContext, p: KIVIParams) -> dict:
     layers = _layers(ctx.model)
 
     def make():
-        return CompressedCache(lambda i: KIVICodec(p.bits, p.group), layers, p.buffer_length, max(p.chunk, p.group))
+        return CompressedCache(lambda i: KIVICodec(p.bits, p.group), layers, p.buffer_length, p.chunk,
+                               attention=p.attention, buffer=p.buffer)
 
-    return {"method": f"kivi {p.bits}-bit", **measure(ctx, p, make)}
+    return {"method": f"kivi {p.bits}-bit", "attention": p.attention, "buffer_rule": p.buffer, **_measured(ctx, p, make)}
 
 
 def window(ctx: RunContext, p: WindowParams) -> dict:

@@ -1,0 +1,89 @@
+"""The exact buffer of each compressed cache over a prefill and decode steps, as each method's official code keeps it
+(Lexico: 97-128 at 128 and 32; KIVI: keys 0..R-1, values R) and as llmx's earlier rule kept it (at least
+``buffer_length``); KIVI's key groups with padding left out of their statistics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmx.core import models
+from llmx.plugins.lexico.cache import CompressedCache
+from llmx.plugins.lexico.codecs import KIVICodec, LexicoCodec
+
+TEXT = "import os\nimport sys\n\ndef run(path):\n    return os.path.join(path, 'x')\n\nclass Point:\n    pass\n"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model, tok = models.load("ref:llama-test")
+    return model, tok(TEXT, return_tensors="pt")["input_ids"][:, :40]
+
+
+def codec_for(kind: str, hd: int):
+    d = torch.nn.functional.normalize(torch.randn(hd, 32, generator=torch.Generator().manual_seed(0)), dim=0)
+    return (lambda i: LexicoCodec(d, d, 4)) if kind == "lexico" else (lambda i: KIVICodec(2, 4))
+
+
+# buffer_length 8, chunk 3, KIVI key groups of 4; a 20-token prompt, then 9 tokens one at a time:
+# (exact keys, exact values) after the prompt and after each step.
+CASES = {
+    ("lexico", "official"): [(8, 8)] + [(n, n) for n in (6, 7, 8) * 3],  # 3 leave each time 8 are held
+    ("lexico", "at_least"): [(8, 8)] + [(n, n) for n in (9, 10, 8) * 3],  # 3 leave once 11 are held
+    ("kivi", "official"): [(4, 8), (5, 8), (6, 8), (7, 8), (0, 8), (1, 8), (2, 8), (3, 8), (4, 8), (5, 8)],
+    ("kivi", "at_least"): [(8, 8)] + [(n, n) for n in (9, 10, 11, 8) * 2] + [(9, 9)],  # whole groups of 4
+}
+
+
+@pytest.mark.parametrize("kind,buffer", list(CASES))
+def test_exact_buffer_sizes_over_decode_steps(setup, kind, buffer):
+    model, ids = setup
+    hd = model.config.hidden_size // model.config.num_attention_heads
+    cache = CompressedCache(codec_for(kind, hd), model.config.num_hidden_layers, buffer_length=8, chunk=3,
+                            buffer=buffer)
+    sizes = []
+    with torch.no_grad():
+        for t in (20, *range(21, 30)):
+            model(input_ids=ids[:, (0 if t == 20 else t - 1):t], past_key_values=cache, use_cache=True)
+            sizes.append({layer.get_buffer_lengths() for layer in cache.layers})
+            assert all(layer.get_seq_length() == t for layer in cache.layers)
+    assert sizes == [{s} for s in CASES[kind, buffer]]
+
+
+def test_official_rules_refuse_what_the_official_code_refuses():
+    with pytest.raises(ValueError, match="whole key groups"):
+        CompressedCache(lambda i: KIVICodec(2, 32), 1, buffer_length=48)
+    with pytest.raises(ValueError, match="chunk <= buffer_length"):
+        CompressedCache(lambda i: LexicoCodec(torch.eye(4), torch.eye(4), 2), 1, buffer_length=4, chunk=8)
+
+
+def greedy_scores(model, ids, mask, cache) -> torch.Tensor:
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                         past_key_values=cache, output_scores=True, return_dict_in_generate=True)
+    return torch.stack(out.scores, 1)  # [B, steps, vocab]
+
+
+def kivi(model, padding=None):
+    return CompressedCache(lambda i: KIVICodec(2, 8), model.config.num_hidden_layers, buffer_length=16,
+                           attention="dense", padding=padding)
+
+
+def test_a_left_padded_row_equals_the_sequence_alone_and_padding_stays_out_of_key_groups(setup):
+    """KIVI with 8-token key groups, residual 16. Padded by a whole residual, a row of a batch scores as the same
+    sequence alone (the key groups of padding alone hold no statistics). Padded by 3 (a key group shared with real
+    tokens), the padding's content changes nothing once the cache is told the padding, and changes the row's scores
+    when it is not (the padding's keys enter the group's min and max)."""
+    model, ids = setup
+    seq = ids[:, :24]
+    alone = greedy_scores(model, seq, torch.ones_like(seq), kivi(model))
+
+    def padded(pad: int, pad_id: int, told: bool) -> torch.Tensor:
+        batch = torch.cat([torch.cat([torch.full((1, pad), pad_id), seq], 1), ids[:, -24 - pad:]], 0)
+        mask = torch.ones_like(batch)
+        mask[0, :pad] = 0
+        return greedy_scores(model, batch, mask, kivi(model, mask if told else None))[0]
+
+    assert torch.allclose(padded(16, 5, True), alone[0], atol=1e-4)
+    assert torch.equal(padded(3, 5, True), padded(3, 300, True))
+    assert (padded(3, 5, False) - padded(3, 300, False)).abs().max() > 1e-4
+
