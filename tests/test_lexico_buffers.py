@@ -1,6 +1,7 @@
 """The exact buffer of each compressed cache over a prefill and decode steps, as each method's official code keeps it
 (Lexico: 97-128 at 128 and 32; KIVI: keys 0..R-1, values R) and as llmx's earlier rule kept it (at least
-``buffer_length``); KIVI's key groups with padding left out of their statistics."""
+``buffer_length``); KIVI's key groups with padding left out of their statistics; the lexico comparison's window arm
+storing what Lexico stores with its dictionaries counted."""
 
 from __future__ import annotations
 
@@ -87,3 +88,27 @@ def test_a_left_padded_row_equals_the_sequence_alone_and_padding_stays_out_of_ke
     assert torch.equal(padded(3, 5, True), padded(3, 300, True))
     assert (padded(3, 5, False) - padded(3, 300, False)).abs().max() > 1e-4
 
+
+def test_the_window_arm_stores_what_lexico_s8_stores_with_its_dictionaries():
+    """``llmx compare lexico``'s cost axis counts Lexico's dictionaries (over ``amortize_batch`` sequences); its
+    window arm keeps as many tokens as that: caches fed ref:llama-long's KV shape (one layer: both sides scale with
+    the layers) for the comparison's prefill and decode steps store the same bytes within one token's."""
+    from llmx.core.plugins import host
+    from llmx.plugins.lexico.cache import WindowCache
+    from llmx.plugins.lexico.plugin import DICTIONARY, EVAL, HEAD_DIM, KV_HEADS, SINKS, window_like_lexico
+
+    spec = host().comparison("lexico")
+    assert spec.cost_key == "kv_memory_fraction_amortised"
+    assert spec.arm("window").stages[0]["params"]["window"] == window_like_lexico(8)
+    gen = torch.Generator().manual_seed(0)
+    d = [torch.nn.functional.normalize(torch.randn(HEAD_DIM, DICTIONARY["atoms"], generator=gen), dim=0)
+         for _ in range(2)]
+    lexico = CompressedCache(lambda i: LexicoCodec(*d, 8), 1, EVAL["buffer_length"], EVAL["chunk"])
+    window = WindowCache(1, window_like_lexico(8), SINKS)
+    for cache in (lexico, window):
+        for n in (EVAL["context_len"], *[1] * (EVAL["continuation_len"] - 1)):
+            cache.update(*torch.randn(2, 1, KV_HEADS, n, HEAD_DIM, generator=gen), 0)
+    token = 2 * KV_HEADS * HEAD_DIM * 2  # one token of the fp16 cache
+    cost = lexico.stored_bytes() + lexico.dictionary_bytes() / EVAL["amortize_batch"]
+    assert lexico.dictionary_bytes() >= 2 * HEAD_DIM * DICTIONARY["atoms"] * 4
+    assert abs(window.stored_bytes() - cost) < token

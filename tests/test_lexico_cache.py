@@ -251,6 +251,10 @@ def test_dictionary_for_another_model_or_damaged_file_is_exit_2(cli, tmp_path):
     assert ok.code == 0, ok.err
     metrics = ok.json()["stages"][0]["metrics"]
     assert 0 < metrics["kv_memory_fraction"] < metrics["kv_memory_fraction_with_dictionaries"]
+    assert metrics["dictionary_bytes"] >= 2 * 2 * 16 * 32 * 4  # K and V, 2 layers, head_dim 16, 32 atoms, float32
+    for key, dictionaries in (("with_dictionaries", 1), ("amortised", metrics["amortize_batch"])):
+        assert metrics[f"kv_memory_fraction_{key}"] == pytest.approx(
+            (metrics["stored_bytes"] + metrics["dictionary_bytes"] / dictionaries) / metrics["full_fp16_bytes"])
     assert metrics["peak_bytes"] >= metrics["stored_bytes"]
     other = cli("decode", "--method", "lexico", "--model", "ref:opt-test", "--set", f"dictionary={path}", "-o", tmp_path / "x")
     assert other.code == 2 and "learned for another model" in other.err

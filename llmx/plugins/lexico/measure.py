@@ -3,14 +3,16 @@
 Per window (the full cache and the cache under test interleaved, so both see the same machine state):
 - teacher forcing: prefill ``context_len`` tokens, decode ``continuation_len`` tokens one at a time; KL(full ||
   compressed) of the next-token distributions, top-1 agreement with the full cache, next-token accuracy against the
-  text itself, perplexity, and wall milliseconds per decode step;
+  text itself, perplexity, and wall milliseconds per decode step beside the full cache's on the same window (each
+  window's, and the run's ratio ``ms_per_step_vs_full_cache``: every arm against its own full-cache time);
 - recall: the context's tail replaced by a copy of its first ``recall_cue`` tokens, so the right continuation is the
   text that followed them at the start (now in the compressed part): greedy accuracy of ``recall_tokens`` tokens;
 - greedy agreement of ``generate_tokens`` tokens with the full cache's generation.
-Memory: the bytes the cache stores after the last step, what its codecs keep between calls (dictionaries, per
-sequence and amortised over ``amortize_batch`` sequences), and the measured peak during decoding (stored bytes after
-the prefill plus the most allocated above them over the decode steps, transient rebuilds, gathers and encoding
-workspaces included), each over the bytes of a full fp16 cache of the same length; and the most allocated during the
+Memory: the bytes the cache stores after the last step, what its codecs keep between calls (dictionaries, counted
+once per sequence and amortised over ``amortize_batch`` sequences: ``*_with_dictionaries``, ``*_amortised``), and
+the measured peak during decoding (stored bytes after the prefill plus the most allocated above them over the decode
+steps, transient rebuilds, gathers, dequantized blocks and encoding workspaces included), each over the bytes of a
+full fp16 cache of the same length; and the most allocated during the
 prefill, with this cache and with the full one (activations included: their difference is what compressing the
 prompt costs or saves, Lexico's per-call Gram on CUDA included).
 Each window's figures go to ``windows.jsonl`` (the items ``llmx compare`` pairs across arms; ``item``: the digest of
@@ -109,7 +111,8 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
         items.append({FIELD: item_id(len(items) * n, p.context_len, w.tolist()), "window": len(items),
                       "kl_to_full": row["kl"] / steps, "nll": row["nll"] / steps,
                       "nll_full_cache": row["nll_full"] / steps, "top1_agreement": row["agree"] / steps,
-                      "next_token_accuracy": row["hit"] / steps, "tokens": steps})
+                      "next_token_accuracy": row["hit"] / steps, "tokens": steps, "ms_per_step": ms,
+                      "ms_per_step_full_cache": ms_full})
         sums["ms"] += ms
         sums["ms_full"] += ms_full
         stored += cache.stored_bytes()
@@ -141,6 +144,7 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
             "kv_memory_fraction_with_dictionaries": (per_seq + dictionary) / full_fp16,
             "kv_memory_fraction_amortised": (per_seq + dictionary / p.amortize_batch) / full_fp16,
             "kv_peak_fraction": peak / full_fp16,
+            "kv_peak_fraction_with_dictionaries": (peak + dictionary) / full_fp16,
             "kv_peak_fraction_amortised": (peak + dictionary / p.amortize_batch) / full_fp16,
             "kv_peak_fraction_full_cache": peak_full / full_fp16,
             "stored_bytes": per_seq, "dictionary_bytes": dictionary, "peak_bytes": peak,
@@ -153,4 +157,5 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
             "recall_accuracy": sums["recall"] / max(count * p.recall_tokens, 1),
             "recall_accuracy_full_cache": sums["recall_full"] / max(count * p.recall_tokens, 1),
             "ms_per_step": sums["ms"] / count, "ms_per_step_full_cache": sums["ms_full"] / count,
+            "ms_per_step_vs_full_cache": sums["ms"] / sums["ms_full"], "amortize_batch": p.amortize_batch,
             "windows": count, "context_len": p.context_len}
