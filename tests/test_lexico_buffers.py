@@ -51,11 +51,20 @@ def test_exact_buffer_sizes_over_decode_steps(setup, kind, buffer):
     assert sizes == [{s} for s in CASES[kind, buffer]]
 
 
-def test_official_rules_refuse_what_the_official_code_refuses():
+def test_official_rules_refuse_what_the_official_code_refuses_and_the_defaults_fit():
+    from pydantic import ValidationError
+
+    from llmx.plugins.lexico.config import KIVIParams, LexicoDecodeParams
+
     with pytest.raises(ValueError, match="whole key groups"):
         CompressedCache(lambda i: KIVICodec(2, 32), 1, buffer_length=48)
     with pytest.raises(ValueError, match="chunk <= buffer_length"):
         CompressedCache(lambda i: LexicoCodec(torch.eye(4), torch.eye(4), 2), 1, buffer_length=4, chunk=8)
+    for bad in (lambda: KIVIParams(buffer_length=48, group=32), lambda: LexicoDecodeParams(buffer_length=8, chunk=16)):
+        with pytest.raises(ValidationError):
+            bad()
+    assert (KIVIParams(buffer_length=48).group, KIVIParams(buffer_length=8, buffer="at_least").group) == (16, 32)
+    assert (LexicoDecodeParams(buffer_length=8).chunk, LexicoDecodeParams().chunk) == (8, 32)
 
 
 def greedy_scores(model, ids, mask, cache) -> torch.Tensor:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -67,11 +68,15 @@ class LexicoDecodeParams(CompressedParams):
 
 class KIVIParams(CompressedParams):
     bits: Literal[1, 2, 4, 8] = Field(2, description="Bits per code, packed 8 / bits to a byte.")
-    group: int = Field(32, gt=0, description="Tokens per key group (per channel) and channels per value group.")
+    group: int = Field(32, gt=0, description="Tokens per key group (per channel) and channels per value group (by "
+                       "default 32, or the largest divisor of both 32 and an official residual that 32 does not "
+                       "divide).")
 
     @model_validator(mode="after")
     def _rule_fits(self):
         if self.buffer == "official":
+            if "group" not in self.model_fields_set:
+                self.group = math.gcd(self.group, self.buffer_length)  # the default fits a short residual
             KIVIRule(self.buffer_length, self.group)  # its ValueError is the config's
         return self
 
