@@ -22,5 +22,5 @@ Options, and where llmx departs from the official code:
   time is each window's beside the full cache's on the same window.
 - Fixed ``s`` per vector: no CSR row pointers (3s bytes per vector), and ``tol`` saves no bytes. Dictionaries are held
   in the model's dtype (official: fp16). ``chunk`` defaults to at most ``buffer_length`` (the official code refuses
-  more).
+  more); KIVI's ``group`` defaults to 32, or to its largest divisor that divides an official residual 32 does not.
 """
