@@ -12,9 +12,9 @@ Memory: the bytes the cache stores after the last step, what its codecs keep bet
 once per sequence and amortised over ``amortize_batch`` sequences: ``*_with_dictionaries``, ``*_amortised``), and
 the measured peak during decoding (stored bytes after the prefill plus the most allocated above them over the decode
 steps, transient rebuilds, gathers, dequantized blocks and encoding workspaces included), each over the bytes of a
-full fp16 cache of the same length; and the most allocated during the
-prefill, with this cache and with the full one (activations included: their difference is what compressing the
-prompt costs or saves, Lexico's per-call Gram on CUDA included).
+full fp16 cache of the same length; and the most allocated during the prefill, with this cache and with the full
+one (activations included: their difference is what compressing the prompt costs or saves, Lexico's per-call Gram
+on CUDA included).
 Each window's figures go to ``windows.jsonl`` (the items ``llmx compare`` pairs across arms; ``item``: the digest of
 the window's start, ``context_len`` and token ids): their mean over the windows is the run's ``kl_to_full``,
 ``top1_agreement`` and ``next_token_accuracy`` (every window has ``continuation_len`` tokens).
