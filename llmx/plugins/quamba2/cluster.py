@@ -51,8 +51,9 @@ def _dim_bounds(sorted_prof: torch.Tensor, feats: torch.Tensor, k: int, features
     """One head group's dim groups from its heads' sorted profiles (raw and unit-norm), by ``features``."""
     n = sorted_prof.shape[1]
     if features == "heads":
-        return _kmeans_runs(feats.T, torch.arange(k) * (n // k))
-    return _kmeans_runs(sorted_prof.mean(0)[:, None], torch.linspace(0, n - 1, k).round().long())
+        return _kmeans_runs(feats.T, torch.arange(k, device=feats.device) * (n // k))
+    return _kmeans_runs(sorted_prof.mean(0)[:, None],
+                        torch.linspace(0, n - 1, k, device=sorted_prof.device).round().long())
 
 
 def sort_and_cluster(stat: torch.Tensor, heads: int, head_dim: int, groups: int, head_groups: int = 4,
@@ -71,7 +72,7 @@ def sort_and_cluster(stat: torch.Tensor, heads: int, head_dim: int, groups: int,
         ids = list(range(g * per, (g + 1) * per))
         feats = torch.nn.functional.normalize(sorted_prof[ids].double(), dim=1)
         k = min(head_groups, per)
-        labels = fcluster(linkage(feats.numpy(), method="ward"), t=k, criterion="maxclust") if per > 1 else [1]
+        labels = fcluster(linkage(feats.cpu().numpy(), method="ward"), t=k, criterion="maxclust") if per > 1 else [1]
         for cluster in sorted(set(labels)):
             members = [i for i, lab in enumerate(labels) if lab == cluster]
             head_index += [ids[i] for i in members]
