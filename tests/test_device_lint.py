@@ -70,7 +70,6 @@ ALLOW: dict[tuple[str, str, str, int], str] = {
                                                            "added after .cpu()",
     ("llmx/core/train/align/batch.py", "collate", "factory", 4): COLLATE,
     ("llmx/core/train/align/batch.py", "step_matrix", "factory", 2): COLLATE,
-    ("llmx/core/train/align/run.py", "run", "factory", 1): SEEDED + " (here: a Python list)",
     ("llmx/core/train/sft/batch.py", "padded", "factory", 3): COLLATE,
     ("llmx/core/train/sft/batch.py", "packed", "factory", 5): COLLATE,
     ("llmx/core/train/sft/batch.py", "check_packing", "factory", 1): SEEDED,
