@@ -44,7 +44,8 @@ def makers(layers: int, dicts) -> dict:
     from llmx.plugins.lexico.cache import CompressedCache
     from llmx.plugins.lexico.codecs import KIVICodec, LexicoCodec
 
-    out = {f"kivi {b}-bit": (lambda b=b: CompressedCache(lambda i: KIVICodec(b, 32), layers, 128, 32)) for b in (2, 4)}
+    out = {f"kivi {b}-bit": (lambda b=b: CompressedCache(lambda i: KIVICodec(b, 32), layers, 128, 32,
+                                                         attention="codes")) for b in (2, 4)}
     for s in (8, 16):
         out[f"lexico s={s}"] = (lambda s=s: CompressedCache(lambda i: LexicoCodec(*dicts[i], s), layers, 128, 32,
                                                             attention="codes"))
