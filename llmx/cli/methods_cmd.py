@@ -52,13 +52,15 @@ def lines(data: list[dict]) -> str:
 def show(name: Annotated[str, typer.Argument(help="Method name or alias.")]) -> None:
     """Show one method: stages, paper, requirements and every parameter with its default (per stage, when a
     method serves several stages with different parameters)."""
+    from llmx.core import params_table
     from llmx.core.plugins import host
 
-    found = [s.describe() for s in host().methods.variants(name)]
+    specs = host().methods.variants(name)
+    found = [s.describe() for s in specs]
 
     def render() -> None:
         out = stdout()
-        for d in found:
+        for spec, d in zip(specs, found, strict=True):
             out.print(f"[bold]{d['name']}[/]  ({', '.join(d['stages'])})  plugin: {d['plugin']}")
             out.print(d["summary"], highlight=False)
             if d["paper"]:
@@ -67,9 +69,9 @@ def show(name: Annotated[str, typer.Argument(help="Method name or alias.")]) -> 
                 out.print(f"aliases: {', '.join(d['aliases'])}")
             if d["requires"]:
                 out.print(f"requires: {', '.join(d['requires'])}")
-            table(f"params ({', '.join(d['stages'])})", ["name", "type", "default", "help"],
-                  [[p["name"], p["type"], "(required)" if p["required"] else repr(p["default"]), p["help"]]
-                   for p in d["params"]])
+            # the same rows as the docs' parameter tables (scripts/gen_docs.py)
+            table(f"params ({', '.join(d['stages'])})", list(params_table.COLUMNS),
+                  [list(r) for r in params_table.rows(spec.config)])
 
     emit(found, render)
 
