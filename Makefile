@@ -14,7 +14,7 @@ GPU_WHEELS ?= pydantic pydantic_core annotated-types typing-inspection typing-ex
 WHEEL_TARGET := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any
 
-.PHONY: install test test-fast test-lowest lint smoke compare bench demo gpu-wheels clean
+.PHONY: install test test-fast test-lowest lint smoke docs compare bench demo gpu-wheels clean
 
 install: $(VENV)/.installed
 
@@ -27,7 +27,8 @@ $(VENV)/.installed: pyproject.toml
 # The lowest-versions suite runs beside the main one (each takes one core), its output kept for the end.
 test: install
 	@$(MAKE) --no-print-directory test-lowest > $(LOWEST).log 2>&1 & lowest=$$!; \
-	OMP_NUM_THREADS=1 $(BIN)/pytest -q && $(MAKE) --no-print-directory smoke; status=$$?; \
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q && $(MAKE) --no-print-directory docs && $(MAKE) --no-print-directory smoke; \
+	status=$$?; \
 	if wait $$lowest; then echo "test-lowest:"; tail -n 2 $(LOWEST).log; \
 	else echo "test-lowest FAILED:"; cat $(LOWEST).log; status=1; fi; exit $$status
 
@@ -76,6 +77,12 @@ smoke: install
 	$(BIN)/llmx compare summary $(SMOKE_RUNS)/compare > /dev/null
 	$(BIN)/llmx report $(SMOKE_RUNS) --format md
 	@rm -rf $(SMOKE_RUNS)
+
+# The documentation site (mkdocs.yml, docs/): the pages generated from the code and the published results written
+# again (tests/test_docs.py fails when the committed ones differ), then a strict build, any warning failing it
+# (a few seconds). NO_MKDOCS_2_WARNING silences the Material theme's notice of its end of life (see mkdocs.yml).
+docs: install
+	$(BIN)/python scripts/gen_docs.py && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 # Every comparison in full form (hours on 2 CPU cores; ONLY="gptq lexico" for some), then the published figures
 # (benchmarks/results/compare/) and the README's table regenerated from them.
