@@ -160,7 +160,7 @@ def test_params_rows_expand_nested_models_with_their_own_defaults():
     assert "Adapter \\| settings &lt;here&gt;." in params_table.markdown(rows)
 
 
-@pytest.mark.parametrize("name", ["sft", "clover"])
+@pytest.mark.parametrize("name", ["rtn", "clover"])
 def test_methods_show_prints_the_docs_rows(cli, monkeypatch, name):
     monkeypatch.setenv("COLUMNS", "400")
     from llmx.core.plugins import host

@@ -37,7 +37,7 @@ def rows(model: type[BaseModel], defaults: BaseModel | None = None, prefix: str 
         elif f.is_required():
             value, required = None, True
         else:
-            value, required = f.get_default(call_default_factory=True), False
+            value, required = f.get_default(call_default_factory=True, validated_data={}), False  # {}: pydantic 2.10
         nested = _model_class(f.annotation)
         out.append(Row(prefix + name, type_name(f.annotation, f.metadata),
                        REQUIRED if required else (f"({name}.* below)" if nested else default_text(value)),
