@@ -37,9 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     for result in summary.load(args.sources):
         if result["quick"]:
             continue
-        if result.get("options") or result["model"] != result.get("default_model"):
-            print(f"not published: {result['_path']} is a variant (model {result['model']}, options "
-                  f"{result.get('options')}); the repository's figures are each comparison's own form")
+        if "options" not in result:
+            print(f"not published: {result['_path']} predates recorded options: rerun it")
+            continue
+        variant = {k: v for k, v in result["options"].items() if k not in ("device", "onload")}
+        if variant or result["model"] != result["default_model"]:
+            print(f"not published: {result['_path']} is a variant (model {result['model']}, options {variant}); "
+                  "the repository's figures are each comparison's own form")
             continue
         src = Path(result["_path"])
         for suffix in (".json", ".md", ".png"):

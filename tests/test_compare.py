@@ -181,8 +181,9 @@ def test_the_interval_covers_a_noisy_null_with_few_seeds_and_one_seed_says_it_co
 
 
 def test_a_handful_of_items_gets_no_verdict_however_they_fall():
-    assert _judged([[0.01, 0.5]])["verdict"] == "too few items (2 pairs)"
-    assert _judged([[0.0] * 8, [0.0] * 8])["verdict"] == "too few items (16 pairs)"
+    assert _judged([[0.01, 0.5]])["verdict"] == "too few items (2 per seed)"
+    assert _judged([[0.0] * 8, [0.0] * 8])["verdict"] == "too few items (8 per seed)"
+    assert _judged([[0.1 + 0.01 * i for i in range(7)]] * 3)["verdict"] == "too few items (7 per seed)"
 
 
 def test_a_relative_tolerance_scales_with_the_targets_cost():
@@ -318,3 +319,51 @@ def test_summary_tabulates_every_result_under_a_folder_and_refuses_an_empty_one(
     assert torch.backends.cpu.get_cpu_capability() in rows["rtn-w2"]["machines"][0]
     empty = cli("compare", "summary", tmp_path / "nothing")
     assert empty.code == 2 and "no comparison result" in empty.err
+
+
+def test_no_comparison_scores_text_its_calibration_or_training_drew():
+    """Calibration and training read the train split; every evaluation stage reads another one (issue 67)."""
+    from llmx.core.plugins import host
+
+    for name, spec in host().comparisons.items():
+        for planned in runner.plan(spec, out=Path("unused"), quick=True).runs:
+            scoring = planned.run.stages[-1].params
+            assert getattr(scoring, "split", "validation") != "train", (name, planned.arm.name)
+            for stage in planned.run.stages[:-1]:
+                assert getattr(stage.params, "calib_split", "train") == "train", (name, stage.spec.name)
+
+
+def test_the_calibration_windows_never_occur_in_the_text_perplexity_scores(tmp_path):
+    import llmx
+    from llmx.core.data import random_windows, token_stream
+
+    _, tok = llmx.load("ref:llama-test")
+    import random
+
+    rng = random.Random(0)
+    words = "kettle train platform river lamp garden window letter bridge market cloud stone winter harbour".split()
+    (tmp_path / "notes.txt").write_text("\n\n".join(" ".join(rng.choice(words) for _ in range(30))
+                                                     for _ in range(300)))  # paragraphs that share no long run
+    calib = random_windows(tok, str(tmp_path / "notes.txt"), 32, 64, seed=0)  # GPTQ's draw: its default split
+
+    def grams(split: str) -> set:
+        ids = token_stream(tok, str(tmp_path / "notes.txt"), split, None).tolist()
+        return {tuple(ids[i:i + 40]) for i in range(len(ids) - 39)}  # about 8 words: no two paragraphs share one
+
+    pieces = [tuple(w[i:i + 40]) for w in calib.tolist() for i in (0, 24)]
+    assert sum(p in grams("train") for p in pieces) > len(pieces) // 2  # the check sees text it was drawn from
+    assert not any(p in grams("validation") for p in pieces)  # perplexity's split holds none of it
+
+
+def test_hub_ids_and_hub_data_pass_planning_and_a_data_file_of_any_suffix_is_fingerprinted(tmp_path, monkeypatch):
+    from llmx.core.compare import provenance
+
+    p = runner.plan(_spec(seeds=(0,)), out=tmp_path, model="some-org/some-model",
+                    data="hf:some-org/some-text:config")  # org/name is a hub id, not a missing folder
+    assert p.model == "some-org/some-model" and p.data["source"] == "hf:some-org/some-text:config"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.md").write_text(NOTES)
+    config = {"model": "ref:llama-test", "data": {"source": "notes.md"}, "pipeline": []}
+    before = provenance.inputs(config)
+    (tmp_path / "notes.md").write_text(NOTES * 2)
+    assert "notes.md" in before["paths"] and provenance.inputs(config) != before

@@ -48,7 +48,8 @@ def compare(
         emit(rows, lambda: table("comparisons: the target against each baseline", [
             "comparison", "target vs baseline", "metric", "improvement [95%]", "verdict", "model, seeds", "machine"],
             [[r["comparison"], f"{r['target']} vs {r['baseline']}", r["metric"], summary.cell(r), r["verdict"],
-              f"{r['model']}, {len(r['seeds'])} seeds{' (quick)' if r['quick'] else ''}", "; ".join(r["machines"])]
+              f"{r['model']}, {len(r['seeds'])} seeds{' (quick)' if r['quick'] else ''}"
+              f"{' (variant: ' + summary.variant(r) + ')' if r['options'] else ''}", "; ".join(r["machines"])]
              for r in rows]))
         return
     if words[0] == "show":

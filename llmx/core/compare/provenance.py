@@ -33,13 +33,25 @@ def inputs(config: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, list):
             for v in value:
                 walk(v)
-        elif isinstance(value, str) and path_like(value) and Path(value).expanduser().exists():
+        elif isinstance(value, str) and value and value not in found and (
+                path_like(value) and Path(value).expanduser().exists() or Path(value).is_file()):
             found[value] = _fingerprint(Path(value).expanduser())
 
+    source = str((config.get("data") or {}).get("source") or "")
+    if local_file(source) and Path(source).expanduser().is_file():  # the corpus, whatever its suffix
+        found[source] = _fingerprint(Path(source).expanduser())
     walk({k: v for k, v in config.items() if k not in ("model", "output_dir")})
     stack = versions()
     return {"paths": found, "code": code_digest(),
             "versions": {k: stack.get(k) for k in ("llmx", "torch", "transformers")}}
+
+
+def local_file(value: str) -> bool:
+    """Whether a text source names a local file (not a built-in dataset or an ``hf:`` hub dataset)."""
+    from llmx.core.plugins import host
+
+    return bool(value) and not value.startswith("hf:") and value not in host().datasets and (
+        path_like(value) or Path(value).expanduser().is_file())
 
 
 def path_like(value: str) -> bool:
@@ -72,11 +84,11 @@ def _zoo_entry(name: str) -> str:
 
 @functools.cache
 def code_digest() -> str:
-    """A digest of llmx's own source (every ``.py`` file of the package), read once per process."""
+    """A digest of llmx's own source (its Python, CUDA kernels and data files), read once per process."""
     import llmx
 
     root = Path(llmx.__file__).parent
     h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".cu", ".cuh", ".yaml", ".json")):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]

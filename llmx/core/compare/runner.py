@@ -26,7 +26,9 @@ from llmx.errors import UsageError
 
 RESULT = "result"
 MIN_PAIRS = 20  # fewer paired items: no verdict (two items of one sign make any bootstrap interval exclude zero)
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}  # Student t, 97.5%
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# Student t's 97.5% quantile for 1-30 degrees of freedom (beyond: 2.0, a little above the normal's 1.96)
 PROVENANCE = provenance.FILE
 
 
@@ -89,9 +91,11 @@ def plan(spec: ComparisonSpec, *, out: str | Path, model: str | None = None, dat
         raise UsageError(f"comparison '{spec.name}' reads data of its own: --data would not feed it",
                          hint=f"Give a stage its data with --set ARM.data=PATH (llmx compare show {spec.name}).")
     model = model_for(spec, model, quick)
-    for what, path in (("model folder", model), ("data file", data)):
-        if path and provenance.path_like(path) and not Path(path).expanduser().exists():
-            raise UsageError(f"{what} not found: {path}")
+    if model.startswith((".", "/", "~")) or model.count("/") > 1:  # a folder, not a hub id (org/name)
+        if not Path(model).expanduser().exists():
+            raise UsageError(f"model folder not found: {model}")
+    if data and provenance.local_file(data) and not Path(data).expanduser().exists():
+        raise UsageError(f"data file not found: {data}")
     _check_kind(spec, model)
     data_cfg = dict(spec.data) if data is None else {**spec.data, "source": data}
     chosen = tuple(dict.fromkeys(seeds)) if seeds else (spec.quick_seeds if quick else spec.seeds)
@@ -187,14 +191,15 @@ def _apply_set(spec: ComparisonSpec, item: str, stages: dict[str, list[dict]], e
         chosen = ([arm[int(method)]] if method is not None and method.isdigit() and int(method) < len(arm) else
                   [s for s in arm if method is None or normalize(s["method"]) == normalize(method)])
         having = [s for s in chosen if key in _fields(s, methods)]
-        if len(having) > 1 and who != "*":
+        if len(having) > 1:
             raise UsageError(f"--set {item!r}: stages {', '.join(s['method'] for s in having)} of {who!r} all have "
                              f"'{key}'", hint=f"Name the stage: --set {who}.METHOD.{key}=... or {who}.N.{key}=... "
                              f"(llmx compare show {spec.name} lists the stages).")
         hit |= any([_override(s, {key: value}, methods) for s in having])
     if not hit:
-        raise UsageError(f"--set {item!r}: no stage of {who!r}{f' running {method}' if method else ''} has a param "
-                         f"'{key}'")
+        where = (f" (its stages are 0-{len(arms[0]) - 1})" if method and method.isdigit() and len(arms) == 1 else
+                 f" running {method}" if method else "")
+        raise UsageError(f"--set {item!r}: no stage of {who!r}{where} has a param '{key}'")
 
 
 def _check_costs(spec: ComparisonSpec, changed: set[str]) -> None:
@@ -269,7 +274,8 @@ def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, 
     meta = json.loads((folder / "meta.json").read_text())
     made = json.loads((folder / PROVENANCE).read_text()) if (folder / PROVENANCE).is_file() else {}
     return {"seed": planned.seed, "run_dir": str(folder), "value": last["metrics"].get(spec.metric),
-            "cost": cost, "items": items, "machine": made.get("machine"), "git_commit": meta.get("git_commit"),
+            "cost": cost, "items": items, "split": last["metrics"].get("split"),
+            "machine": made.get("machine"), "git_commit": meta.get("git_commit"),
             "llmx": meta.get("versions", {}).get("llmx"), "seconds": meta.get("seconds")}
 
 
@@ -301,6 +307,8 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                      spec.metric: sum(values) / len(values) if values else None, "runs": runs})
     return {"comparison": spec.name, "summary": spec.summary, "paper": spec.paper, "model": p.model, "data": p.data,
             "seeds": list(p.seeds), "quick": p.quick, "options": p.options, "default_model": spec.model,
+            "split": ", ".join(sorted({str(r["split"]) for runs in rows.values() for r in runs if r.get("split")}))
+            or None,
             "metric": spec.metric, "higher_is_better": spec.higher_is_better,
             "cost": spec.cost, "target": spec.target, "arms": arms, "verdicts": verdicts, "machine": _machine(),
             "run_machines": _distinct([r["machine"] for runs in rows.values() for r in runs if r["machine"]]),
@@ -310,9 +318,9 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def _verdict(name: str, target: dict[int, dict], rows: list[dict[str, Any]], sign: float) -> dict[str, Any]:
     """The target against one baseline: the mean paired difference and its interval, the wider of the two-level
-    bootstrap and (with 2-8 seeds) a t-interval on the per-seed means, which the bootstrap under-covers with few
-    seeds. "ahead"/"behind" only where the interval excludes zero over at least ``MIN_PAIRS`` pairs; one seed's
-    verdict covers item noise only, and says so."""
+    bootstrap and (with 2 seeds or more) a t-interval on the per-seed means, which the bootstrap under-covers with
+    few seeds. "ahead"/"behind" only where the interval excludes zero over at least ``MIN_PAIRS`` distinct items;
+    one seed's verdict covers item noise only, and says so."""
     import statistics
 
     groups, keys, bad = [], [], []
@@ -330,16 +338,17 @@ def _verdict(name: str, target: dict[int, dict], rows: list[dict[str, Any]], sig
     if bad:  # a --set on one arm changed what it scored (a length, a source, an instance): no verdict for it
         return {**out, "pairs": 0, "verdict": "unpaired: " + "; ".join(bad)}
     crossed = all(k == keys[0] for k in keys)  # every seed scored the same items: cross them with the seeds
+    distinct = min(map(len, keys), default=0)  # seeds repeating a handful of items add no evidence about others
+    if distinct < MIN_PAIRS:
+        return {**out, "verdict": f"too few items ({distinct} per seed)"}
     diff, low, high = stats.clustered(groups, seed=0, crossed=crossed)
-    if 2 <= len(groups) <= max(T95) + 1:
+    if len(groups) >= 2:
         means = [sum(g) / len(g) for g in groups]
-        half = T95[len(means) - 1] * statistics.stdev(means) / len(means) ** 0.5
+        t = T95[len(means) - 2] if len(means) - 1 <= len(T95) else 2.0
+        half = t * statistics.stdev(means) / len(means) ** 0.5
         low, high = min(low, diff - half), max(high, diff + half)
-    if out["pairs"] < MIN_PAIRS:
-        verdict = f"too few items ({out['pairs']} pairs)"
-    else:
-        verdict = "ahead" if low > 0 else "behind" if high < 0 else "within noise"
-        verdict += " (one seed)" if len(groups) == 1 else ""
+    verdict = "ahead" if low > 0 else "behind" if high < 0 else "within noise"
+    verdict += " (one seed)" if len(groups) == 1 else ""
     return {**out, "improvement": diff, "low": low, "high": high, "verdict": verdict}
 
 
@@ -366,7 +375,8 @@ def _machine() -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     metric = result["metric"]
     lines = [f"# {result['comparison']}", "", result["summary"], "",
-             f"Model {result['model']}, data {result['data'].get('source')}, seeds {result['seeds']}"
+             f"Model {result['model']}, data {result['data'].get('source')}"
+             f"{' (scored on its ' + result['split'] + ' split)' if result.get('split') else ''}, seeds {result['seeds']}"
              f"{' (quick form)' if result['quick'] else ''}"
              f"{'; options ' + json.dumps(result['options']) if result.get('options') else ''}. {metric}: "
              f"{'higher' if result['higher_is_better'] else 'lower'} is better.", "",

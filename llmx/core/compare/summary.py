@@ -46,7 +46,7 @@ def rows(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                         "target_value": values[r["target"]][r["metric"]],
                         "baseline_value": values[v["baseline"]][r["metric"]],
                         "improvement": v["improvement"], "low": v["low"], "high": v["high"], "verdict": v["verdict"],
-                        "model": r["model"], "seeds": r["seeds"], "quick": r["quick"],
+                        "model": r["model"], "seeds": r["seeds"], "quick": r["quick"], "options": r.get("options") or {},
                         "machines": [where(m) for m in r.get("run_machines") or [r["machine"]]]})
     return out
 
@@ -56,6 +56,10 @@ def where(machine: dict[str, Any]) -> str:
     if machine.get("cuda"):
         return str(machine["cuda"])
     return f"{machine.get('cpu_model') or machine.get('cpu')} ({machine.get('torch_cpu_capability')})"
+
+
+def variant(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in row["options"].items())
 
 
 def cell(row: dict[str, Any]) -> str:
@@ -74,5 +78,6 @@ def markdown(results: list[dict[str, Any]]) -> str:
                      f"({'higher' if row['higher_is_better'] else 'lower'} is better) | {fmt(row['target_value'])} | "
                      f"{fmt(row['baseline_value'])} | {cell(row)} | {row['verdict']} | {row['model']}, "
                      f"{len(row['seeds'])} seed{'s' if len(row['seeds']) != 1 else ''}"
-                     f"{' (quick)' if row['quick'] else ''} | {'; '.join(row['machines'])} |")
+                     f"{' (quick)' if row['quick'] else ''}{' (a variant: ' + variant(row) + ')' if row['options'] else ''}"
+                     f" | {'; '.join(row['machines'])} |")
     return "\n".join(lines) + "\n"

@@ -26,4 +26,4 @@ def run(ctx: RunContext, p: PerplexityParams) -> dict:
         for (b, e, first), s, n in windows if n])
     nll = total / max(count, 1)
     return {"perplexity": math.exp(nll), "nll": nll, "bits_per_byte": bits_per_byte(total, tok, tokens),
-            "tokens": count, "seq_len": seq_len, "stride": stride}
+            "tokens": count, "seq_len": seq_len, "stride": stride, "split": p.split}
