@@ -232,7 +232,14 @@ def pages(published: Path = PUBLISHED) -> dict[str, str]:
         out[f"methods/{name}.md"] = method_page(name, vs, comparisons, names)
     for c in comparisons:
         out[f"comparisons/{c.name}.md"] = comparison_page(c, names, published)
-    return out
+    return {rel: portable(text) for rel, text in out.items()}
+
+
+def portable(text: str) -> str:
+    """Paths computed from the checkout's place (a plugin's data beside it: ``/work/shared/data/...``) written
+    relative to the repository root, so that the pages are the same in every clone."""
+    text = text.replace(f"{ROOT}/", "")
+    return text.replace(f"{ROOT.parent}/", "../") if len(ROOT.parent.parts) > 1 else text
 
 
 def nav(generated: dict[str, str]) -> str:
