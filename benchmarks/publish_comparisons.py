@@ -2,8 +2,8 @@
 folders given (default ``comparisons/``) is copied with its Markdown and plot to ``benchmarks/results/compare/`` as
 ``NAME.json``, ``NAME.md`` and ``NAME.png`` (only each comparison's own form: its model, seeds and params; quick
 forms are CI checks), and the README's table between its ``comparisons`` markers is regenerated from every
-published file (``tests/test_readme.py`` fails when the two differ). ``make compare`` runs the comparisons and
-this."""
+published file (``tests/test_readme.py`` fails when the two differ), as are the docs' comparison pages.
+``make compare`` runs the comparisons and this."""
 
 from __future__ import annotations
 
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(src.with_suffix(suffix), PUBLISHED / f"{result['comparison']}{suffix}")
         print(f"published {result['comparison']} ({result['model']}, seeds {result['seeds']})")
     README.write_text(readme_with(README.read_text(), table()))
+    import subprocess
+
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_docs.py")], check=True)  # the comparisons' pages
     return 0
 
 

@@ -163,7 +163,7 @@ class MethodSpec:
         """A JSON-ready description, including the parameter schema."""
         params = []
         for fname, f in self.config.model_fields.items():
-            default = None if f.is_required() else f.get_default(call_default_factory=True)
+            default = None if f.is_required() else f.get_default(call_default_factory=True, validated_data={})
             params.append(
                 {
                     "name": fname,
