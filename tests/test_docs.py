@@ -56,7 +56,9 @@ def test_every_method_and_comparison_has_a_page_in_the_nav():
     for name in h.comparisons:
         assert (gen_docs.DOCS / "comparisons" / f"{name}.md").is_file(), f"no page for comparison {name}: {STALE}"
         assert f"comparisons/{name}.md" in nav
-    for page in ("index.md", "getting-started.md", "concepts.md", "exit-codes.md"):  # the hand-written ones
+    for page in ("index.md", "getting-started.md", "concepts.md", "exit-codes.md", "usage.md", "models-and-data.md",
+                 "evaluation.md", "sandbox.md", "training.md", "export.md", "gpu.md", "python-api.md",
+                 "writing-a-plugin.md", "development.md", "methods-overview.md", "results.md"):  # the hand-written ones
         assert (gen_docs.DOCS / page).is_file() and f" {page}" in nav
 
 
@@ -75,6 +77,30 @@ def test_a_changed_default_or_description_changes_the_page():
         model = create_model("Changed", __base__=spec.config, group_size=(field.annotation, Field(**changed)))
         other = gen_docs.method_page("rtn", [_with_config(spec, model)], comparisons, names)
         assert other != page
+
+
+def test_a_method_page_includes_its_prose_and_a_changed_prose_changes_it(tmp_path):
+    """docs/prose/NAME.md (hand-written) is appended to the generated page: the committed pages hold it, and editing
+    it without regenerating fails test_regenerated_pages_are_the_committed_ones."""
+    prose = sorted(gen_docs.PROSE.glob("*.md"))
+    assert len(prose) >= 20, "the method sections moved out of the README"
+    for path in prose:
+        page = gen_docs.DOCS / "methods" / path.name
+        assert page.is_file(), f"docs/prose/{path.name} names no method"
+        assert page.read_text().rstrip("\n").endswith(gen_docs.portable(path.read_text()).strip("\n")), STALE
+    from llmx.core.plugins import host
+
+    spec = host().methods.get("gptq", "quantize")
+    _, comparisons = gen_docs.plugins()
+    names = {"gptq": "gptq"}
+    page = gen_docs.method_page("gptq", [spec], comparisons, names)
+    assert page == (gen_docs.DOCS / "methods" / "gptq.md").read_text(), STALE
+    (tmp_path / "gptq.md").write_text("## Notes\n\nChanged.\n")
+    changed = gen_docs.method_page("gptq", [spec], comparisons, names, tmp_path)
+    assert changed != page and changed.endswith("## Notes\n\nChanged.\n")
+    (tmp_path / "gptq.md").write_text("No heading.\n")
+    assert "## About the technique" in gen_docs.method_page("gptq", [spec], comparisons, names, tmp_path)
+    assert "## Notes" not in gen_docs.method_page("gptq", [spec], comparisons, names, tmp_path / "none")
 
 
 def _with_config(spec, config):
