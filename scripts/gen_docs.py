@@ -232,14 +232,20 @@ def comparisons_index(comparisons: list[ComparisonSpec], published: Path) -> str
     return "\n".join(lines) + "\n"
 
 
+def page_names(groups: dict[str, Any]) -> dict[str, str]:
+    """Any name or alias a comparison may write -> the page it is on."""
+    names = {}
+    for name, vs in groups.items():
+        names.update({a: name for v in vs for a in v.aliases})
+        names[name] = name
+    return names
+
+
 def pages(published: Path = PUBLISHED, prose: Path = PROSE) -> dict[str, str]:
     """Every generated page: path under docs/ -> text."""
     methods, comparisons = plugins()
     groups = grouped(methods)
-    names = {}  # any name or alias a comparison may write -> the page it is on
-    for name, vs in groups.items():
-        names.update({a: name for v in vs for a in v.aliases})
-        names[name] = name
+    names = page_names(groups)
     out = {"methods/index.md": methods_index(groups), "comparisons/index.md": comparisons_index(comparisons, published)}
     for name, vs in groups.items():
         out[f"methods/{name}.md"] = method_page(name, vs, comparisons, names, prose)

@@ -114,7 +114,7 @@ def test_a_changed_published_figure_changes_the_page(tmp_path):
     assert published, "no published comparison result to check the pages against"
     source = published[0]
     spec = next(c for c in gen_docs.plugins()[1] if c.name == source.stem)
-    names = {n: n for n in gen_docs.grouped(gen_docs.plugins()[0])}
+    names = gen_docs.page_names(gen_docs.grouped(gen_docs.plugins()[0]))
     page = gen_docs.comparison_page(spec, names, gen_docs.PUBLISHED)
     assert page == (gen_docs.DOCS / "comparisons" / source.name.replace(".json", ".md")).read_text(), STALE
     result = json.loads(source.read_text())
