@@ -86,12 +86,13 @@ def method_page(name: str, variants: list[MethodSpec], comparisons: list[Compari
     if aliases:
         lines.append(f"| aliases | {', '.join(f'`{a}`' for a in aliases)} |")
     if requires:
-        lines.append(f"| requires | {', '.join(f'`{r}`' for r in requires)} (missing: exit 3 before any work) |")
+        lines.append(f"| requires | {', '.join(_requirement(r) for r in requires)} (missing: exit 3 before any work) |")
     several = len(variants) > 1
     for v in variants:
         level = "##"
         if several:
-            lines += ["", f"## As a {' and '.join(s.value for s in v.stages)} stage", ""]
+            stages = " and ".join(s.value for s in v.stages)
+            lines += ["", f"## As {'an' if stages[0] in 'aeiou' else 'a'} {stages} stage", ""]
             if v.summary != first.summary:
                 lines += [_md(v.summary), ""]
             if v.paper != first.paper and v.paper:
@@ -131,6 +132,11 @@ def _how_to_set(spec: MethodSpec) -> str:
                 "`llmx export` takes its own flags (`llmx export --help`).")
     return ("Set any of them with `--set NAME=VALUE` (dotted for a nested one: `--set lora.r=16`) or under the "
             "stage's `params:` in a recipe.")
+
+
+def _requirement(name: str) -> str:
+    """As ``check_requirements`` reads it: CuPy serves the CUDA path only (the CPU runs the PyTorch reference)."""
+    return "`cupy` (with `--device cuda` only)" if name == "cupy" else f"`{name}`"
 
 
 def _md(text: str) -> str:

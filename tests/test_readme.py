@@ -67,3 +67,12 @@ def test_the_readme_is_short_and_its_links_resolve():
     assert len(relative) > 40  # the methods table links every technique's page
     missing = [link for link in relative if not (ROOT / link.split("#")[0]).is_file()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_the_readme_first_run_times_are_the_results_files():
+    import json
+
+    first = json.loads((ROOT / "benchmarks" / "results" / "first_run.json").read_text())
+    text = (ROOT / "README.md").read_text()
+    quoted = re.findall(r"took ([\d.]+) s and ([\d.]+) s", text)
+    assert quoted == [tuple(f"{s:.1f}" for s in first["wall_s"])], "README's first-run times differ from first_run.json"
