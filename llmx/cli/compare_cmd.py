@@ -23,9 +23,11 @@ def compare(
         "--seeds", help="Seeds (default: the comparison's; --quick: its quick seeds), e.g. --seeds 0 1 2.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="The comparison's quick form (CI sizes, one seed).")] = False,
     sets: Annotated[Optional[list[str]], typer.Option(
-        "--set", "-s", help="ARM.KEY=VALUE: a param of an arm's stages ('*' every arm, 'eval' the evaluation).")] = None,
+        "--set", "-s", help="ARM.KEY=VALUE, or ARM.METHOD.KEY / ARM.N.KEY for one stage of a longer arm ('*' every "
+        "arm, 'eval' the evaluation).")] = None,
     output_dir: Annotated[Optional[str], typer.Option(
-        "--output-dir", "-o", help="Where comparisons go (default comparisons/): OUT/NAME/MODEL[-quick].")] = None,
+        "--output-dir", "-o", help="Where comparisons go (default comparisons/): OUT/NAME/MODEL[-quick][-DIGEST of "
+        "your options].")] = None,
 ) -> None:
     """Run the comparison a paper makes: its method beside its baselines, each arm and seed a run folder (a rerun
     reuses the finished ones), paired on the same items, with a verdict only where the interval excludes zero.
@@ -119,4 +121,5 @@ def register(app: typer.Typer) -> None:
         "llmx compare gptq --quick --model ref:llama-test",
         "llmx compare gptq --model ./my-model --data notes.txt --seeds 0 1 2",
         "llmx compare lexico --model ./my-model --device cuda --dtype bfloat16",
-        "llmx compare gptq --set gptq-w4.group_size=64 --set rtn-w4.group_size=64"))(compare)
+        "llmx compare gptq --set gptq-w4.group_size=64 --set rtn-w4.group_size=64",
+        "llmx compare crow --set crow.crow.lr=2e-3"))(compare)
