@@ -121,3 +121,15 @@ def test_the_window_arm_stores_what_lexico_s8_stores_with_its_dictionaries():
     cost = lexico.stored_bytes() + lexico.dictionary_bytes() / EVAL["amortize_batch"]
     assert lexico.dictionary_bytes() >= 2 * HEAD_DIM * DICTIONARY["atoms"] * 4
     assert abs(window.stored_bytes() - cost) < token
+
+
+def test_padding_given_on_another_device_than_the_keys_is_moved_to_theirs():
+    """The prompt's mask may sit on the CPU while the model runs on an accelerator: the key groups' padding test is
+    made on the keys' device (``meta`` stands in for CUDA here: a CPU mask on it raises as on CUDA)."""
+    padding = torch.ones(2, 20, dtype=torch.long)
+    padding[0, :3] = 0
+    cache = CompressedCache(lambda i: KIVICodec(2, 4), 1, buffer_length=8, padding=padding)
+    keys = torch.empty(2, 2, 20, 16, device="meta")
+    cache.update(keys, keys, 0)
+    layer = cache.layers[0]
+    assert layer.compressed_keys == 16 and all(t.device.type == "meta" for t in layer.key_codes)

@@ -60,14 +60,16 @@ class CompressedLayer(DynamicLayer):
         store = self.buffer_dtype if self.buffer_dtype and key_states.element_size() > 2 else key_states.dtype
         self.keys, self.values = self.keys.to(store), self.values.to(store)
 
-    def _valid(self, start: int, n: int, batch: int) -> torch.Tensor | None:
-        """Which of tokens ``start .. start + n`` are not padding, ``[batch, n]`` (None: no padding given)."""
+    def _valid(self, start: int, n: int, like: torch.Tensor) -> torch.Tensor | None:
+        """Which of tokens ``start .. start + n`` are not padding, ``[batch, n]`` on ``like``'s device (None: no
+        padding given; the mask may have been given on another device than the model's)."""
         if self.padding is None:
             return None
+        batch = like.shape[0]
         if self.padding.shape[0] != batch:
             raise ValueError(f"padding has {self.padding.shape[0]} rows for a batch of {batch} (expand it as the "
                              "inputs are, e.g. for beam search)")
-        valid = self.padding[:, start:start + n].to(torch.bool)
+        valid = self.padding[:, start:start + n].to(device=like.device, dtype=torch.bool)
         return torch.cat([valid, valid.new_ones(batch, n - valid.shape[1])], 1)
 
     def _view(self, keys, values):
@@ -94,7 +96,7 @@ class CompressedLayer(DynamicLayer):
         out = self._view(keys, values)
         nk, nv = self.rule(held_k, held_v, key_states.shape[-2], first)
         if nk:
-            valid = self._valid(self.compressed_keys, nk, keys.shape[0])
+            valid = self._valid(self.compressed_keys, nk, keys)
             self.key_codes = _append(self.key_codes, self.codec.encode_keys(keys[..., :nk, :], valid))
             self.compressed_keys += nk
             keys = keys[..., nk:, :].clone()
