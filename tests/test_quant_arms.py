@@ -9,7 +9,7 @@ import pytest
 import torch
 
 
-@pytest.mark.parametrize("name", ["gptq", "quant"])
+@pytest.mark.parametrize("name", ["gptq", "quant", "guidedquant"])
 def test_bits_are_matched_from_below_and_gptq_is_at_its_strongest(name):
     from transformers import AutoModelForCausalLM
 
@@ -28,7 +28,9 @@ def test_bits_are_matched_from_below_and_gptq_is_at_its_strongest(name):
 
     def bits(arm: str) -> float:
         (stage,) = spec.arm(arm).stages
-        calib = {"calib_samples": 2, "calib_seq_len": 32} if stage["method"] == "gptq" else {}
+        calib = {"calib_samples": 2, "calib_seq_len": 32} if stage["method"] in ("gptq", "guidedquant") else {}
+        if stage["method"] == "guidedquant":  # the stored format does not depend on how long LNQ searches
+            calib |= {"iterations": 1, "cd_cycles": 1, "num_groups": 1}
         _, metrics = llmx.quantize(copy.deepcopy(model), tokenizer=tok, method=stage["method"],
                                    **{**stage["params"], **calib})
         return metrics["weight_bits_per_element"]

@@ -71,8 +71,9 @@ def llmx_comparisons():
     yield ComparisonSpec(
         name="lexico",
         summary="Lexico s=8 (dictionaries learned per seed, counted over 8 sequences) against a sink+window cache "
-                "and KIVI-4 storing about as much, and KIVI-2 storing Lexico's codes' bytes without its dictionaries: "
-                "KL to the full cache per held-out window.",
+                "and KIVI-4 storing about as much, and KIVI-2 storing Lexico's codes' bytes without its dictionaries "
+                "(judged unmatched: 30% less memory, beyond the 10% tolerance): KL to the full cache per held-out "
+                "window.",
         paper="Kim et al., ICML 2025: Lexico against KIVI 2/4-bit and token eviction at equal KV size % (GSM8K, "
               "LongBench accuracy; here KL to the full cache on held-out text)",
         target="lexico-s8", baselines=("kivi-2bit", "window", "kivi-4bit"),
@@ -84,6 +85,7 @@ def llmx_comparisons():
               Arm("lexico-s4", _lexico(4))),
         evaluation=None, items="windows.jsonl", metric="kl_to_full", higher_is_better=False,
         cost="KV memory / fp16 cache (dictionaries over 8 sequences)", cost_key="kv_memory_fraction_amortised",
+        tolerance=0.1, relative=True,
         seeds=(0, 1, 2), model="ref:llama-long", data={"source": "stdlib", "seq_len": 1024}, kinds=KV_KINDS,
         quick={"atoms": 64, "steps": 10, "windows": 2, "seq_len": 64, "held_out_windows": 1, "context_len": 48,
                "continuation_len": 8, "generate_tokens": 2, "recall_cue": 8, "recall_tokens": 2, "buffer_length": 8,
