@@ -114,6 +114,19 @@ def test_mes_runs_through_botorch_and_queries_grid_points_in_the_domain():
     queried = B.run_fixed("mes", problem, 6, 1.0, seed=1, indices=True)
     assert queried == B.run_fixed("mes", problem, 6, 1.0, seed=1, indices=True)  # seeded
     assert queried[0] == problem.init and all(0 <= i < 64 for i in queried) and len(set(queried)) > 3
+    import torch
+    from botorch.acquisition import qMaxValueEntropy
+
+    grid = torch.as_tensor(problem.grid, dtype=torch.float64)
+    picks = []
+    with torch.random.fork_rng(devices=[]):  # BoTorch's MES (minimising) on the fixed GP, trial by trial
+        torch.manual_seed(1)
+        for t in range(1, len(queried)):
+            model = B._gp(problem.grid[queried[:t]], problem.z[queried[:t]], problem.spec.kernel)
+            picks.append(int(qMaxValueEntropy(model, candidate_set=grid, maximize=False)(grid[:, None, :]).argmax()))
+    assert picks == queried[1:]
+    assert queried != B.run_fixed(None, problem, 6, 1.0, seed=1, indices=True)  # not random search
+    assert queried != B.run_fixed(afs.SOURCES["ei"], problem, 6, 1.0, indices=True)  # nor EI
     x = np.asarray(F.get("branin").lower) + problem.grid[queried] * np.subtract(F.get("branin").upper,
                                                                               F.get("branin").lower)
     assert np.all((x >= F.get("branin").lower) & (x <= F.get("branin").upper))

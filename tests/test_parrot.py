@@ -191,6 +191,8 @@ def test_the_saved_folder_reloads_the_same_logits_in_llmx_and_is_refused_by_plai
     with torch.no_grad():
         assert torch.equal(model(**batch).logits, api_model.eval()(**batch).logits)
     assert not hasattr(api_model.config, "transformers_weights")
+    with pytest.raises(UsageError, match="llmx-only folder"):  # as from the hub: the MoE would be dropped
+        load(out, torch.float32, "cpu", local=False)
     for edit, phrase in (({"hidden_size": 64}, "width 64"), ({"projector": "mlp2x_relu"}, "mlp2x_relu projector"),
                          ({"experts": 5}, "size mismatch|Missing|Unexpected")):
         (out / "visual_adapter.json").write_text(json.dumps({**spec, **edit}))

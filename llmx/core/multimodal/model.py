@@ -117,6 +117,11 @@ def load(path: str | Path, dtype, device: str, local: bool = True) -> tuple[Any,
 
     config = AutoConfig.from_pretrained(str(path), local_files_only=local)
     if hasattr(config, "transformers_weights"):  # the marker turning plain transformers away (adapter.ADAPTED_ONLY)
+        if not local:  # the adapter is rebuilt from a local folder only: without it the model would answer differently
+            from llmx.errors import UsageError
+
+            raise UsageError(f"{path}: an llmx-only folder (its visual adapter, e.g. Parrot's MoE, is not loaded from "
+                             "the hub): download it and give the local folder")
         delattr(config, "transformers_weights")
     model = LlavaForConditionalGeneration.from_pretrained(str(path), config=config, dtype=dtype, local_files_only=local)
     if local:
