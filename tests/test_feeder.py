@@ -370,6 +370,7 @@ def test_bilevel_training_reselects_each_round(cli, tmp_path, episode_data):
     (["template=x {label}"], "exactly one {input}"),
     (["depth=0"], "depth"),
     (['labels=["red", "red"]'], "distinct"),
+    (["oracle=copy"], "has no 'cue'"),
 ])
 def test_bad_input_is_exit_2_without_a_run_folder(cli, tmp_path, sets, words):
     pool = tmp_path / "pool.jsonl"
