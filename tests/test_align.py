@@ -98,6 +98,40 @@ def test_every_epoch_has_its_own_order_and_a_resumed_run_replays_the_same_batche
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_kto_run_scores_its_reference_point_on_other_rows_completions(cli, tmp_path, monkeypatch):
+    """Through the stage: every training micro-batch's KL forward holds the batch's own prompts, each with the
+    completion of the row before it in the first epoch's order (not its own)."""
+    from llmx.core.data.sampling import EpochOrder
+    from llmx.core.train.align import run as R
+
+    calls: list[tuple[str, R.Batcher, list[int]]] = []
+    real_kl, real_logps = R.kl_logps, R.logps
+
+    def kl_spy(policy, reference, pairs, idx):
+        calls.append(("kl", pairs, list(idx)))
+        return real_kl(policy, reference, pairs, idx)
+
+    def logps_spy(policy, reference, g_head, batcher, idx, objective):
+        if not isinstance(objective, R._EvalView):
+            calls.append(("own", batcher, list(idx)))
+        return real_logps(policy, reference, g_head, batcher, idx, objective)
+
+    monkeypatch.setattr(R, "kl_logps", kl_spy)
+    monkeypatch.setattr(R, "logps", logps_spy)
+    m = align(cli, tmp_path, "kto", "unpaired", steps=2)
+    assert [c[0] for c in calls] == ["kl", "own"] * 2 and all(a[2] == b[2] for a, b in zip(calls[::2], calls[1::2], strict=True))
+    own, pairs = calls[1][1], calls[0][1]
+    perm = EpochOrder(m["train_rows"], 0).perm(0)  # the run's seed is 0
+    partner = {perm[k]: perm[k - 1] for k in range(len(perm))}
+    for _, _, idx in calls[::2]:
+        for r in idx:
+            mine, kl, theirs = own.encoded[r][0], pairs.encoded[r][0], own.encoded[partner[r]][0]
+            assert kl.ids[:kl.start] == mine.ids[:mine.start] and kl.ids[kl.start:] == theirs.ids[theirs.start:]
+    assert sum(pairs.encoded[r][0].ids != own.encoded[r][0].ids for _, _, idx in calls[::2] for r in idx) > 0
+    metrics = tmp_path.glob("*/artifacts/0_kto/metrics.jsonl")
+    assert all("kl_estimate" in json.loads(line) for line in next(metrics).read_text().splitlines())
+
+
 def test_kto_reference_point_is_trls_kl_term_on_mismatched_pairs():
     """On a hand-made micro-batch, z_ref is TRL's formula computed here on its own: each prompt scored alone with
     another row's completion (the completions shifted by one row of the order) under the policy and the reference,
@@ -392,6 +426,11 @@ def test_a_chat_rendered_response_ends_with_one_end_of_turn_and_no_second_eos():
         assert response.count(last) == 1 and response.count(tok.eos_token_id) == (last == tok.eos_token_id)
         plain = Batcher(tok, "unpaired", [Example("2+2=", completion="4", label=True)], 64).encoded[0][0]
         assert plain.ids[-1] == tok.eos_token_id  # a string row still gets its EOS
+    tok.chat_template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant: {% endif %}")  # writes no end-of-turn token
+    row = Example([{"role": "user", "content": "2+2"}], completion=[{"role": "assistant", "content": "4"}], label=True)
+    e = Batcher(tok, "unpaired", [row], 64).encoded[0][0]
+    assert e.ids[-1] == tok.eos_token_id and tok.decode(e.ids[e.start:-1]) == "4\n"  # its EOS is the only stop
 
 
 def test_an_align_stage_without_data_trains_on_the_runs_own_judged_samples(tmp_path):

@@ -26,13 +26,16 @@ class Encoded:
     response_cut: bool = False
 
 
-def turn_end(tok, response: str) -> str:
-    """A response a chat template rendered, ending at the template's end-of-turn special token: whitespace the
-    template writes after it (ChatML's newline) is dropped, as generation stops at that token. It is encoded with
-    ``eos=False``: the template's end-of-turn ends it, once (TRL adds an EOS to non-conversational rows only)."""
+def turn_end(tok, response: str) -> tuple[str, bool]:
+    """A response a chat template rendered and whether the template ended it: ``(text, True)`` when it ends at a
+    special token (the end-of-turn), whitespace the template writes after it (ChatML's newline) dropped, as
+    generation stops at that token; it is then encoded with ``eos=False``, the template's end-of-turn ending it once
+    (TRL adds an EOS to non-conversational rows only). A template that writes no special token after the response
+    gives ``(response, False)``: it keeps its EOS, the only stop the model can learn."""
     body = response.rstrip()
     specials = set(tok.all_special_tokens) | {t.content for t in tok.added_tokens_decoder.values() if t.special}
-    return body if body != response and any(body.endswith(t) for t in specials) else response
+    ended = any(body.endswith(t) for t in specials if t)
+    return (body if ended else response), ended
 
 
 def encode(tok, prompt: str, response: str | list[str], max_len: int, max_prompt_len: int | None = None,

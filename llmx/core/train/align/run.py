@@ -75,8 +75,9 @@ class Batcher:
         if self.kind == "step":
             return B.encode(self.tok, prompt, response, max_len, max_prompt_len)
         text, reply = chat.render(self.tok, prompt, response)  # conversations as text
-        if chat.templated(self.tok, prompt, response):  # the template wrote BOS and the end of the turn
-            return B.encode(self.tok, text, B.turn_end(self.tok, reply), max_len, max_prompt_len, eos=False, bos=False)
+        if chat.templated(self.tok, prompt, response):  # the template wrote BOS and (usually) the end of the turn
+            reply, ended = B.turn_end(self.tok, reply)
+            return B.encode(self.tok, text, reply, max_len, max_prompt_len, eos=not ended, bos=False)
         return B.encode(self.tok, text, reply, max_len, max_prompt_len)
 
     def truncated(self) -> tuple[int, int]:
