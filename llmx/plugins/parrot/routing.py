@@ -23,15 +23,17 @@ def gates(model, proc, prompts: list[str], images: list) -> torch.Tensor:
     device, was = next(model.parameters()).device, model.training
     model.eval()
     out = []
-    for prompt, image in zip(prompts, images, strict=True):
-        ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]], device=device)
-        pil = image.image() if hasattr(image, "image") else image
-        embeds = model.get_input_embeddings()(ids)
-        feats = model.image_features(pixel_values(proc, [pil]).to(device), embeds.dtype)
-        moe = model.visual_adapter
-        dtype = next(moe.parameters()).dtype
-        out.append(moe.routing(feats.to(dtype), embeds.to(dtype), model.text_mask(ids, None, None)).float().cpu())
-    model.train(was)
+    try:
+        for prompt, image in zip(prompts, images, strict=True):
+            ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]], device=device)
+            pil = image.image() if hasattr(image, "image") else image
+            embeds = model.get_input_embeddings()(ids)
+            feats = model.image_features(pixel_values(proc, [pil]).to(device), embeds.dtype)
+            moe = model.visual_adapter
+            dtype = next(moe.parameters()).dtype
+            out.append(moe.routing(feats.to(dtype), embeds.to(dtype), model.text_mask(ids, None, None)).float().cpu())
+    finally:
+        model.train(was)
     return torch.cat(out)
 
 
