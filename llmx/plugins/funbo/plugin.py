@@ -39,7 +39,7 @@ def llmx_comparisons():
                 "funbo.sampler=hf for a model), funbo-scripted's proposes textbook EI, PI, LCB and variance AFs.",
         paper="Aglietti et al., ICML 2025, Fig. 3 (OOD-Bench: the OOD AF against EI, UCB, PI, MEAN, random; MES is "
               "this comparison's addition)",
-        target="funbo", baselines=("ei", "ucb", "pi", "mes", "random", "funbo-scripted"),
+        target="funbo", baselines=("ei", "ucb", "pi", "mean", "mes", "random", "funbo-scripted"),
         arms=(Arm("funbo", ({"method": "funbo", "params": SEARCH}, _score("found"))),
               Arm("funbo-scripted", ({"method": "funbo", "params": {**SEARCH, "sampler": "scripted"}},
                                      _score("found")), family="funbo, scripted textbook AFs"),

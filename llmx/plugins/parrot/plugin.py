@@ -41,9 +41,10 @@ def llmx_comparisons():
         arms=(Arm("stage1-only", family="stage 1", cost=0.0),
               Arm("llava", ({"method": "llava", "params": STAGE2},), family="llava"),
               Arm("parrot", ({"method": "parrot", "params": STAGE2},), family="parrot")),
-        evaluation={"method": "mmmb", "params": {"count": 100}}, items="questions.jsonl", metric="accuracy",
+        evaluation={"method": "mmmb", "params": {"count": 500}}, items="questions.jsonl", metric="accuracy",
         higher_is_better=True, cost="stage-2 steps", cost_key="steps",
         quick={"steps": 2, "batch_size": 4, "scenes": {"count": 24, "languages": MIX}, "routing_scenes": 0,
                "count": 4, "max_new_tokens": 8},
+        seeds=(0, 1, 2, 3, 4),  # issue 69: at least 5 training seeds x 500 questions per language
         model="ref:llava", quick_model="ref:llava-test", kinds=("llava",),
         data={"source": "stdlib", "seq_len": 128}, corpus=False)
