@@ -7,7 +7,11 @@
 - ``docs/comparisons/NAME.md`` for every comparison: arms, target, baselines, metric, cost axis, seeds, quick form,
   commands, and the latest published figures where ``benchmarks/results/compare/NAME.json`` exists (the tables
   ``llmx compare summary`` and ``llmx compare`` write);
-- the two index pages, and the generated part of ``mkdocs.yml``'s ``nav`` (between its ``generated`` markers).
+- the two index pages, and the generated part of ``mkdocs.yml``'s ``nav`` (between its ``generated`` markers);
+- ``docs/results.md``: the published comparisons' verdicts, then one section per benchmark script with its
+  docstring's first paragraph, its commands, the machine its JSON records and the tables it wrote into
+  ``benchmarks/results/*.md``, verbatim, around the figure-free prose of ``benchmarks/results_notes.yaml``
+  (``results_parts``: each part says where it came from, so that a test can trace every number on the page).
 
 ``make docs`` runs this, then ``mkdocs build --strict``. ``tests/test_docs.py`` regenerates into a temporary folder
 and fails when a committed page or the nav differs: run ``python scripts/gen_docs.py`` after changing a param, a
@@ -18,8 +22,12 @@ plugin or ``LLMX_PLUGINS_DIR`` does not change the pages).
 from __future__ import annotations
 
 import argparse
+import ast
+import json
+import re
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,8 @@ from llmx.core.spec import MethodSpec, Stage
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PUBLISHED = ROOT / "benchmarks" / "results" / "compare"
+RESULTS = ROOT / "benchmarks" / "results"
+NOTES = ROOT / "benchmarks" / "results_notes.yaml"  # the hand-written, figure-free parts of docs/results.md
 PROSE = DOCS / "prose"  # hand-written: docs/prose/NAME.md is appended to docs/methods/NAME.md (mkdocs.yml excludes it)
 MKDOCS = ROOT / "mkdocs.yml"
 SECTIONS = ("methods", "comparisons", "api")  # the folders under docs/ this script owns entirely
@@ -258,7 +268,190 @@ def pages(published: Path = PUBLISHED, prose: Path = PROSE) -> dict[str, str]:
     for c in comparisons:
         out[f"comparisons/{c.name}.md"] = comparison_page(c, names, published)
     out["api/index.md"] = api_page()
+    out["results.md"] = results_page(published=published)
     return {rel: portable(text) for rel, text in out.items()}
+
+
+# --- docs/results.md ------------------------------------------------------------------------------------------------
+
+# A figure: a run of digits not glued to a word before it (W4A16, mamba2, x86, GPT-2 and KIVI-2 are names, not figures)
+FIGURE = re.compile(r"(?<![\w.])(?<![A-Za-z]-)\d+(?:[.,]\d+)*(?:[eE][-+]?\d+)?")
+ISSUE = re.compile(r"\bissues? \d+")  # "issue 67" names an issue: the one number hand-written prose may hold
+
+
+@dataclass(frozen=True)
+class Part:
+    """A piece of docs/results.md and where it came from. ``kind``: ``prose`` (hand-written: no figure at all),
+    ``result`` (verbatim from, or rendered from, a file in benchmarks/results/: every figure occurs in it), ``code``
+    (a benchmark script's docstring or command line: every figure occurs in the script or its results), ``judged``
+    (``llmx compare``'s own summary table of the published JSON files, rounded as the comparison pages round it)."""
+
+    text: str
+    kind: str
+    sources: tuple[Path, ...] = ()
+
+
+def figures(text: str, kind: str = "result") -> list[str]:
+    return FIGURE.findall(ISSUE.sub("", text) if kind == "prose" else text)
+
+
+def untraced(parts: list[Part]) -> list[str]:
+    """Every figure on the page that its part's sources do not hold (empty when the page is as it should be):
+    a figure in hand-written prose, or a number in a result or code part that its files do not contain."""
+    bad = []
+    for p in parts:
+        if p.kind == "prose":
+            bad += [f"{n!r} in hand-written text: {p.text.strip()[:80]!r}" for n in figures(p.text, "prose")]
+        elif p.kind in ("result", "code"):
+            held = "\n".join(s.read_text() for s in p.sources)
+            bad += [f"{n!r} not in {[s.name for s in p.sources]}" for n in figures(p.text) if n not in held]
+    return bad
+
+
+def results_page(results: Path = RESULTS, notes: Path = NOTES, published: Path = PUBLISHED) -> str:
+    return "".join(p.text for p in results_parts(results, notes, published))
+
+
+def results_parts(results: Path = RESULTS, notes: Path = NOTES, published: Path = PUBLISHED) -> list[Part]:
+    """docs/results.md as a list of parts, in order."""
+    import yaml
+
+    data = yaml.safe_load(notes.read_text())
+    groups = data["groups"]
+    listed = [f for g in groups for f in g["files"]]
+    present = sorted({p.stem for p in results.glob("*.json")} | {p.stem for p in results.glob("*.md")})
+    if sorted(listed) != present or len(set(listed)) != len(listed):
+        raise SystemExit(f"gen_docs: {notes.name} must list every results file once: missing "
+                         f"{sorted(set(present) - set(listed))}, not found {sorted(set(listed) - set(present))}")
+    parts = [Part(HEADER.format(what=f"benchmarks/results/ and {notes.relative_to(ROOT).as_posix()}") + "\n\n"
+                  "# Results\n\n", "prose"),
+             Part(data["intro"].strip("\n") + "\n\n", "prose"),
+             Part("## Judged comparisons\n\n" + data["comparisons"].strip("\n") + "\n\n", "prose")]
+    files = sorted(published.glob("*.json"))
+    if files:
+        parts.append(Part(summary.markdown(summary.load(files)).rstrip() + "\n\n", "judged", tuple(files)))
+        parts.append(Part("Each comparison's arms and figures: " + ", ".join(
+            f"[{f.stem}](comparisons/{f.stem}.md#latest-published-figures)" for f in files) + ".\n\n", "prose"))
+    else:
+        parts.append(Part("None is published yet.\n\n", "prose"))
+    parts.append(Part("## Benchmarks\n\n" + data["benchmarks"].strip("\n") + "\n\n" + "Sections: " + ", ".join(
+        f"[{g['title']}](#{_slug(g['title'])})" for g in groups) + ".\n\n", "prose"))
+    for g in groups:
+        parts += _group_parts(g, results, published)
+    parts[-1] = Part(parts[-1].text.rstrip("\n") + "\n", parts[-1].kind, parts[-1].sources)
+    return parts
+
+
+def _slug(title: str) -> str:
+    """The anchor Python-Markdown's toc gives a heading (its default slugify)."""
+    import unicodedata
+
+    text = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode("ascii")
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def _group_parts(g: dict[str, Any], results: Path, published: Path) -> list[Part]:
+    stems = g["files"]
+    jsons = tuple(results / f"{s}.json" for s in stems if (results / f"{s}.json").is_file())
+    parts = [Part(f"## {g['title']}\n\n", "prose")]
+    comparisons = g.get("comparisons", [])
+    for c in comparisons:
+        if not (DOCS / "comparisons" / f"{c}.md").is_file():
+            raise SystemExit(f"gen_docs: {NOTES.name}: {g['title']} names comparison {c!r}, which has no page")
+    for m in g.get("methods", []):
+        if not (DOCS / "methods" / f"{m}.md").is_file():
+            raise SystemExit(f"gen_docs: {NOTES.name}: {g['title']} names method {m!r}, which has no page")
+    done = [c for c in comparisons if (published / f"{c}.json").is_file()]
+    links = lambda names: ", ".join(f"[{c}](comparisons/{c}.md)" for c in names)  # noqa: E731
+    flagged = " ".join(g.get("flagged", "").split())
+    if done:
+        text = (f'!!! warning "Superseded"\n    The published comparison{"s" if len(done) > 1 else ""} {links(done)} '
+                "supersede" + ("" if len(done) > 1 else "s") + " this benchmark's verdicts; its figures below are "
+                "kept as the record of what was measured" + (f". Also: {flagged}" if flagged else "") + ".\n\n")
+        parts.append(Part(text, "prose"))
+    elif flagged:
+        todo = [c for c in comparisons if c not in done]
+        parts.append(Part(f'!!! warning "Superseded"\n    Flagged, to be measured again: {flagged}.'
+                          + (f" The comparison {links(todo)} is to replace it (not published yet)." if todo else "")
+                          + "\n\n", "prose"))
+    elif comparisons:
+        parts.append(Part(f"Its comparison, not published yet: {links(comparisons)}.\n\n", "prose"))
+    if g["script"]:
+        script = ROOT / "benchmarks" / g["script"]
+        doc = " ".join((ast.get_docstring(ast.parse(script.read_text())) or "").split("\n\n")[0].split())
+        parts += [Part(f"Written by `benchmarks/{g['script']}`: ", "prose"), Part(doc + "\n\n", "code", (script,)),
+                  Part("```bash\n", "prose"), Part("\n".join(g["run"]) + "\n", "code", (script, *jsons)),
+                  Part("```\n\n", "prose")]
+    machines = _machines(stems, results)
+    if machines:
+        parts.append(Part("Machine, as each JSON records it: ", "prose"))
+        parts.append(Part("; ".join(machines) + ".\n\n", "result", jsons))
+    if g.get("methods"):
+        parts.append(Part("Method pages: " + ", ".join(f"[{m}](methods/{m}.md)" for m in g["methods"]) + ".\n\n",
+                          "prose"))
+    if g.get("image"):
+        parts.append(Part(f"![{g['title']}]({g['image']})\n\n", "prose"))
+    for s in stems:
+        md, js = results / f"{s}.md", results / f"{s}.json"
+        if md.is_file():
+            parts.append(Part(f"### `{s}.md`\n\n", "prose"))
+            parts.append(Part(_demoted(md.read_text()).strip("\n") + "\n\n", "result", (md,)))
+        else:
+            parts.append(Part(f"### `{s}.json`\n\n", "prose"))
+            parts.append(Part(_json_table(json.loads(js.read_text())) + "\n\n", "result", (js,)))
+    if g.get("notes"):
+        parts.append(Part("**What the figures show.** " + " ".join(g["notes"].strip().split("\n\n")[0].split())
+                          + "".join("\n\n" + " ".join(p.split()) for p in g["notes"].strip().split("\n\n")[1:])
+                          + "\n\n", "prose"))
+    return parts
+
+
+def _demoted(text: str) -> str:
+    """A results file's Markdown with its headings three levels down (below the page's ``###`` per file), and a
+    blank line before a table that follows a line of text (else Python-Markdown reads the table as that paragraph's)."""
+    out: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and line.startswith("|") and out and out[-1].strip() and not out[-1].startswith(("|", "#")):
+            out.append("")
+        out.append("###" + line if not fenced and re.match(r"#{1,3} ", line) else line)
+    return "\n".join(out)
+
+
+def _machines(stems: list[str], results: Path) -> list[str]:
+    """Each distinct machine the group's JSON files record, with the files that ran on it."""
+    seen: dict[str, list[str]] = {}
+    for s in stems:
+        path = results / f"{s}.json"
+        m = json.loads(path.read_text()).get("machine") if path.is_file() else None
+        if not isinstance(m, dict):
+            continue
+        cpu = m.get("cpu_model") or m.get("cpu") or "CPU not named"
+        capability = m.get("torch_cpu_capability") or m.get("cpu_capability")
+        cores = m.get("cpus", m.get("cores"))
+        words = [cpu + (f" ({capability})" if capability else ""), *([f"{cores} cores"] if cores is not None else []),
+                 *([f"{m['threads']} torch thread{'s' if m['threads'] != 1 else ''}"] if "threads" in m else []),
+                 *([f"torch {m['torch']}"] if "torch" in m else [])]
+        seen.setdefault(", ".join(words), []).append(f"`{s}`")
+    return [f"{', '.join(names)}: {words}" for words, names in seen.items()]
+
+
+def _json_table(data: dict[str, Any]) -> str:
+    """A results file without a .md of its own: its fields (nested ones dotted), values as the JSON writes them."""
+    rows = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            rows.append((prefix, value if isinstance(value, str) else json.dumps(value)))
+
+    walk("", {k: v for k, v in data.items() if k != "machine"})
+    return "\n".join(["| field | value |", "|---|---|",
+                      *(f"| {params_table.text_cell(k)} | {params_table.text_cell(str(v))} |" for k, v in rows)])
 
 
 def api_page() -> str:

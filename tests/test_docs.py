@@ -23,8 +23,9 @@ STALE = "the docs are stale: run `python scripts/gen_docs.py` (or `make docs`) a
 
 
 def committed() -> dict[str, str]:
-    return {p.relative_to(gen_docs.DOCS).as_posix(): p.read_text()
-            for section in gen_docs.SECTIONS for p in sorted((gen_docs.DOCS / section).glob("*.md"))}
+    pages = {p.relative_to(gen_docs.DOCS).as_posix(): p.read_text()
+             for section in gen_docs.SECTIONS for p in sorted((gen_docs.DOCS / section).glob("*.md"))}
+    return {**pages, "results.md": (gen_docs.DOCS / "results.md").read_text()}
 
 
 def test_regenerated_pages_are_the_committed_ones(tmp_path):
@@ -197,3 +198,78 @@ def test_methods_show_prints_the_docs_rows(cli, monkeypatch, name):
     for spec in host().methods.variants(name):
         for row in params_table.rows(spec.config):
             assert [row.name, row.type, row.default] in [c[:3] for c in cells], row
+
+
+# --- docs/results.md: generated from benchmarks/results/ and benchmarks/results_notes.yaml ---------------------------
+
+
+def test_the_results_page_is_current():
+    """docs/results.md is exactly what gen_docs writes from the results files, the scripts' docstrings and the
+    notes: a figure typed into the page, or a results file rewritten without `make docs`, fails here."""
+    page = (gen_docs.DOCS / "results.md").read_text()
+    fresh = gen_docs.results_page()
+    assert fresh == page, f"{STALE} (docs/results.md)"
+    figure = next(m for m in gen_docs.FIGURE.finditer(page) if m.group() not in ("0", "1"))
+    typed = page[:figure.start()] + figure.group() + "1" + page[figure.end():]
+    assert typed != fresh  # what the comparison above catches: one figure retyped
+
+
+def test_every_figure_on_the_results_page_comes_from_a_results_file():
+    """Every number on the page lies in a part generated from a results file (and occurs in that file), in a
+    script's docstring or command (and occurs in the script or its JSON), or in the published comparisons' summary;
+    the hand-written prose (benchmarks/results_notes.yaml) holds none, an issue's number excepted."""
+    parts = gen_docs.results_parts()
+    assert "".join(p.text for p in parts) == (gen_docs.DOCS / "results.md").read_text(), STALE
+    assert gen_docs.untraced(parts) == []
+    kinds = {p.kind for p in parts}
+    assert kinds == {"prose", "result", "code", "judged"}
+    assert sum(len(gen_docs.figures(p.text)) for p in parts if p.kind == "result") > 5000
+    # the check fails on a hand-typed figure in the prose, and on a figure a results file does not hold
+    i = next(i for i, p in enumerate(parts) if p.kind == "prose" and "What the figures show" in p.text)
+    typed = [*parts[:i], gen_docs.Part(parts[i].text + "GPTQ is 0.42x RTN.", "prose"), *parts[i + 1:]]
+    assert gen_docs.untraced(typed) == ["'0.42' in hand-written text: " + repr(typed[i].text.strip()[:80])]
+    j = next(i for i, p in enumerate(parts) if p.kind == "result" and "| " in p.text)
+    changed = gen_docs.Part(parts[j].text.replace("| ", "| 987654.321 ", 1), "result", parts[j].sources)
+    assert gen_docs.untraced([changed]) == [f"'987654.321' not in {[s.name for s in parts[j].sources]}"]
+    assert gen_docs.untraced([gen_docs.Part("at issue 67, W4A16 on mamba2, GPT-2 and KIVI-2", "prose")]) == []
+
+
+def test_a_changed_results_file_changes_the_results_page(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(gen_docs.RESULTS, results, ignore=shutil.ignore_patterns("*.png", "*.csv", "compare"))
+    page = gen_docs.results_page(results)
+    assert page == (gen_docs.DOCS / "results.md").read_text(), STALE
+    table = (results / "sft_ref_llama.md").read_text()
+    assert "| 0.4749 |" in table and "| 0.4749 |" in page
+    (results / "sft_ref_llama.md").write_text(table.replace("| 0.4749 |", "| 0.4750 |"))
+    changed = gen_docs.results_page(results)
+    assert changed != page and "| 0.4750 |" in changed and "| 0.4749 |" not in changed
+    (results / "new_bench.json").write_text("{}")  # a results file the notes do not place fails the generator
+    with pytest.raises(SystemExit, match="new_bench"):
+        gen_docs.results_page(results)
+
+
+def test_the_results_page_labels_what_comparisons_supersede():
+    """A benchmark whose comparison is published says it is superseded and links the comparison; the ones issue 67
+    flagged (training split, GPTQ below its strongest, KIVI's dense rebuild, Quamba2's clustering) say so."""
+    import yaml
+
+    page = (gen_docs.DOCS / "results.md").read_text()
+    sections = {s.split("\n", 1)[0]: s for s in page.split("\n## ")[1:]}
+    groups = yaml.safe_load(gen_docs.NOTES.read_text())["groups"]
+    published = {p.stem for p in gen_docs.PUBLISHED.glob("*.json")}
+    assert {"align", "gptq", "clover-prune", "clover-finetune"} <= published
+    for g in groups:
+        text = sections[g["title"]]
+        done = [c for c in g.get("comparisons", []) if c in published]
+        for c in done:
+            assert f"[{c}](comparisons/{c}.md)" in text.split("\n\n", 2)[1], g["title"]
+        if done or g.get("flagged"):
+            assert text.split("\n\n", 2)[1].startswith('!!! warning "Superseded"'), g["title"]
+        for stem in g["files"]:
+            assert f"### `{stem}." in text
+    for title, words in (("GuidedQuant and LNQ", "training split"), ("Alignment at matched KL", "comparisons/align.md"),
+                         ("Block formats: BlockDialect against MXFP4 and NVFP4", "training split"),
+                         ("Weight quantization: RTN, GPTQ and NF4", "comparisons/gptq.md"), ("CLOVER", "clover-prune"),
+                         ("KV-cache compression: Lexico and KIVI", "dense rebuild"), ("Quamba2", "clustering")):
+        assert words in sections[title].split("\n\n", 2)[1], title
