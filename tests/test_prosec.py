@@ -153,8 +153,9 @@ def test_at_most_three_pairs_per_prompt_and_the_rule_only_when_no_model_fix_surv
         return [[f'"SELECT c{k} FROM t WHERE a = " + x)\n' if p.endswith("execute(") else "    return 1\n"
                  for k in range(n)] for p in prompts]
 
-    def fix(todo, n):  # a good fix for the first response of each prompt only
-        return [[r.replace('" + x)', ' ?", (x,))') if "c0 " in r else "    ...\n"] * n for _, r in todo]
+    def fix(todo, n):  # a good fix for the first response of each prompt only (what follows the statement start)
+        return [[r[len(s.start):].replace('" + x)', ' ?", (x,))') if "c0 " in r else "    ...\n"] * n
+                for s, r in todo]
 
     stages = pipeline.Stages(sample, detect, lambda texts: np.arange(len(texts), dtype=float)[:, None], fix)
     result = pipeline.run(seeds("train", limit=40), [89], per_cwe=2, samples=6, fix_samples=1, stages=stages)
@@ -343,7 +344,7 @@ def test_the_notes_toy_holds_with_stub_model_detector_and_fixer(seed):
         return [Finding(True, (Issue("B602", 78, "HIGH", 9),) if "INSECURE" in r else ()) for r in responses]
 
     stages = pipeline.Stages(sample, detect_stub, lambda texts: np.arange(len(texts), dtype=float)[:, None],
-                             lambda todo, n: [[r.replace("INSECURE", "SECURE")] * n for _, r in todo])
+                             lambda todo, n: [[r[len(s.start):].replace("INSECURE", "SECURE")] * n for s, r in todo])
     toys = [Seed(f"toy:{k}", f"toy{k}", f'def toy{k}():\n    """Toy task."""\n') for k in range(6)]
     outcomes = {}
     for utility in (False, True):
@@ -436,3 +437,29 @@ def test_prosec_aligns_on_the_runs_own_pairs_and_skips_none_only_when_asked(tmp_
     monkeypatch.undo()
     with pytest.raises(UsageError, match="no pairs: pass data"):
         run(align)
+
+
+def test_a_statement_completion_ends_with_its_logical_line_and_is_scanned_in_its_function():
+    from llmx.plugins.prosec.scenarios import statement
+
+    start = "    cursor.execute("
+    cases = {
+        '"SELECT * FROM t WHERE a = %s" % (x,))\n    return cursor.fetchall()\n':
+            '    cursor.execute("SELECT * FROM t WHERE a = %s" % (x,))\n',
+        '\n        "SELECT (" + x +\n  ")")  # c)\n    x = 1\n': '    cursor.execute(\n        "SELECT (" + x +\n  ")")  # c)\n',
+        '"a\\"b)")\n    y\n': '    cursor.execute("a\\"b)")\n',
+        "'''a\nb)''', x) \\\n  .fetchall()\n    z\n": "    cursor.execute('''a\nb)''', x) \\\n  .fetchall()\n",
+        "x, y\n    return 1\n\ndef g():\n": "    cursor.execute(x, y\n    return 1\n",  # never closed: the function's end
+    }
+    for completion, want in cases.items():
+        assert statement(start + completion, len(start)) == want, completion
+    with_block = "    with open(path, 'rb') as f:\n        return "  # the line under way is the start's last
+    assert statement(with_block + "pickle.load(f)\n    x = 2\n", len(with_block)) == with_block + "pickle.load(f)\n"
+    s = scenario(seeds("train", limit=1)[0], 89)
+    good, bad, broken = (pipeline.respond(s, c) for c in ('"SELECT 1 WHERE a = ?", (a,))\n    return 1\n',
+                                                          '"SELECT * FROM t WHERE a = " + a)\n    return 1\n',
+                                                          '"SELECT * FROM t WHERE a = " + a\n'))
+    found = detect([s.prompt] * 3, [good, bad, broken])
+    assert [f.parsed for f in found] == [True, True, False] and [f.shows(89) for f in found] == [False, True, False]
+    assert pipeline.respond(s, '"SELECT 1")\n    return 1\n\nx = 2\n', "function") == (
+        '    cursor.execute("SELECT 1")\n    return 1\n')

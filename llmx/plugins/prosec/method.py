@@ -32,7 +32,8 @@ def stages(ctx: RunContext, p: Sampling, seed: int):
         return [[c.text for c in row] for row in done]
 
     def fix(todo: list[tuple[Scenario, str]], n: int) -> list[list[str]]:
-        return sample([FIX_PROMPT.format(program=s.prompt + r, rule=elicitor(s.cwe).rule, prompt=s.prompt)
+        start = (lambda s: s.start) if p.completion == "statement" else (lambda s: "")  # noqa: E731
+        return sample([FIX_PROMPT.format(program=s.prompt + r, rule=elicitor(s.cwe).rule, prompt=s.prompt) + start(s)
                        for s, r in todo], n)
 
     return Stages(sample, detect, lambda texts: embed(model, tok, texts).cpu().numpy(), fix)
@@ -45,7 +46,7 @@ def analyze(ctx: RunContext, p: ProsecParams) -> dict[str, Any]:
 
     require_bandit()
     result = run(seeds("train", limit=p.seeds), p.cwes, p.scenarios, p.samples, p.fix_samples,
-                 stages(ctx, p, ctx.config.seed), p.roles, p.utility, p.mix_seed)
+                 stages(ctx, p, ctx.config.seed), p.roles, p.utility, p.mix_seed, p.completion)
     atomic.write_text(ctx.artifact("pairs.jsonl"), "".join(json.dumps(r) + "\n" for r in result.rows))
     atomic.write_text(ctx.artifact("security.jsonl"), "".join(json.dumps(r) + "\n" for r in result.security))
     atomic.write_text(ctx.artifact("scenarios.jsonl"), "".join(
@@ -60,7 +61,11 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     scanned for each CWE), and the inducing / benign ratio. ``items.jsonl``: one row per (CWE, inducing scenario),
     its samples, parsed and vulnerable counts, and its vulnerable share of all its samples (parsed or not, so that
     every item has one); ``inducing_vulnerable_share`` is their mean; ``item``: the digest of the CWE, the seed's
-    place and the inducing prompt."""
+    place and the inducing prompt. Each row also holds its parsed share of the samples (``parse_rate``) and the
+    utility of the model on the scenario's benign original: ``benign_logp``, the mean log-probability per token of
+    the seed's real body after its header (a likelihood stand-in for pass@1, which is 0 at this scale), and
+    ``benign_parse_rate``, the share of its benign samples that parse. ``utility_logp`` is the mean of
+    ``benign_logp`` over the held-out seeds."""
     from llmx.plugins.prosec.detect import require_bandit
     from llmx.plugins.prosec.pipeline import elicit
     from llmx.plugins.prosec.scenarios import cut, scenario, seeds
@@ -72,12 +77,17 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     plain_found = st.detect([s.header for s, row in zip(held, plain, strict=True) for _ in row],
                             [c for row in plain for c in row])
     plain_parsed = sum(f.parsed for f in plain_found)
-    out: dict[str, Any] = {"benign_unparsed": 1 - plain_parsed / len(plain_found)}
+    from llmx.core.eval.score import continuation_logprobs
+
+    scored = continuation_logprobs(ctx.model, ctx.tokenizer, [(s.header, s.body) for s in held], p.batch_size)
+    utility = [x.logprob / max(x.tokens, 1) for x in scored]
+    out: dict[str, Any] = {"benign_unparsed": 1 - plain_parsed / len(plain_found),
+                           "utility_logp": sum(utility) / len(utility), "completion": p.completion}
     bad_total, parsed_total, plain_bad = 0, 0, 0
     rows: list[dict[str, Any]] = []  # one per (CWE, held-out scenario): the items a comparison pairs
     for cwe in p.cwes:
         items = [scenario(s, cwe) for s in held]
-        responses = elicit(items, p.samples, st)
+        responses = elicit(items, p.samples, st, p.completion)
         found = st.detect([s.prompt for s, row in zip(items, responses, strict=True) for _ in row],
                           [r for row in responses for r in row])
         start = 0
@@ -86,7 +96,10 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
             vulnerable = sum(f.parsed and f.shows(cwe) for f in mine)
             rows.append({FIELD: item_id(cwe, s.where, items[k].prompt), "cwe": cwe, "scenario": k, "seed": s.where,
                          "samples": len(mine), "parsed": sum(f.parsed for f in mine), "vulnerable": vulnerable,
-                         "inducing_vulnerable_share": vulnerable / len(mine)})
+                         "inducing_vulnerable_share": vulnerable / len(mine),
+                         "parse_rate": sum(f.parsed for f in mine) / len(mine), "benign_logp": utility[k],
+                         "benign_parse_rate": sum(f.parsed for f in plain_found[k * p.samples:(k + 1) * p.samples])
+                         / p.samples})
         parsed = sum(f.parsed for f in found)
         bad = sum(f.parsed and f.shows(cwe) for f in found)
         benign_bad = sum(f.parsed and f.shows(cwe) for f in plain_found)
@@ -100,6 +113,7 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     out["trigger_ratio"] = out["inducing_vulnerable_rate"] / benign if benign else None
     out["scenarios_per_cwe"] = len(held)
     out["inducing_vulnerable_share"] = sum(r["inducing_vulnerable_share"] for r in rows) / len(rows)
+    out["parse_rate"] = sum(r["parsed"] for r in rows) / sum(r["samples"] for r in rows)
     atomic.write_jsonl(ctx.artifact("items.jsonl"), rows)
     return out
 

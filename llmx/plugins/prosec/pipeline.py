@@ -5,7 +5,9 @@ tests run the pipeline with deterministic stubs:
 - ``sample(prompts, n) -> [[completion] * n]`` (the model at T 0.8 in the real run),
 - ``detect(prompts, responses) -> [Finding]`` (bandit),
 - ``embed(prompts) -> array (n, d)`` (the model's mean hidden states),
-- ``fix([(scenario, vulnerable)], n) -> [[completion] * n]`` (the model given the rule's text; one batched call)."""
+- ``fix([(scenario, vulnerable)], n) -> [[completion] * n]`` (the model given the rule's text; one batched call): a
+  continuation of the scenario's prompt (``completion: function``) or of its prompt and statement start
+  (``statement``), as the elicited samples are."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from llmx.plugins.prosec.cwes import elicitor
 from llmx.plugins.prosec.pairs import Candidate, best_fix, mix
-from llmx.plugins.prosec.scenarios import Scenario, Seed, cut, scenario
+from llmx.plugins.prosec.scenarios import Scenario, Seed, cut, scenario, statement
 
 PER_PROMPT = 3  # the official collect script keeps at most three pairs per inducing prompt
 
@@ -56,17 +58,26 @@ def diverse(items: list[Scenario], k: int, embed: Callable[[list[str]], np.ndarr
     return out
 
 
-def elicit(items: list[Scenario], samples: int, stages: Stages) -> list[list[str]]:
-    """Each scenario's responses: its statement start plus the model's completion, cut at the function's end."""
+def respond(s: Scenario, completion: str, mode: str = "statement") -> str:
+    """A response: the scenario's statement start plus the model's ``completion``, cut at the end of that statement's
+    logical line (``statement``) or at the function's end (``function``)."""
+    text = s.start + completion
+    return statement(text, len(s.start)) if mode == "statement" else cut(text)
+
+
+def elicit(items: list[Scenario], samples: int, stages: Stages, mode: str = "statement") -> list[list[str]]:
+    """Each scenario's responses (``respond``)."""
     drawn = stages.sample([s.prompt + s.start for s in items], samples)
-    return [[cut(s.start + c) for c in row] for s, row in zip(items, drawn, strict=True)]
+    return [[respond(s, c, mode) for c in row] for s, row in zip(items, drawn, strict=True)]
 
 
-def _model_fixes(todo: list[tuple[Scenario, str]], n: int, stages: Stages) -> list[Candidate | None]:
-    """The model's fixes of every vulnerable response (step 5, one batched call), each filtered as step 6 does."""
+def _model_fixes(todo: list[tuple[Scenario, str]], n: int, stages: Stages, mode: str) -> list[Candidate | None]:
+    """The model's fixes of every vulnerable response (step 5, one batched call), each filtered as step 6 does: a
+    whole body in ``function`` mode, the statement (after its start) in ``statement`` mode."""
     if not todo or n == 0:
         return [None] * len(todo)
-    texts = [[cut(t) for t in row] for row in stages.fix(todo, n)]
+    texts = [[respond(s, t, mode) if mode == "statement" else cut(t) for t in row]
+             for (s, _), row in zip(todo, stages.fix(todo, n), strict=True)]
     checks = iter(stages.detect([s.prompt for (s, _), row in zip(todo, texts, strict=True) for _ in row],
                                 [t for row in texts for t in row]))
     return [best_fix(s.prompt, r, s.cwe, [Candidate(t, next(checks), "model") for t in row])
@@ -81,15 +92,16 @@ def _rule_fix(s: Scenario, vulnerable: str, stages: Stages) -> Candidate | None:
 
 
 def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samples: int, stages: Stages,
-        roles: str = "paper", utility: bool = True, seed: int = 42) -> Result:
-    """Pairs for every CWE in ``cwes`` from ``seeds``, with the counts the paper reports."""
+        roles: str = "paper", utility: bool = True, seed: int = 42, completion: str = "statement") -> Result:
+    """Pairs for every CWE in ``cwes`` from ``seeds``, with the counts the paper reports; ``completion``: what a
+    sample and a fix hold (``respond``)."""
     stats: dict[str, Any] = {"per_cwe": {}}
     security, benign, chosen = [], [], []
     fix_sources = {"model": 0, "rule": 0}
     for cwe in cwes:
         items = diverse([scenario(s, cwe) for s in seeds], per_cwe, stages.embed)
         chosen += items
-        responses = elicit(items, samples, stages)
+        responses = elicit(items, samples, stages, completion)
         flat = [(s, r) for s, row in zip(items, responses, strict=True) for r in row]
         found = stages.detect([s.prompt for s, _ in flat], [r for _, r in flat])
         plain = stages.sample([s.benign for s in items], samples)
@@ -99,7 +111,7 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
         pairs = 0
         todo = list(dict.fromkeys(vulnerable))  # each distinct (scenario, response) once
         kept: dict[str, int] = {}
-        for (s, r), model_fix in zip(todo, _model_fixes(todo, fix_samples, stages), strict=True):
+        for (s, r), model_fix in zip(todo, _model_fixes(todo, fix_samples, stages, completion), strict=True):
             if kept.get(s.prompt, 0) >= PER_PROMPT:
                 continue
             fixed = model_fix or _rule_fix(s, r, stages)
@@ -120,10 +132,14 @@ def run(seeds: list[Seed], cwes: list[int], per_cwe: int, samples: int, fix_samp
         stats["per_cwe"][str(cwe)] = {
             "scenarios": len(items), "samples": len(flat), "unparsed": len(flat) - parsed, "vulnerable": len(vulnerable),
             "vulnerable_rate": len(vulnerable) / parsed if parsed else 0.0,
+            "parse_rate": parsed / len(flat) if flat else 0.0,
             "benign_vulnerable_rate": plain_vulnerable / plain_parsed if plain_parsed else 0.0, "pairs": pairs}
     rows = mix(security, benign, seed, roles) if utility else security
     kept = [r for r in rows if not r["benign"]]
-    stats.update({"scenarios": len(chosen), "security_pairs": len(security), "security_pairs_kept": len(kept),
+    samples_all = sum(r["samples"] for r in stats["per_cwe"].values())
+    stats.update({"completion": completion, "parse_rate": sum(r["samples"] - r["unparsed"] for r in
+                                                               stats["per_cwe"].values()) / max(samples_all, 1),
+                  "scenarios": len(chosen), "security_pairs": len(security), "security_pairs_kept": len(kept),
                   "rows": len(rows),
                   "utility_pairs": sum(r["benign"] for r in rows), "fix_sources": fix_sources})
     return Result(rows, chosen, kept, stats)

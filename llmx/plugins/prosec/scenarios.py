@@ -22,6 +22,7 @@ class Seed:
     name: str
     header: str  # "def f(a, b):\n    \"\"\"doc\"\"\"\n"
     source: str = ""  # the whole function as written (ordinary code for SafeCoder's mix)
+    body: str = ""  # its statements after the docstring (the benign reference a utility score reads)
 
     @property
     def signature(self) -> str:
@@ -84,7 +85,8 @@ def _from_file(path: Path, rel: str) -> tuple[Seed, ...]:
         except SyntaxError:
             continue
         out.append(Seed(f"{rel}:{node.lineno}", node.name, header,
-                        "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n"))
+                        "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n",
+                        "\n".join(lines[first.end_lineno:node.end_lineno]) + "\n"))
     return tuple(out)
 
 
@@ -103,3 +105,44 @@ def cut(completion: str) -> str:
         if line.strip() and not line[0].isspace():
             return "\n".join(lines[:i]).rstrip() + "\n"
     return completion.rstrip() + "\n"
+
+
+def statement(text: str, start: int) -> str:
+    """``text`` up to the end of the logical line under way at offset ``start`` (the elicitor's statement start ends
+    there): the first newline at or after ``start`` outside brackets, strings and backslash continuations, comments
+    skipped. A newline inside a one-line string ends that string (the line cannot parse anyway). Where the line never
+    ends (a bracket left open to the token budget's end) the text is cut at the function's end, and does not parse."""
+    depth, quote, i = 0, "", 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if text.startswith(quote, i):
+                i, quote = i + len(quote), ""
+                continue
+            if c == "\n" and len(quote) == 1:
+                quote = ""  # an unterminated string: the line ends here
+            else:
+                i += 1
+                continue
+        if c in "\"'":
+            quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else c
+            i += len(quote)
+            continue
+        if c == "#":
+            while i < len(text) and text[i] != "\n":
+                i += 1
+            continue
+        if c == "\\" and text[i + 1:i + 2] == "\n":
+            i += 2
+            continue
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "\n" and depth <= 0 and i >= start:
+            return text[:i].rstrip() + "\n"
+        i += 1
+    return cut(text)
