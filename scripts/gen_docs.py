@@ -393,17 +393,23 @@ def _group_parts(g: dict[str, Any], results: Path, published: Path) -> list[Part
         parts.append(Part(f"![{g['title']}]({g['image']})\n\n", "prose"))
     for s in stems:
         md, js = results / f"{s}.md", results / f"{s}.json"
+        # each file's tables fold (pymdownx.details), so the page reads as its sections and their verdicts
         if md.is_file():
-            parts.append(Part(f"### `{s}.md`\n\n", "prose"))
-            parts.append(Part(_demoted(md.read_text()).strip("\n") + "\n\n", "result", (md,)))
+            parts.append(Part(f'??? note "`{s}.md`"\n\n', "prose"))
+            parts.append(Part(_indented(_demoted(md.read_text()).strip("\n")) + "\n\n", "result", (md,)))
         else:
-            parts.append(Part(f"### `{s}.json`\n\n", "prose"))
-            parts.append(Part(_json_table(json.loads(js.read_text())) + "\n\n", "result", (js,)))
+            parts.append(Part(f'??? note "`{s}.json`"\n\n', "prose"))
+            parts.append(Part(_indented(_json_table(json.loads(js.read_text()))) + "\n\n", "result", (js,)))
     if g.get("notes"):
         parts.append(Part("**What the figures show.** " + " ".join(g["notes"].strip().split("\n\n")[0].split())
                           + "".join("\n\n" + " ".join(p.split()) for p in g["notes"].strip().split("\n\n")[1:])
                           + "\n\n", "prose"))
     return parts
+
+
+def _indented(text: str) -> str:
+    """``text`` as the body of a collapsible block: four spaces before every non-empty line."""
+    return "\n".join("    " + line if line.strip() else "" for line in text.splitlines())
 
 
 def _demoted(text: str) -> str:

@@ -267,7 +267,7 @@ def test_the_results_page_labels_what_comparisons_supersede():
         if done or g.get("flagged"):
             assert text.split("\n\n", 2)[1].startswith('!!! warning "Superseded"'), g["title"]
         for stem in g["files"]:
-            assert f"### `{stem}." in text
+            assert f'??? note "`{stem}.' in text
     for title, words in (("GuidedQuant and LNQ", "training split"), ("Alignment at matched KL", "comparisons/align.md"),
                          ("Block formats: BlockDialect against MXFP4 and NVFP4", "training split"),
                          ("Weight quantization: RTN, GPTQ and NF4", "comparisons/gptq.md"), ("CLOVER", "clover-prune"),
