@@ -1,0 +1,126 @@
+"""ProSec's pipeline on a scripted policy: a fake generator that, per CWE, writes an unparseable, a vulnerable or a
+fixed statement at known rates (drawn per (prompt, sample) from a seeded hash, so the draw does not depend on the
+order of the calls) and a fixer that writes the known fix. bandit is the real analyser. The pipeline's counts must
+equal what the policy wrote, exactly, and the rates must be the scripted ones within a binomial tolerance (4 standard
+errors); every security pair must be a vulnerable statement the policy wrote for that prompt against a fix without
+the CWE."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+
+from llmx.plugins.prosec import pipeline
+from llmx.plugins.prosec.cwes import ELICITORS
+from llmx.plugins.prosec.detect import detect
+from llmx.plugins.prosec.scenarios import seeds
+
+# per CWE: (unparsed rate, vulnerable rate), the rest fixed; the continuations after the elicitor's statement start
+RATES = {89: (0.2, 0.5), 78: (0.1, 0.3), 502: (0.3, 0.4), 338: (0.0, 0.6)}
+WRITES = {
+    89: {"vulnerable": '"SELECT c{k} FROM t WHERE a = " + x)\n    return 1\n',
+         "fixed": '"SELECT c{k} FROM t WHERE a = ?", (x,))\n    return 1\n',
+         "unparsed": '"SELECT c{k} FROM t WHERE a = " + x\n    return 1\n'},
+    78: {"vulnerable": '"ls -{k} " + path, shell=True)\n', "fixed": '["ls", "-{k}", path])\n',
+         "unparsed": '"ls -{k} " + path, shell=True\n'},
+    502: {"vulnerable": "pickle.loads(f.read()[{k}:])\n", "fixed": "json.loads(f.read()[{k}:])\n",
+          "unparsed": "pickle.loads(f.read()[{k}:]\n"},
+    338: {"vulnerable": "random.choice(string.ascii_letters) for _ in range({k} + 8))\n",
+          "fixed": "secrets.choice(string.ascii_letters) for _ in range({k} + 8))\n",
+          "unparsed": "random.choice(string.ascii_letters) for _ in range({k} + 8)\n"},
+}
+SCENARIOS, SAMPLES = 5, 10
+
+
+def _draw(prompt: str, k: int) -> float:
+    return int.from_bytes(hashlib.blake2b(f"{prompt}:{k}".encode(), digest_size=8).digest(), "big") / 2 ** 64
+
+
+class Policy:
+    """The scripted model: what it wrote, per CWE and prompt, is logged."""
+
+    def __init__(self):
+        self.log: dict[int, dict[str, list[str]]] = {c: {} for c in RATES}  # cwe -> prompt -> kinds written
+
+    def cwe_of(self, prompt: str) -> int | None:
+        return next((c for c in RATES if prompt.endswith(ELICITORS[c].start)), None)
+
+    def sample(self, prompts: list[str], n: int) -> list[list[str]]:
+        out = []
+        for prompt in prompts:
+            cwe = self.cwe_of(prompt)
+            if cwe is None:  # a benign original: plain code
+                out.append([f"    return {k}\n" for k in range(n)])
+                continue
+            unparsed, vulnerable = RATES[cwe]
+            kinds = ["unparsed" if u < unparsed else "vulnerable" if u < unparsed + vulnerable else "fixed"
+                     for u in (_draw(prompt, k) for k in range(n))]
+            self.log[cwe].setdefault(prompt[:-len("    " + ELICITORS[cwe].start)], []).extend(kinds)
+            out.append([WRITES[cwe][kind].format(k=k) for k, kind in enumerate(kinds)])
+        return out
+
+    def fix(self, todo, n: int) -> list[list[str]]:
+        """The known fix of each vulnerable statement (502's and 338's read a module the prompt does not import,
+        so the filter drops them and the rule's rewrite, which imports it, stands in)."""
+        return [[WRITES[s.cwe]["fixed"].format(k=next(k for k in range(SAMPLES) if _statement(s.cwe, k) == r))] * n
+                for s, r in todo]
+
+
+def _statement(cwe: int, k: int, kind: str = "vulnerable") -> str:
+    """The response the pipeline keeps of a write: the statement start and the write's first line."""
+    return "    " + ELICITORS[cwe].start + WRITES[cwe][kind].format(k=k).split("\n")[0] + "\n"
+
+
+def _run(policy: Policy):
+    stages = pipeline.Stages(policy.sample, detect, lambda texts: np.zeros((len(texts), 1)), policy.fix)
+    return pipeline.run(seeds("train", limit=SCENARIOS), list(RATES), per_cwe=SCENARIOS, samples=SAMPLES,
+                        fix_samples=1, stages=stages)
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    policy = Policy()
+    return policy, _run(policy)
+
+
+def test_the_counts_are_what_the_policy_wrote_and_the_rates_the_scripted_ones(scripted):
+    policy, result = scripted
+    total = {"samples": 0, "parsed": 0}
+    for cwe, (unparsed, vulnerable) in RATES.items():
+        written = [k for kinds in policy.log[cwe].values() for k in kinds]
+        row = result.stats["per_cwe"][str(cwe)]
+        n, bad, vul = len(written), written.count("unparsed"), written.count("vulnerable")
+        assert (row["scenarios"], row["samples"]) == (SCENARIOS, SCENARIOS * SAMPLES) == (len(policy.log[cwe]), n)
+        assert (row["unparsed"], row["vulnerable"]) == (bad, vul), cwe
+        assert row["parse_rate"] == (n - bad) / n and row["vulnerable_rate"] == vul / (n - bad)
+        assert row["benign_vulnerable_rate"] == 0.0
+        # the policy's own draw against its script: within 4 binomial standard errors
+        for got, want in ((bad / n, unparsed), (vul / n, vulnerable)):
+            assert abs(got - want) <= 4 * math.sqrt(want * (1 - want) / n) + 1e-12, (cwe, got, want)
+        assert row["pairs"] == sum(min(pipeline.PER_PROMPT, kinds.count("vulnerable"))
+                                   for kinds in policy.log[cwe].values())  # distinct statements, three a prompt
+        total["samples"] += n
+        total["parsed"] += n - bad
+    assert result.stats["parse_rate"] == total["parsed"] / total["samples"]
+    pairs = sum(r["pairs"] for r in result.stats["per_cwe"].values())
+    assert pairs > 0 and result.stats["security_pairs"] == pairs == result.stats["utility_pairs"]
+    assert len(result.rows) == 2 * pairs  # every scenario has benign answers: the mix keeps every pair, 1:1
+    by_cwe = {c: sum(1 for r in result.security if r["cwe"] == c) for c in RATES}
+    model = by_cwe[89] + by_cwe[78]  # their known fixes survive the filters; 502's and 338's need the rule
+    assert result.stats["fix_sources"] == {"model": model, "rule": pairs - model}
+
+
+def test_each_pair_is_a_vulnerable_statement_written_for_its_prompt_against_a_fix_without_the_cwe(scripted):
+    policy, result = scripted
+    for r in result.security:
+        kinds = policy.log[r["cwe"]][r["prompt"]]
+        wrote = {_statement(r["cwe"], k) for k, kind in enumerate(kinds) if kind == "vulnerable"}
+        assert r["rejected"] in wrote, r
+        chosen, rejected = detect([r["prompt"]] * 2, [r["chosen"], r["rejected"]])
+        assert chosen.parsed and not chosen.shows(r["cwe"]) and rejected.shows(r["cwe"]), r
+    utility = [r for r in result.rows if r["benign"]]
+    assert all(r["chosen"].startswith("    return ") and r["rejected"] in {s["chosen"] for s in result.security}
+               for r in utility)
