@@ -12,6 +12,7 @@ import torch
 
 from llmx.core.multimodal import languages as L
 from llmx.core.multimodal.scenes import Obj, Scene, scenes
+from llmx.errors import UsageError
 from llmx.plugins.reper import critic as C
 from llmx.plugins.reper.build import QUESTION, corrupt
 from llmx.plugins.reper.dialogues import Dialogue, assemble, load
@@ -246,6 +247,54 @@ def test_a_noisy_critic_omits_or_misreports_errors_reproducibly():
     assert share_kept == pytest.approx(0.5, abs=0.05) and share_named == pytest.approx(0.75, abs=0.05)
 
 
+def _names() -> set[str]:
+    """Every word or phrase that names an object or what it looks like: digits, colours, sizes, places, relations."""
+    t = L.TABLES["en"]
+    return {*t["digits"], *t["colours"].values(), *t["sizes"].values(), *t["relations"].values(),
+            *t["cells"].values(), *(w for c in t["cells"].values() for w in c.split())}
+
+
+def scene_names(scene) -> list[str]:
+    return [L.TABLES["en"]["digits"][o.digit] for o in scene.objects]
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.5])
+def test_kind_feedback_names_no_object_and_scores_as_the_verbatim_critic(noise):
+    import re
+
+    names = _names()
+    verbatim, kind = C.RuleCritic(noise=noise, seed=3), C.RuleCritic(noise=noise, seed=3, kinds=True)
+    named, kinds_seen = 0, set()
+    for i, scene in enumerate(scenes(40, "train", 7)):
+        rng = random.Random(i)
+        for k in range(6):
+            caption = corrupt(scene, k, rng)
+            (sv, fv), (sk, fk) = verbatim.score(scene, "q", caption), kind.score(scene, "q", caption)
+            assert sv == sk and fk.startswith(C.feedback(sk).removesuffix(C.ASK).strip()) and fk.endswith(C.ASK)
+            said = fk.removesuffix(C.ASK)  # the paper's closing "a better one?": no digit meant
+            assert not [w for w in names if re.search(rf"\b{w}\b", said, re.IGNORECASE)], (caption, fk)
+            kinds_seen |= {x for x, text in C.KIND_TEXT.items() if text in fk}
+            named += any(re.search(rf"\b{w}\b", fv.removesuffix(C.ASK)) for w in scene_names(scene))
+    assert named > 100  # today's feedback names the scene's objects: the answer is in it
+    assert {"hallucination", "miss", "colour", "cell"} <= kinds_seen
+
+
+def test_kind_feedback_says_each_kind_once_and_takes_the_rule_critic():
+    from pydantic import ValidationError
+
+    from llmx.plugins.reper.config import TurnsParams
+
+    wrong = [(3, "blue", "small", "top_left"), (9, "white", "small", "bottom_right")]  # colour, size, 9 invented, 5, 7 missed
+    score, text = C.RuleCritic(kinds=True).score(SCENE, "q", _caption(wrong, []))
+    assert text == C.feedback(score, "The caption mentions an object that is not in the image. A colour is wrong. "
+                                     "A size is wrong. An object is missing.")
+    assert C.RuleCritic(kinds=True).score(SCENE, "q", "evet") == (1, C.feedback(1, "A sentence describes nothing "
+                                                                                   "in the image. An object is "
+                                                                                   "missing."))  # 3 misses, said once
+    with pytest.raises(ValidationError, match="rule critic"):
+        TurnsParams(critic="model", critic_model="ref:llava", feedback="kind")
+
+
 def test_caption_metrics_and_the_final_answer():
     from llmx.plugins.reper.turns import Turn, caption_metrics, final
 
@@ -404,6 +453,81 @@ def test_dpo_starts_at_log_two_and_widens_the_best_worst_margin(llava, tmp_path)
     assert later.item() < math.log(2) and stats["reward_margin"].item() > 0
 
 
+def test_lipo_of_two_answers_labelled_one_and_zero_is_dpo_times_its_lambda_weight():
+    from llmx.core import preference as P
+
+    g = torch.Generator().manual_seed(0)
+    pi_w, pi_l, ref_w, ref_l = (-torch.rand(6, generator=g) * 20 for _ in range(4))
+    beta = 0.1
+    weight = 1 - 1 / math.log2(3)  # |G_1 - G_0| = 1, |1/log2(2) - 1/log2(3)|
+    for rewards, labels in ((torch.stack([pi_w - ref_w, pi_l - ref_l], 1), [1.0, 0.0]),
+                            (torch.stack([pi_l - ref_l, pi_w - ref_w], 1), [0.0, 1.0])):
+        lipo = P.lipo_lambda_loss(beta * rewards, torch.tensor([labels] * 6))
+        assert torch.allclose(lipo, weight * P.dpo_loss(pi_w, pi_l, ref_w, ref_l, beta), atol=1e-6)
+
+
+def test_lipo_is_invariant_to_a_constant_shift_and_ignores_absent_answers():
+    from llmx.core import preference as P
+
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.randn(5, 4, generator=g)
+    labels = torch.rand(5, 4, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]).bool()
+    loss = P.lipo_lambda_loss(rewards, labels, mask)
+    for shift in (-7.5, 3.0, 100.0):
+        assert torch.allclose(P.lipo_lambda_loss(rewards + shift, labels, mask), loss, atol=1e-5)
+    assert loss[4] == 0 and (loss[:4] > 0).all()  # a list of one has no pair
+    junk = torch.where(mask, rewards, torch.full_like(rewards, 1e4))
+    assert torch.equal(P.lipo_lambda_loss(junk, torch.where(mask, labels, torch.full_like(labels, 50.0)), mask), loss)
+    assert torch.allclose(P.lipo_lambda_loss(rewards[1:2, :3], labels[1:2, :3]), loss[1:2])
+
+
+def test_lipo_on_three_answers_by_hand():
+    from llmx.core import preference as P
+
+    s = torch.tensor([[0.5, -0.2, 1.0]], requires_grad=True)
+    psi = torch.tensor([[1.0, 0.0, 0.5]])
+    # ranks by s: third 1, first 2, second 3 -> 1/D = 1/log2(3), 1/log2(4) = 0.5, 1/log2(2) = 1; gains 2^psi - 1
+    d1, d2, d3 = 1 / math.log2(3), 0.5, 1.0
+    g1, g2, g3 = 1.0, 0.0, math.sqrt(2) - 1
+
+    def nls(x):
+        return math.log1p(math.exp(-x))  # -log sigma(x)
+
+    want = (abs(g1 - g2) * abs(d1 - d2) * nls(0.5 + 0.2)      # psi: first > second: 0.13093 x 0.40319
+            + abs(g1 - g3) * abs(d1 - d3) * nls(0.5 - 1.0)    # first > third: 0.21620 x 0.97408
+            + abs(g3 - g2) * abs(d3 - d2) * nls(1.0 + 0.2))   # third > second: 0.20711 x 0.26328
+    loss = P.lipo_lambda_loss(s, psi)
+    assert loss.item() == pytest.approx(want, rel=1e-6) and want == pytest.approx(0.31791, abs=1e-5)
+    (grad,) = torch.autograd.grad(loss.sum(), s)  # the lambda weights are constants
+    sig = torch.sigmoid
+    w12, w13 = abs(g1 - g2) * abs(d1 - d2), abs(g1 - g3) * abs(d1 - d3)
+    g_first = -w12 * (1 - sig(torch.tensor(0.7))) - w13 * (1 - sig(torch.tensor(-0.5)))
+    assert grad[0, 0].item() == pytest.approx(g_first.item(), rel=1e-5)
+
+
+def test_lipo_labels_are_win_rates_or_scores():
+    from llmx.plugins.reper.train import lipo_labels
+
+    d = Dialogue("d", SCENE, QUESTION, ["a", "b", "c"], ["f", "g"], [1, 2, 3], [2, 5, 9], [None] * 3)
+    assert lipo_labels(d, "winrate") == [0.0, 0.5, 1.0]
+    assert lipo_labels(d, "score") == pytest.approx([1 / 9, 4 / 9, 8 / 9])
+    tied = Dialogue("d", SCENE, QUESTION, ["a", "b", "c"], ["f", "g"], [1, 2, 3], [4, 4, 9], [None] * 3)
+    assert lipo_labels(tied, "winrate") == [0.25, 0.25, 1.0]
+    bare = Dialogue("d", SCENE, QUESTION, ["a", "b"], ["f"], [1, 2], [None, None], [None] * 2)
+    assert lipo_labels(bare, "winrate") == [0.0, 1.0]
+    with pytest.raises(UsageError, match="score on every answer"):
+        lipo_labels(bare, "score")
+
+
+def test_lipo_trains_on_each_dialogue_as_a_list_and_widens_the_best_worst_margin(llava, tmp_path):
+    (value, stats), (bw, ww), (ba, wa), loss = _trained_pairs(llava, tmp_path, "lipo")
+    assert value.item() > 0 and abs(stats["reward_margin"].item()) < 1e-5  # the policy is the reference
+    assert ((ba - wa) - (bw - ww)).mean() > 0
+    later, stats = loss(0)
+    assert later.item() < value.item() and stats["reward_margin"].item() > 0
+
+
 def test_sft_on_the_best_answer_raises_the_best_more_than_the_worst(llava, tmp_path, monkeypatch):
     from llmx.plugins.reper import train as R
 
@@ -475,13 +599,13 @@ def test_a_dialogue_over_the_context_loses_its_earliest_answers_at_inference(lla
     assert fit(model, proc, msgs[:3], 100) == msgs[:3]
 
 
-@pytest.mark.parametrize("objective", ["sft_best", "dpo"])
+@pytest.mark.parametrize("objective", ["sft_best", "dpo", "lipo"])
 def test_the_baselines_train_on_the_same_dialogues(tmp_path, objective):
     data = _fixed_dialogues(tmp_path)
     multi = sum(len(load(data)[k].answers) > 1 for k in range(len(load(data))))
     out = _run("ref:llava-test", [{"method": "reper", "stage": "align", "params": {
         "data": data, "objective": objective, "steps": 2, "batch_size": 2, "save": False}}], tmp_path)[0]
-    assert out["trained_rows"] == (multi if objective == "dpo" else len(load(data)))
+    assert out["trained_rows"] == (multi if objective in ("dpo", "lipo") else len(load(data)))
     assert math.isfinite(out["final_loss"])
 
 
@@ -529,9 +653,12 @@ def test_reper_runs_on_cuda(tmp_path):
                                                           "ul_tokens": "differing"}},
         {"method": "reper", "stage": "align", "params": {"steps": 2, "batch_size": 2, "save": False,
                                                           "objective": "dpo"}},
-        {"method": "reper", "stage": "decode", "params": {"scenes": 4, "max_trials": 2, "max_new_tokens": 16}}],
+        {"method": "reper", "stage": "align", "params": {"steps": 2, "batch_size": 2, "save": False,
+                                                          "objective": "lipo"}},
+        {"method": "reper", "stage": "decode", "params": {"scenes": 4, "max_trials": 2, "max_new_tokens": 16,
+                                                           "feedback": "kind"}}],
         tmp_path, device="cuda")
-    assert math.isfinite(out[2]["final_loss"]) and math.isfinite(out[3]["final_loss"])
+    assert all(math.isfinite(out[k]["final_loss"]) for k in (2, 3, 4))
 
 
 def test_a_scenes_item_is_its_place_and_content_not_the_answers():
@@ -547,3 +674,15 @@ def test_a_scenes_item_is_its_place_and_content_not_the_answers():
     first = ids(sc, "a red digit")
     assert len(set(first)) == 3 and ids(sc, "two blue digits") == first  # another policy's answers
     assert ids(sc[:2], "x") == first[:2] and not set(ids(scenes(3, "test", 1), "x")) & set(first)
+
+
+def test_the_comparison_has_a_lipo_baseline_and_rpl_with_the_kind_critic_throughout():
+    from llmx.core.plugins import host
+
+    spec = host().comparisons["reper"]
+    assert {"lipo", "rpl-kind", "dpo"} <= set(spec.judged) and spec.evaluation is None
+    lipo, dpo, rpl, kind = (spec.arm(a).stages for a in ("lipo", "dpo", "rpl", "rpl-kind"))
+    assert lipo[1]["params"] == {**dpo[1]["params"], "objective": "lipo"}  # same steps, rows, batch and rate
+    assert [s["params"].get("feedback") for s in kind] == ["kind", None, "kind"]
+    assert kind[1] == rpl[1] and [s["params"].get("feedback") for s in rpl] == [None] * 3
+    assert spec.arm("base").stages == (rpl[-1],)  # every arm answers in the same 3 turns

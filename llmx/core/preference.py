@@ -19,6 +19,11 @@ returns per-example values, so the caller chooses the reduction. Conventions:
 * ConfPO (Yoon et al., ICML 2025): select the response tokens whose probability is below the arithmetic mean
   probability of that response (``tau = log mean exp(l)``), a detached mask; SimPO (or DPO) on the selected tokens
   only; an example with an empty selection contributes 0 but stays in the mean.
+* LiPO-lambda (Liu et al., 2024, "LiPO: Listwise Preference Optimization through Learning-to-Rank"; the
+  lambda loss of LambdaLoss): over a list of responses with labels ``psi`` and rewards ``s = beta (pi - ref)``,
+  ``-sum_{psi_i > psi_j} Delta_ij log sigma(s_i - s_j)``, ``Delta_ij = |G_i - G_j| |1/D(tau_i) - 1/D(tau_j)|``,
+  gains ``G = 2^psi - 1``, discounts ``D(tau) = log2(1 + tau)``, ``tau`` the rank of ``s`` (1 the highest; the
+  weights detached). A list of two with labels 1 and 0 is DPO times ``1 - 1/log2(3)``.
 """
 
 from __future__ import annotations
@@ -180,3 +185,24 @@ def confpo_dpo_loss(logps_w: torch.Tensor, ref_w: torch.Tensor, mask_w: torch.Te
     n_w, n_l = sel_w.sum(-1), sel_l.sum(-1)
     loss = -F.logsigmoid(beta * (rw - rl)) * ((n_w > 0) & (n_l > 0))
     return loss, {"selected_w": n_w, "selected_l": n_l}
+
+
+def lipo_lambda_loss(rewards: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """LiPO-lambda per list ``[B]`` from ``rewards [B, K]`` (``beta (pi - ref)`` each), graded ``labels [B, K]``
+    (higher is better; LiPO's are in [0, 1]) and ``mask [B, K]`` (an absent response: False). Every pair with
+    ``psi_i > psi_j`` adds ``-Delta_ij log sigma(s_i - s_j)``; ``Delta_ij`` (detached) weighs it by the gain
+    difference and the rank-discount difference, ranks by the current rewards (descending; ties by position, absent
+    responses last). Lists are summed over their pairs, not normalised (the paper's form)."""
+    present = torch.ones_like(rewards, dtype=torch.bool) if mask is None else mask.bool()
+    s = rewards.float()
+    with torch.no_grad():
+        psi = torch.where(present, labels.float(), torch.zeros_like(s))
+        order = s.masked_fill(~present, float("-inf")).sort(dim=-1, descending=True, stable=True).indices
+        positions = torch.arange(1, s.shape[-1] + 1, device=s.device, dtype=s.dtype).expand_as(s)
+        rank = torch.empty_like(s).scatter_(-1, order, positions)
+        discount = 1 / torch.log2(1 + rank)
+        gain = torch.pow(2.0, psi) - 1
+        delta = (gain[:, :, None] - gain[:, None, :]).abs() * (discount[:, :, None] - discount[:, None, :]).abs()
+        pairs = (psi[:, :, None] > psi[:, None, :]) & present[:, :, None] & present[:, None, :]
+    terms = F.logsigmoid(s[:, :, None] - s[:, None, :])
+    return -torch.where(pairs, delta * terms, torch.zeros_like(terms)).sum((-2, -1))

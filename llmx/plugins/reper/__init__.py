@@ -15,7 +15,10 @@ No official code is public (the repository holds a README), so every interpretat
 - dialogues over ``max_length`` lose their earliest answers with the feedback after each;
 - the ``rule`` critic reads the generated scene's ground truth: a stand-in for GPT-4o / LLaVA-Critic, with a
   10-point rubric of our own (hallucinated digit 4, wrong attribute 3, miss 2, relation 1, unreadable sentence 1;
-  1 for a caption naming no object) and a templated rationale; ``noise`` is the weaker critic; ``critic: model``
+  1 for a caption naming no object) and a templated rationale (``feedback: kind``: only the errors' kinds, no
+  object named); ``noise`` is the weaker critic; ``critic: model``
   asks any LVLM with that rubric;
-- at inference a prompt over the context loses its earliest answers, as in training.
+- at inference a prompt over the context loses its earliest answers, as in training;
+- the ``lipo`` baseline's labels (each answer's win rate in its dialogue by the critic's score) and context (each
+  answer to the question alone, as ``dpo``): the paper's LiPO setup is not public.
 """

@@ -18,8 +18,12 @@ class CriticParams(Params):
                                              "(a stand-in for the paper's GPT-4o / LLaVA-Critic); model: critic_model "
                                              "asked with the rubric, for real images.")
     critic_model: str | None = Field(None, description="critic: model: a LLaVA folder or ref:NAME.")
-    feedback: Literal["rationale", "score"] = Field("rationale", description="What the critic's turn holds besides "
-                                                    "the score: its rationale naming each error, or nothing.")
+    feedback: Literal["rationale", "kind", "score"] = Field("rationale", description="What the critic's turn holds "
+                                                            "besides the score: its rationale naming each error (the "
+                                                            "paper's critics name them), only each error's kind (an "
+                                                            "object is missing, a colour is wrong: no object named, "
+                                                            "so a better answer cannot be copied from it; rule "
+                                                            "critic), or nothing.")
     noise: float = Field(0.0, ge=0, le=1, description="The rule critic's weakness: each error omitted or "
                          "misreported (half each) with this probability.")
 
@@ -27,6 +31,8 @@ class CriticParams(Params):
     def _critic(self) -> CriticParams:
         if self.critic == "model" and not self.critic_model:
             raise ValueError("critic: model needs critic_model (a LLaVA folder or ref:NAME)")
+        if self.critic == "model" and self.feedback == "kind":
+            raise ValueError("feedback: kind names the rubric's error kinds: it takes the rule critic")
         if self.critic == "model" and self.noise:
             raise ValueError("noise weakens the rule critic; a model critic is as weak as it is")
         return self
@@ -75,14 +81,15 @@ class BuildParams(CriticParams, SceneParams):
 class RPLParams(TrainParams):
     """Reflective perceptual learning (``llmx align --method reper``) on dialogues, with its baselines on the same
     rows and loop: ``sft_all`` (plain SFT on every answer, the paper's behavioural-collapse case), ``sft_best`` (SFT
-    on each dialogue's best answer alone) and ``dpo`` (best vs worst answer to the question). Stage 2's trainable set
-    (projector and language model; the vision tower frozen)."""
+    on each dialogue's best answer alone), ``dpo`` (best vs worst answer to the question) and ``lipo`` (LiPO-lambda
+    on every answer of a dialogue as a list of answers to the question). Stage 2's trainable set (projector and
+    language model; the vision tower frozen)."""
 
     data: DataFile | None = Field(None, description="Dialogues (.jsonl, the analyze stage's format); default: the "
                                   "dialogues an earlier analyze stage of this run wrote.")
     image_folder: ExistingPath | None = Field(None, description="Where data's image paths start; default: data's "
                                               "folder.")
-    objective: Literal["rpl", "sft_all", "sft_best", "dpo"] = Field("rpl")
+    objective: Literal["rpl", "sft_all", "sft_best", "dpo", "lipo"] = Field("rpl")
     alpha: float = Field(8.0, ge=0, description="The unlikelihood weight (not stated; the ablation favours 8-10). "
                          "0 is sigma-weighted SFT.")
     sigma: Literal["linear", "score", "data"] = Field("linear", description="Turn reward: t/T (the README: rising "
@@ -98,7 +105,12 @@ class RPLParams(TrainParams):
                                                    "or, differing, only on tokens absent from the dialogue's best "
                                                    "answer (a derived variant).")
     eps: float = Field(1e-6, gt=0, lt=1, description="Floor of 1 - p inside log(1 - p).")
-    beta: float = Field(0.1, gt=0, description="objective dpo: DPO's beta.")
+    beta: float = Field(0.1, gt=0, description="objective dpo or lipo: the beta of the rewards beta (log pi - log "
+                        "pi_ref).")
+    lipo_labels: Literal["winrate", "score"] = Field("winrate", description="objective lipo: each answer's label, "
+                                                     "the share of its list's other answers it beats by the critic's "
+                                                     "score (LiPO's labels from a pairwise judge; by turn order where "
+                                                     "a row has no scores) or the score mapped from 1-10 to 0-1.")
     max_length: int = Field(1024, gt=8, description="Tokens per dialogue, image tokens included; longer dialogues "
                             "lose their earliest answers.")
     probe: int = Field(64, ge=0, description="Dialogues (of 2+ answers) whose per-turn mean log-prob is reported "

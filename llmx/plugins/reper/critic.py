@@ -4,8 +4,10 @@
 scene's ground truth, parses the caption into (object, attribute, relation) tuples and applies a 10-point rubric
 (hallucinated objects cost most, then wrong attributes, missed objects, relations and sentences that describe
 nothing; a caption naming no object scores 1) with a templated rationale naming each error, the feedback form of
-the paper's data example. ``noise`` makes it a weaker critic: each error is, with that probability, omitted (not
-charged, not named) or misreported (named wrongly, still charged). ``ModelCritic``
+the paper's data example; ``kinds`` says only which kinds of error there are (an object is missing, a colour is
+wrong), naming no object, colour, size, place or relation, so an answer that improves after it was not copied from
+it. ``noise`` makes it a weaker critic: each error is, with that probability, omitted (not charged, not named) or
+misreported (named wrongly, still charged). ``ModelCritic``
 prompts any vision-language model with the rubric, for real images."""
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def feedback(score: int, rationale: str = "") -> str:
     """The paper's feedback turn: the score, the rationale when given, then the request for a better answer."""
     head = "This caption gets the full score 10." if score >= 10 else f"This caption can only get the score {score}."
     return " ".join(x for x in (head, rationale, ASK) if x)
+
+
+KIND_TEXT = {"hallucination": "The caption mentions an object that is not in the image.",
+             "colour": "A colour is wrong.", "size": "A size is wrong.", "cell": "A place is wrong.",
+             "relation": "A relation between objects is wrong or missing.",
+             "unreadable": "A sentence describes nothing in the image.", "miss": "An object is missing."}
+
+
+def kinds(found: list[Error]) -> str:
+    """The errors' kinds, each once, in the order they were found (an attribute by its slot), no object named."""
+    keys = [e.about[1] if e.kind == "attribute" else e.kind for e in found]
+    return " ".join(KIND_TEXT[k] for k in dict.fromkeys(keys))
 
 
 def _word(slot: str, value) -> str:
@@ -161,11 +175,13 @@ def rubric(found: list[Error], said: list[tuple]) -> int:
 
 class RuleCritic:
     """The rule critic on digit scenes (``image`` is a ``Scene``: it reads the ground truth). ``rationale=False`` is
-    the score-only feedback of the ablation; ``noise`` the weaker critic; ``seed`` its draws (a pure function of
-    seed, scene and caption)."""
+    the score-only feedback of the ablation; ``kinds`` the rationale as error kinds alone (``feedback: kind``);
+    ``noise`` the weaker critic; ``seed`` its draws (a pure function of seed, scene and caption)."""
 
-    def __init__(self, rationale: bool = True, noise: float = 0.0, seed: int = 0, language: str = "en"):
+    def __init__(self, rationale: bool = True, noise: float = 0.0, seed: int = 0, language: str = "en",
+                 kinds: bool = False):
         self.rationale, self.noise, self.seed, self.language = rationale, noise, seed, language
+        self.kinds = kinds
 
     def judge(self, image, answer: str) -> tuple[int, list[Error]]:
         if not hasattr(image, "truth"):
@@ -179,8 +195,10 @@ class RuleCritic:
         score, found = self.judge(image, answer)
         if not self.rationale:
             return score, feedback(score)
-        text = " ".join(e.text for e in found if e.text) if found or score > 1 else ("The caption does not describe "
-                                                                                     "the image.")
+        if not found and score <= 1:
+            text = "The caption does not describe the image."
+        else:
+            text = kinds(found) if self.kinds else " ".join(e.text for e in found if e.text)
         return score, feedback(score, text)
 
 

@@ -9,7 +9,7 @@ def llmx_methods():
     yield MethodSpec("reper", (Stage.ALIGN,), "llmx.plugins.reper.method:align",
                      "llmx.plugins.reper.config:RPLParams", paper=PAPER,
                      summary="RePer's reflective unlikelihood on policy/critic dialogues (RPL), beside SFT on every "
-                     "or the best answer and DPO, on the same rows.")
+                     "or the best answer, DPO and LiPO, on the same rows.")
     yield MethodSpec("reper", (Stage.ANALYZE,), "llmx.plugins.reper.method:build",
                      "llmx.plugins.reper.config:BuildParams", paper=PAPER, aliases=("reper-build",),
                      summary="Build reflection dialogues: 8 captions per scene, scored by a critic, worst to best "
@@ -26,24 +26,34 @@ def llmx_comparisons():
 
     build = {"method": "reper-build", "stage": "analyze", "params": {"scenes": 2500}}
     budget = {"steps": 150, "lr": 2e-4, "batch_size": 8, "warmup": 7, "save": False}
+    decode = {"method": "reper-decode", "stage": "decode", "params": {"scenes": 100, "max_trials": 3}}
 
-    def trained(objective: str, **params) -> tuple[dict, ...]:
-        return (build, {"method": "reper", "stage": "align", "params": {**budget, "objective": objective, **params}})
+    def trained(objective: str, feedback: str | None = None, **params) -> tuple[dict, ...]:
+        """Build the dialogues, train on them, answer in 3 turns; ``feedback`` the critic's in building and
+        answering."""
+        critic = {"feedback": feedback} if feedback else {}
+        return ({**build, "params": {**build["params"], **critic}},
+                {"method": "reper", "stage": "align", "params": {**budget, "objective": objective, **params}},
+                {**decode, "params": {**decode["params"], **critic}})
 
     yield ComparisonSpec(
         name="reper",
         summary="RePer's reflective unlikelihood (RPL, alpha 8) against the base captioner, SFT on every turn, SFT on "
-                "the best caption and DPO (at a tenth of the rate, its better tuning) on the same dialogues (the "
-                "policy's own captions, 8 temperatures, the rule critic, gap 4) at the same steps and batch: each "
-                "held-out scene's caption F1 after 3 policy/critic turns with the rule critic.",
-        paper="Wei et al., ICML 2025, README preference-method table (base, +DPO, +RPL) and turn-wise CAPTURE",
-        target="rpl", baselines=("base", "sft-all", "sft-best", "dpo"),
-        arms=(Arm("base", family="base", cost=0.0),
+                "the best caption, DPO and LiPO-lambda (both at a tenth of the rate, DPO's better tuning) on the same "
+                "dialogues (the policy's own captions, 8 temperatures, the rule critic, gap 4) at the same steps and "
+                "batch, and against RPL whose critic names only each error's kind (rpl-kind, in building and "
+                "answering: its gap to rpl is what naming the answer in the feedback is worth): each held-out "
+                "scene's caption F1 after 3 policy/critic turns with the rule critic.",
+        paper="Wei et al., ICML 2025, README preference-method table (base, +DPO, +LiPO, +RPL) and turn-wise CAPTURE",
+        target="rpl", baselines=("base", "sft-all", "sft-best", "dpo", "lipo", "rpl-kind"),
+        arms=(Arm("base", (decode,), family="base", cost=0.0),
               Arm("sft-all", trained("sft_all"), family="sft"),
               Arm("sft-best", trained("sft_best"), family="sft-best"),
               Arm("dpo", trained("dpo", lr=2e-5), family="dpo"),
-              Arm("rpl", trained("rpl", alpha=8.0), family="rpl")),
-        evaluation={"method": "reper-decode", "stage": "decode", "params": {"scenes": 100, "max_trials": 3}},
+              Arm("lipo", trained("lipo", lr=2e-5), family="lipo"),
+              Arm("rpl", trained("rpl", alpha=8.0), family="rpl"),
+              Arm("rpl-kind", trained("rpl", "kind", alpha=8.0), family="rpl-kind")),
+        evaluation=None,  # each arm answers with its own critic (rpl-kind's names no object)
         items="items.jsonl", metric="final_f1", higher_is_better=True,
         cost="optimizer steps", cost_key="steps",
         quick={"scenes": 6, "candidates": "corrupt", "temperatures": [0.0, 0.6, 1.2], "max_new_tokens": 24,
