@@ -8,6 +8,7 @@ the CWE."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 
 import numpy as np
@@ -124,3 +125,39 @@ def test_each_pair_is_a_vulnerable_statement_written_for_its_prompt_against_a_fi
     utility = [r for r in result.rows if r["benign"]]
     assert all(r["chosen"].startswith("    return ") and r["rejected"] in {s["chosen"] for s in result.security}
                for r in utility)
+
+
+def test_the_comparison_measures_per_cwe_rates_utility_and_parse_rate_on_three_arms_and_seeds(tmp_path):
+    """The spec: prosec judged against safecoder and the unaligned model on 3 seeds; its items carry the reported
+    fields; per arm, the metric by CWE and each reported field are the items' means, inside their intervals."""
+    from llmx import api
+    from llmx.core.compare import runner
+    from llmx.core.plugins import host
+
+    spec = host().comparison("prosec")
+    assert {a.name for a in spec.arms} == {"prosec", "safecoder", "unaligned"} and spec.target == "prosec"
+    assert set(spec.judged) == {"safecoder", "unaligned"} and len(spec.seeds) == 3 and spec.by == "cwe"
+    assert set(spec.report) >= {"parse_rate", "benign_logp"} and spec.counts == ("security_pairs",)
+    assert spec.evaluation["params"]["completion"] == "statement"
+    api.run({"model": "ref:llama-test", "threads": 1, "seed": 0, "pipeline": [
+        {"method": "secure-code", "params": {"cwes": [89, 502], "scenarios": 2, "samples": 2}}]},
+        output_dir=tmp_path / "runs")
+    (items,) = (tmp_path / "runs").glob("*/artifacts/0_secure-code/items.jsonl")
+    rows = [json.loads(line) for line in items.read_text().splitlines()]
+    assert all({spec.metric, spec.by, *spec.report} <= set(r) for r in rows)
+    assert all(r["parse_rate"] == r["parsed"] / r["samples"] and r["benign_logp"] < 0 for r in rows)
+
+    def run(seed, shift):
+        keys = [(f"i{c}-{k}", 0) for c in (89, 502) for k in range(4)]
+        return {"seed": seed, "items": {key: (0.5 if "89" in key[0] else 0.1) + shift for key in keys},
+                "extra": {"cwe": {key: 89 if "89" in key[0] else 502 for key in keys},
+                          **{f: {key: -1.0 - shift for key in keys} for f in spec.report}},
+                "counts": {"security_pairs": 7}}
+
+    out = runner._reported(spec, [run(0, 0.0), run(1, 0.1), run(2, 0.2)])
+    assert out["by"]["89"]["mean"] == pytest.approx(0.6) and out["by"]["502"]["mean"] == pytest.approx(0.2)
+    assert all(v["low"] <= v["mean"] <= v["high"] for v in [*out["by"].values(), *out["report"].values()])
+    assert out["report"]["benign_logp"]["mean"] == pytest.approx(-1.1) and out["by"]["89"]["items"] == 12
+    md = "\n".join(runner._reported_md({"metric": spec.metric, "by": "cwe", "arms": [
+        {"name": "prosec", **out, "runs": [{"seed": 0, "counts": {"security_pairs": 7}}]}]}))
+    assert "| prosec | " in md and f"{spec.metric} (cwe 89)" in md and "security_pairs 7" in md

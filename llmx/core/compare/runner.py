@@ -265,16 +265,23 @@ def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, 
         raise UsageError(f"{items_file}: a row has no '{FIELD}' id to pair on")
     seen: dict[str, int] = {}
     items = {}
+    extra: dict[str, dict] = {f: {} for f in (*spec.report, *([spec.by] if spec.by else []))}
     for r in rows:  # the k-th row of one item id pairs with the k-th of the same id (a prompt asked twice)
         seen[r[FIELD]] = seen.get(r[FIELD], -1) + 1
         items[(r[FIELD], seen[r[FIELD]])] = r[spec.metric]
+        for f in extra:
+            if r.get(f) is not None:
+                extra[f][(r[FIELD], seen[r[FIELD]])] = r[f]
     cost = planned.declared
     if cost is None and spec.cost_key:
         cost = next((s["metrics"][spec.cost_key] for s in stages if s["metrics"].get(spec.cost_key) is not None), None)
     meta = json.loads((folder / "meta.json").read_text())
     made = json.loads((folder / PROVENANCE).read_text()) if (folder / PROVENANCE).is_file() else {}
     return {"seed": planned.seed, "run_dir": str(folder), "value": last["metrics"].get(spec.metric),
-            "cost": cost, "items": items, "split": last["metrics"].get("split"),
+            "cost": cost, "items": items, **({"extra": extra} if extra else {}),
+            **({"counts": {c: next((s["metrics"][c] for s in stages if s["metrics"].get(c) is not None), None)
+                           for c in spec.counts}} if spec.counts else {}),
+            "split": last["metrics"].get("split"),
             "machine": made.get("machine"), "git_commit": meta.get("git_commit"),
             "llmx": meta.get("versions", {}).get("llmx"), "seconds": meta.get("seconds")}
 
@@ -300,20 +307,45 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         verdicts.append(_verdict(arm.name, target, rows[arm.name], sign))
     arms = []
     for arm in spec.arms:
-        runs = [{k: v for k, v in r.items() if k != "items"} for r in rows[arm.name]]
+        runs = [{k: v for k, v in r.items() if k not in ("items", "extra")} for r in rows[arm.name]]
         values = [r["value"] for r in runs if r["value"] is not None]
         arms.append({"name": arm.name, "family": arm.line, "target": arm.name == spec.target,
                      "cost": _mean_cost(runs),
-                     spec.metric: sum(values) / len(values) if values else None, "runs": runs})
+                     spec.metric: sum(values) / len(values) if values else None, "runs": runs,
+                     **_reported(spec, rows[arm.name])})
     return {"comparison": spec.name, "summary": spec.summary, "paper": spec.paper, "model": p.model, "data": p.data,
             "seeds": list(p.seeds), "quick": p.quick, "options": p.options, "default_model": spec.model,
             "split": ", ".join(sorted({str(r["split"]) for runs in rows.values() for r in runs if r.get("split")}))
             or None,
             "metric": spec.metric, "higher_is_better": spec.higher_is_better,
             "cost": spec.cost, "target": spec.target, "arms": arms, "verdicts": verdicts, "machine": _machine(),
+            **({"by": spec.by} if spec.by else {}),
             "run_machines": _distinct([r["machine"] for runs in rows.values() for r in runs if r["machine"]]),
             "improvement": f"{'target - baseline' if spec.higher_is_better else 'baseline - target'} in {spec.metric}, "
                            "per item, paired on (seed, item); interval: seeds then items resampled (95%)"}
+
+
+def _interval(groups: list[list[float]]) -> dict[str, Any]:
+    """An arm's mean over (seed, item) and its 95% interval (seeds then items resampled), with the item count."""
+    groups = [g for g in groups if g]
+    if not groups:
+        return {"mean": None, "low": None, "high": None, "items": 0}
+    mean, low, high = stats.clustered(groups, seed=0)
+    return {"mean": mean, "low": low, "high": high, "items": sum(map(len, groups))}
+
+
+def _reported(spec: ComparisonSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spec's ``report`` fields and its metric ``by`` a field, for one arm's runs (nothing where it has none)."""
+    out: dict[str, Any] = {}
+    if spec.report:
+        out["report"] = {f: _interval([[r["extra"][f][k] for k in sorted(r["extra"][f])] for r in rows])
+                         for f in spec.report}
+    if spec.by:
+        groups = sorted({v for r in rows for v in r["extra"][spec.by].values()},
+                        key=lambda v: (isinstance(v, str), v if not isinstance(v, str) else 0, str(v)))
+        out["by"] = {str(g): _interval([[r["items"][k] for k in sorted(r["items"]) if r["extra"][spec.by].get(k) == g]
+                                        for r in rows]) for g in groups}
+    return out
 
 
 def _verdict(name: str, target: dict[int, dict], rows: list[dict[str, Any]], sign: float) -> dict[str, Any]:
@@ -390,6 +422,7 @@ def markdown(result: dict[str, Any]) -> str:
         cost = "-" if a["cost"] is None else f"{a['cost']:.3g}"
         value = "-" if a[metric] is None else f"{a[metric]:.4f}"
         lines.append(f"| {a['name']} | {a['family']} | {cost} | {value} | {cell} | {v['verdict'] if v else ''} |")
+    lines += _reported_md(result)
     from llmx.core.compare.summary import where
 
     judged = len(result["verdicts"])
@@ -398,6 +431,32 @@ def markdown(result: dict[str, Any]) -> str:
                  else ""), "", "Runs made on: " + "; ".join(
         f"{where(m)}, torch {m.get('torch')}" for m in result.get("run_machines") or [result["machine"]]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _reported_md(result: dict[str, Any]) -> list[str]:
+    """The per-arm table of the reported fields and of the metric by group: mean [95% interval], not judged."""
+    arms = [a for a in result["arms"] if a.get("report") or a.get("by")]
+    if not arms:
+        return []
+    fields = list(arms[0].get("report", {}))
+    groups = list(dict.fromkeys(g for a in arms for g in a.get("by", {})))
+    by = result.get("by") or "group"
+    heads = fields + [f"{result['metric']} ({by} {g})" for g in groups]
+
+    def cell(x: dict[str, Any] | None) -> str:
+        return "-" if not x or x["mean"] is None else f"{x['mean']:.4f} [{x['low']:.4f}, {x['high']:.4f}]"
+
+    lines = ["", "Per arm, mean [95% interval over seeds then items], not judged:", "",
+             "| arm | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for a in arms:
+        cells = [cell(a.get("report", {}).get(f)) for f in fields] + [cell(a.get("by", {}).get(g)) for g in groups]
+        lines.append(f"| {a['name']} | " + " | ".join(cells) + " |")
+    for a in result["arms"]:
+        counts = [(r["seed"], r["counts"]) for r in a["runs"] if any(v is not None for v in r.get("counts", {}).values())]
+        if counts:
+            lines += ["", f"{a['name']}, per seed: " + "; ".join(
+                f"seed {seed}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for seed, c in counts) + "."]
+    return lines
 
 
 def write(out: Path, result: dict[str, Any]) -> None:

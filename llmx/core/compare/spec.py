@@ -39,7 +39,10 @@ class ComparisonSpec:
     params have the field (``METHOD.key``: that method's stages only), and ``quick_seeds`` its seeds. ``kinds`` are
     the ``model_type`` values it can run on (empty: any causal LM). ``corpus``: whether the run's text corpus
     (``--data``) feeds what is calibrated, trained or scored; a comparison whose stages read data of their own
-    refuses ``--data`` (their ``data`` params take it, through ``--set``)."""
+    refuses ``--data`` (their ``data`` params take it, through ``--set``). ``report`` names other fields of the
+    items reported per arm beside the metric (a parse rate, a utility score), and ``by`` an item field the metric is
+    also reported by (per CWE): each an arm's mean with its interval over (seed, item), not judged; ``counts`` names
+    stage metrics (the pairs a data stage made) reported per arm and seed where one of its stages records them."""
 
     name: str
     summary: str
@@ -64,6 +67,9 @@ class ComparisonSpec:
     kinds: tuple[str, ...] = ()
     corpus: bool = True
     dtype: str | None = None  # the runs' dtype (default: the run config's), e.g. bfloat16 where the paper measures it
+    report: tuple[str, ...] = ()  # item fields reported per arm with intervals, beside the judged metric
+    by: str | None = None  # an item field the metric is also reported by, per arm (e.g. "cwe")
+    counts: tuple[str, ...] = ()  # stage metrics reported per arm and seed where a stage records them (pairs made)
     paper: str = ""
     plugin: str = field(default="", compare=False)
 
@@ -111,4 +117,5 @@ class ComparisonSpec:
                 "quick_model": self.quick_model,
                 "quick_zoo": dict(self.quick_zoo or {}),
                 "data": dict(self.data), "corpus": self.corpus, "kinds": list(self.kinds), "dtype": self.dtype,
-                "plugin": self.plugin}
+                "plugin": self.plugin, **({"report": list(self.report)} if self.report else {}),
+                **({"by": self.by} if self.by else {}), **({"counts": list(self.counts)} if self.counts else {})}

@@ -33,23 +33,29 @@ def llmx_comparisons():
     from llmx.core.compare.spec import Arm, ComparisonSpec
 
     budget = {"steps": 150, "batch_size": 8, "save": False}
+    statement = {"completion": "statement", "max_new_tokens": 48}  # a 128-token context keeps 80 for the prompt
     yield ComparisonSpec(
         name="prosec",
         summary="ProSec (SimPO on the model's own CWE-inducing scenarios, fixes and utility pairs) against "
-                "SafeCoder-style tuning on SVEN at the same steps and batch: the vulnerable share of the samples "
-                "on each held-out (CWE, scenario), bandit-detected. SVEN is not shipped: the SafeCoder arm reads "
-                "it beside the checkout (--set safecoder.data=PATH for another copy).",
+                "SafeCoder-style tuning on SVEN at the same steps and batch and against the unaligned model: the "
+                "vulnerable share of the samples on each held-out (CWE, scenario), bandit-detected, the model "
+                "completing the scenario's statement (completion: statement). Reported beside it per arm, with "
+                "intervals: that share per CWE, the parse rate of the inducing samples, and utility on the benign "
+                "originals (benign_logp, the log-probability per token of the held-out seed's real body; "
+                "benign_parse_rate). The prosec arm's pair count is its analyze stage's security_pairs. SVEN is not "
+                "shipped: the SafeCoder arm reads it beside the checkout (--set safecoder.data=PATH for another copy).",
         paper="Xu et al., ICML 2025, Table 2 (ProSec vs SafeCoder, vulnerable-code rate per CWE)",
-        target="prosec", baselines=("safecoder",),
+        target="prosec", baselines=("safecoder", "unaligned"),
         arms=(Arm("safecoder", ({"method": "safecoder", "params": {**budget, "data": str(SVEN), "lr": 1e-4}},),
                   family="safecoder"),
               Arm("unaligned", family="unaligned", cost=0.0),
               Arm("prosec", ({"method": "prosec", "stage": "analyze", "params": {"cwes": CWES, "scenarios": 24,
-                                                                              "samples": 12}},
+                                                                              "samples": 12, **statement}},
                              {"method": "prosec-align", "stage": "align",
                               "params": {**budget, "lr": 1e-5, "max_len": 256}}), family="prosec")),
-        evaluation={"method": "secure-code", "params": {"cwes": CWES, "scenarios": 16, "samples": 8}},
+        evaluation={"method": "secure-code", "params": {"cwes": CWES, "scenarios": 16, "samples": 8, **statement}},
         items="items.jsonl", metric="inducing_vulnerable_share", higher_is_better=False,
+        report=("parse_rate", "benign_logp", "benign_parse_rate"), by="cwe", counts=("security_pairs",),
         cost="optimizer steps", cost_key="steps",
         quick={"cwes": [89, 502], "scenarios": 4, "samples": 2, "max_new_tokens": 32, "seeds": 60, "fix_samples": 1,
                "steps": 2, "batch_size": 4, "max_len": 96, "max_length": 96, "empty": "skip"},
