@@ -42,7 +42,8 @@ def llmx_comparisons():
                 "completing the scenario's statement (completion: statement). Reported beside it per arm, with "
                 "intervals: that share per CWE, the parse rate of the inducing samples, and utility on the benign "
                 "originals (benign_logp, the log-probability per token of the held-out seed's real body; "
-                "benign_parse_rate). The prosec arm's pair count is its analyze stage's security_pairs. SVEN is not "
+                "benign_parse_rate). The prosec arm's pair count is its analyze stage's security_pairs, reported per seed; a seed without pairs "
+                "leaves that arm's model as it is (empty: skip) rather than failing the comparison. SVEN is not "
                 "shipped: the SafeCoder arm reads it beside the checkout (--set safecoder.data=PATH for another copy).",
         paper="Xu et al., ICML 2025, Table 2 (ProSec vs SafeCoder, vulnerable-code rate per CWE)",
         target="prosec", baselines=("safecoder", "unaligned"),
@@ -52,7 +53,8 @@ def llmx_comparisons():
               Arm("prosec", ({"method": "prosec", "stage": "analyze", "params": {"cwes": CWES, "scenarios": 24,
                                                                               "samples": 12, **statement}},
                              {"method": "prosec-align", "stage": "align",
-                              "params": {**budget, "lr": 1e-5, "max_len": 256}}), family="prosec")),
+                              "params": {**budget, "lr": 1e-5, "max_len": 256, "empty": "skip"}}),
+                  family="prosec")),
         evaluation={"method": "secure-code", "params": {"cwes": CWES, "scenarios": 16, "samples": 8, **statement}},
         items="items.jsonl", metric="inducing_vulnerable_share", higher_is_better=False,
         report=("parse_rate", "benign_logp", "benign_parse_rate"), by="cwe", counts=("security_pairs",),
