@@ -76,3 +76,12 @@ def test_the_readme_first_run_times_are_the_results_files():
     text = (ROOT / "README.md").read_text()
     quoted = re.findall(r"took ([\d.]+) s and ([\d.]+) s", text)
     assert quoted == [tuple(f"{s:.1f}" for s in first["wall_s"])], "README's first-run times differ from first_run.json"
+
+
+def test_the_readme_demo_build_time_is_the_results_files():
+    import json
+
+    rows = json.loads((ROOT / "benchmarks" / "results" / "zoo_small.json").read_text())["rows"]
+    (llama,) = [r for r in rows if r["name"] == "ref:llama"]
+    quoted = re.findall(r"build of `ref:llama`, ([\d.]+) s of wall time", " ".join((ROOT / "README.md").read_text().split()))
+    assert quoted == [f"{llama['build_wall_seconds']:.1f}"], "README's ref:llama build time differs from zoo_small.json"
