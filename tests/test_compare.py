@@ -367,3 +367,29 @@ def test_hub_ids_and_hub_data_pass_planning_and_a_data_file_of_any_suffix_is_fin
     before = provenance.inputs(config)
     (tmp_path / "notes.md").write_text(NOTES * 2)
     assert "notes.md" in before["paths"] and provenance.inputs(config) != before
+
+
+def test_an_arms_reported_interval_covers_a_noisy_mean_with_few_seeds_and_groups_mixed_values():
+    """``_interval`` (the per-arm report and by-group figures) widens as the verdicts do: 3 seeds that shift every
+    item alike are covered; items are crossed with the seeds only where every seed scored the same ones; ``by``
+    groups are the values as text (89 and "89" one group), numbers first by value."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(200):
+        table = rng.normal(0, 1, size=(3, 40)) + rng.normal(0, 0.5, size=(3, 1))
+        x = runner._interval([{(str(i), 0): float(v) for i, v in enumerate(row)} for row in table])
+        covered += x["low"] <= 0 <= x["high"]
+    assert covered / 200 >= 0.90  # the two-level bootstrap alone: about 0.80
+    same = [{(str(i), 0): float(i % 5) for i in range(30)} for s in range(3)]  # equal seeds: no t-widening
+    own = [{(f"{s}-{i}", 0): v for (i, _), v in g.items()} for s, g in enumerate(same)]  # same values, own items
+    expect = runner._spread([[g[k] for k in sorted(g)] for g in own], False)
+    assert tuple(runner._interval(own)[k] for k in ("mean", "low", "high")) == expect
+    assert runner._spread([[g[k] for k in sorted(g)] for g in same], True) != expect
+    spec = _spec(by="cwe")
+    keys = [(str(i), 0) for i in range(6)]
+    row = {"seed": 0, "items": {k: float(i) for i, k in enumerate(keys)},
+           "extra": {"cwe": dict(zip(keys, [89, "89", 502, 502, "path", 89], strict=True))}}
+    by = runner._reported(spec, [row])["by"]
+    assert list(by) == ["89", "502", "path"] and by["89"]["items"] == 3 and by["89"]["mean"] == pytest.approx(2.0)

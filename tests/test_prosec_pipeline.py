@@ -137,7 +137,7 @@ def test_the_comparison_measures_per_cwe_rates_utility_and_parse_rate_on_three_a
     spec = host().comparison("prosec")
     assert {a.name for a in spec.arms} == {"prosec", "safecoder", "unaligned"} and spec.target == "prosec"
     assert set(spec.judged) == {"safecoder", "unaligned"} and len(spec.seeds) == 3 and spec.by == "cwe"
-    assert set(spec.report) >= {"parse_rate", "benign_logp"} and spec.counts == ("security_pairs",)
+    assert set(spec.report) >= {"parse_rate", "benign_logp"} and spec.counts == ("security_pairs", "security_pairs_kept")
     assert spec.evaluation["params"]["completion"] == "statement"
     api.run({"model": "ref:llama-test", "threads": 1, "seed": 0, "pipeline": [
         {"method": "secure-code", "params": {"cwes": [89, 502], "scenarios": 2, "samples": 2}}]},
@@ -161,3 +161,48 @@ def test_the_comparison_measures_per_cwe_rates_utility_and_parse_rate_on_three_a
     md = "\n".join(runner._reported_md({"metric": spec.metric, "by": "cwe", "arms": [
         {"name": "prosec", **out, "runs": [{"seed": 0, "counts": {"security_pairs": 7}}]}]}))
     assert "| prosec | " in md and f"{spec.metric} (cwe 89)" in md and "security_pairs 7" in md
+
+
+def _arm_rows(seeds, value, counts=None):
+    """One arm's collected runs: 24 items (12 per CWE) scoring ``value(seed, k)``, with the reported fields."""
+    keys = [(f"i{c}-{k}", 0) for c in (89, 502) for k in range(12)]
+    return [{"seed": s, "run_dir": "x", "cost": 0.0, "value": None, "split": None, "machine": None,
+             "items": {key: value(s, k) for k, key in enumerate(keys)},
+             "extra": {"cwe": {key: int(key[0][1:].split("-")[0]) for key in keys},
+                       **{f: {key: 0.5 for key in keys} for f in ("parse_rate", "benign_logp", "benign_parse_rate")}},
+             **({"counts": counts(s)} if counts else {})} for s in seeds]
+
+
+@pytest.mark.parametrize("void", [(0, 1, 2), (1,)])
+def test_a_prosec_arm_that_made_no_pairs_is_not_judged_as_prosec(tmp_path, void):
+    """empty: skip leaves the model unaligned on a seed without kept pairs: its verdicts must say so ("void" where
+    every seed is), not read as ProSec within noise of the model it did not change."""
+    from llmx.core.compare import runner
+    from llmx.core.plugins import host
+
+    spec = host().comparison("prosec")
+    seeds = (0, 1, 2)
+
+    def unaligned(s, k):
+        return 0.25 + 0.02 * ((k * 7 + s) % 5)
+
+    def prosec(s, k):
+        return unaligned(s, k) if s in void else 0.05
+
+    def counts(s):
+        return {"security_pairs": 0 if s in void else 9, "security_pairs_kept": 0 if s in void else 8}
+
+    rows = {"unaligned": _arm_rows(seeds, unaligned), "safecoder": _arm_rows(seeds, lambda s, k: 0.2),
+            "prosec": _arm_rows(seeds, prosec, counts)}
+    result = runner._judge(runner.Plan(spec, "m", {}, seeds, False, tmp_path), rows)
+    assert [v["baseline"] for v in result["verdicts"]] == ["safecoder", "unaligned"]
+    for v in result["verdicts"]:
+        assert v["void_seeds"] == sorted(void)
+        if len(void) == len(seeds):
+            assert v["verdict"].startswith("void: prosec made no security_pairs, security_pairs_kept on any seed")
+        else:
+            assert v["verdict"].endswith("; prosec untrained on seed 1 (security_pairs, security_pairs_kept 0)")
+        assert v["verdict"] in runner.markdown(result)
+    rows["prosec"] = _arm_rows(seeds, prosec, lambda s: {"security_pairs": 3, "security_pairs_kept": 3})
+    trained = runner._judge(runner.Plan(spec, "m", {}, seeds, False, tmp_path), rows)["verdicts"]
+    assert not any("void_seeds" in v or "untrained" in v["verdict"] for v in trained)

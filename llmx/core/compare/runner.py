@@ -292,6 +292,8 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     target = {r["seed"]: r["items"] for r in rows[spec.target]}
     verdicts = []
     target_cost = _mean_cost(rows[spec.target])
+    void = {r["seed"]: [c for c, v in r["counts"].items() if v == 0] for r in rows[spec.target] if r.get("counts")}
+    void = {seed: names for seed, names in void.items() if names}  # seeds whose data stage made nothing
     for arm in map(spec.arm, spec.judged):
         cost = _mean_cost(rows[arm.name])
         if spec.tolerance is not None and (cost is None or target_cost is None):
@@ -304,7 +306,7 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             verdicts.append({"baseline": arm.name, "improvement": None, "low": None, "high": None,
                              "verdict": unmatched, "pairs": 0, "seeds": 0})
             continue
-        verdicts.append(_verdict(arm.name, target, rows[arm.name], sign))
+        verdicts.append(_void(spec, _verdict(arm.name, target, rows[arm.name], sign), void, len(rows[spec.target])))
     arms = []
     for arm in spec.arms:
         runs = [{k: v for k, v in r.items() if k not in ("items", "extra")} for r in rows[arm.name]]
@@ -325,26 +327,66 @@ def _judge(p: Plan, rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                            "per item, paired on (seed, item); interval: seeds then items resampled (95%)"}
 
 
-def _interval(groups: list[list[float]]) -> dict[str, Any]:
-    """An arm's mean over (seed, item) and its 95% interval (seeds then items resampled), with the item count."""
+def _void(spec: ComparisonSpec, verdict: dict[str, Any], void: dict[int, list[str]], seeds: int) -> dict[str, Any]:
+    """A verdict where the target's data stage made nothing (a ``counts`` metric of 0: its training was skipped, so
+    on those seeds the target is the model it started from) says so: ``void_seeds``, and in the verdict's words;
+    every seed void is no verdict about the target at all."""
+    if not void:
+        return verdict
+    what = ", ".join(sorted({c for names in void.values() for c in names}))
+    if len(void) >= seeds:
+        return {**verdict, "void_seeds": sorted(void), "verdict": f"void: {spec.target} made no {what} on any seed "
+                f"(its runs are the starting model; the interval is not about {spec.target})"}
+    return {**verdict, "void_seeds": sorted(void), "verdict": f"{verdict['verdict']}; {spec.target} untrained on "
+            f"seed{'s' if len(void) > 1 else ''} {', '.join(map(str, sorted(void)))} ({what} 0)"}
+
+
+def _spread(groups: list[list[float]], crossed: bool) -> tuple[float, float, float]:
+    """The mean of ``groups`` (one per seed) and its 95% interval: the wider of the two-level bootstrap
+    (``stats.clustered``) and, with 2 seeds or more, a t-interval on the per-seed means, which the bootstrap
+    under-covers with few seeds."""
+    import statistics
+
+    mean, low, high = stats.clustered(groups, seed=0, crossed=crossed)
+    if len(groups) >= 2:
+        means = [sum(g) / len(g) for g in groups]
+        t = T95[len(means) - 2] if len(means) - 1 <= len(T95) else 2.0
+        half = t * statistics.stdev(means) / len(means) ** 0.5
+        low, high = min(low, mean - half), max(high, mean + half)
+    return mean, low, high
+
+
+def _interval(groups: list[dict[Any, float]]) -> dict[str, Any]:
+    """An arm's mean over (seed, item) and its 95% interval (``_spread``: seeds then items resampled, items crossed
+    with the seeds only where every seed scored the same ones), with the item count; ``groups``: item -> value per
+    seed."""
     groups = [g for g in groups if g]
     if not groups:
         return {"mean": None, "low": None, "high": None, "items": 0}
-    mean, low, high = stats.clustered(groups, seed=0)
+    keys = [sorted(g) for g in groups]
+    mean, low, high = _spread([[g[k] for k in order] for g, order in zip(groups, keys, strict=True)],
+                              all(k == keys[0] for k in keys))
     return {"mean": mean, "low": low, "high": high, "items": sum(map(len, groups))}
 
 
+def _group_order(g: str) -> tuple:
+    """Numbers by value first (CWE 78 before 502), then the rest by name."""
+    try:
+        return (0, float(g), g)
+    except ValueError:
+        return (1, 0.0, g)
+
+
 def _reported(spec: ComparisonSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The spec's ``report`` fields and its metric ``by`` a field, for one arm's runs (nothing where it has none)."""
+    """The spec's ``report`` fields and its metric ``by`` a field, for one arm's runs (nothing where it has none).
+    Groups are the field's values as text (89 and "89" are one group, as in the JSON written)."""
     out: dict[str, Any] = {}
     if spec.report:
-        out["report"] = {f: _interval([[r["extra"][f][k] for k in sorted(r["extra"][f])] for r in rows])
-                         for f in spec.report}
+        out["report"] = {f: _interval([r["extra"][f] for r in rows]) for f in spec.report}
     if spec.by:
-        groups = sorted({v for r in rows for v in r["extra"][spec.by].values()},
-                        key=lambda v: (isinstance(v, str), v if not isinstance(v, str) else 0, str(v)))
-        out["by"] = {str(g): _interval([[r["items"][k] for k in sorted(r["items"]) if r["extra"][spec.by].get(k) == g]
-                                        for r in rows]) for g in groups}
+        groups = sorted({str(v) for r in rows for v in r["extra"][spec.by].values()}, key=_group_order)
+        out["by"] = {g: _interval([{k: v for k, v in r["items"].items() if str(r["extra"][spec.by].get(k)) == g}
+                                   for r in rows]) for g in groups}
     return out
 
 
@@ -353,8 +395,6 @@ def _verdict(name: str, target: dict[int, dict], rows: list[dict[str, Any]], sig
     bootstrap and (with 2 seeds or more) a t-interval on the per-seed means, which the bootstrap under-covers with
     few seeds. "ahead"/"behind" only where the interval excludes zero over at least ``MIN_PAIRS`` distinct items;
     one seed's verdict covers item noise only, and says so."""
-    import statistics
-
     groups, keys, bad = [], [], []
     for r in rows:
         t = target[r["seed"]]
@@ -373,12 +413,7 @@ def _verdict(name: str, target: dict[int, dict], rows: list[dict[str, Any]], sig
     distinct = min(map(len, keys), default=0)  # seeds repeating a handful of items add no evidence about others
     if distinct < MIN_PAIRS:
         return {**out, "verdict": f"too few items ({distinct} per seed)"}
-    diff, low, high = stats.clustered(groups, seed=0, crossed=crossed)
-    if len(groups) >= 2:
-        means = [sum(g) / len(g) for g in groups]
-        t = T95[len(means) - 2] if len(means) - 1 <= len(T95) else 2.0
-        half = t * statistics.stdev(means) / len(means) ** 0.5
-        low, high = min(low, diff - half), max(high, diff + half)
+    diff, low, high = _spread(groups, crossed)
     verdict = "ahead" if low > 0 else "behind" if high < 0 else "within noise"
     verdict += " (one seed)" if len(groups) == 1 else ""
     return {**out, "improvement": diff, "low": low, "high": high, "verdict": verdict}

@@ -42,7 +42,9 @@ class ComparisonSpec:
     refuses ``--data`` (their ``data`` params take it, through ``--set``). ``report`` names other fields of the
     items reported per arm beside the metric (a parse rate, a utility score), and ``by`` an item field the metric is
     also reported by (per CWE): each an arm's mean with its interval over (seed, item), not judged; ``counts`` names
-    stage metrics (the pairs a data stage made) reported per arm and seed where one of its stages records them."""
+    stage metrics (the pairs a data stage made) reported per arm and seed where one of its stages records them; a
+    target's count of 0 (its data stage made nothing: its training had nothing to train on) marks every verdict with
+    those seeds (``void_seeds``), and a target void on every seed is judged "void", not "within noise"."""
 
     name: str
     summary: str
@@ -69,7 +71,7 @@ class ComparisonSpec:
     dtype: str | None = None  # the runs' dtype (default: the run config's), e.g. bfloat16 where the paper measures it
     report: tuple[str, ...] = ()  # item fields reported per arm with intervals, beside the judged metric
     by: str | None = None  # an item field the metric is also reported by, per arm (e.g. "cwe")
-    counts: tuple[str, ...] = ()  # stage metrics reported per arm and seed where a stage records them (pairs made)
+    counts: tuple[str, ...] = ()  # stage metrics per arm and seed (pairs made); the target's 0 voids its seed
     paper: str = ""
     plugin: str = field(default="", compare=False)
 

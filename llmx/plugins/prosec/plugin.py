@@ -42,8 +42,10 @@ def llmx_comparisons():
                 "completing the scenario's statement (completion: statement). Reported beside it per arm, with "
                 "intervals: that share per CWE, the parse rate of the inducing samples, and utility on the benign "
                 "originals (benign_logp, the log-probability per token of the held-out seed's real body; "
-                "benign_parse_rate). The prosec arm's pair count is its analyze stage's security_pairs, reported per seed; a seed without pairs "
-                "leaves that arm's model as it is (empty: skip) rather than failing the comparison. SVEN is not "
+                "benign_parse_rate). The prosec arm's pair counts are its analyze stage's security_pairs and "
+                "security_pairs_kept (those the 1:1 utility mix keeps: what it trains on), reported per seed; a seed "
+                "without kept pairs leaves that arm's model as it is (empty: skip) rather than failing the "
+                "comparison, and every verdict names it (void on every seed: the verdict is 'void'). SVEN is not "
                 "shipped: the SafeCoder arm reads it beside the checkout (--set safecoder.data=PATH for another copy).",
         paper="Xu et al., ICML 2025, Table 2 (ProSec vs SafeCoder, vulnerable-code rate per CWE)",
         target="prosec", baselines=("safecoder", "unaligned"),
@@ -57,7 +59,8 @@ def llmx_comparisons():
                   family="prosec")),
         evaluation={"method": "secure-code", "params": {"cwes": CWES, "scenarios": 16, "samples": 8, **statement}},
         items="items.jsonl", metric="inducing_vulnerable_share", higher_is_better=False,
-        report=("parse_rate", "benign_logp", "benign_parse_rate"), by="cwe", counts=("security_pairs",),
+        report=("parse_rate", "benign_logp", "benign_parse_rate"), by="cwe",
+        counts=("security_pairs", "security_pairs_kept"),
         cost="optimizer steps", cost_key="steps",
         quick={"cwes": [89, 502], "scenarios": 4, "samples": 2, "max_new_tokens": 32, "seeds": 60, "fix_samples": 1,
                "steps": 2, "batch_size": 4, "max_len": 96, "max_length": 96, "empty": "skip"},
