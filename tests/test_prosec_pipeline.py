@@ -145,7 +145,10 @@ def test_the_comparison_measures_per_cwe_rates_utility_and_parse_rate_on_three_a
     (items,) = (tmp_path / "runs").glob("*/artifacts/0_secure-code/items.jsonl")
     rows = [json.loads(line) for line in items.read_text().splitlines()]
     assert all({spec.metric, spec.by, *spec.report} <= set(r) for r in rows)
-    assert all(r["parse_rate"] == r["parsed"] / r["samples"] and r["benign_logp"] < 0 for r in rows)
+    assert all(r["parse_rate"] == r["parsed"] / r["samples"] for r in rows)
+    benign = [r for r in rows if r["benign_logp"] is not None]  # each benign original once, on the first CWE's rows
+    assert [r["cwe"] for r in benign] == [89, 89] and all(r["benign_logp"] < 0 for r in benign)
+    assert all(r["benign_parse_rate"] is None for r in rows if r["benign_logp"] is None)
 
     def run(seed, shift):
         keys = [(f"i{c}-{k}", 0) for c in (89, 502) for k in range(4)]

@@ -64,8 +64,9 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
     place and the inducing prompt. Each row also holds its parsed share of the samples (``parse_rate``) and the
     utility of the model on the scenario's benign original: ``benign_logp``, the mean log-probability per token of
     the seed's real body after its header (a likelihood stand-in for pass@1, which is 0 at this scale), and
-    ``benign_parse_rate``, the share of its benign samples that parse. ``utility_logp`` is the mean of
-    ``benign_logp`` over the held-out seeds."""
+    ``benign_parse_rate``, the share of its benign samples that parse: on the first CWE's rows only (None on the
+    others), as one benign original is scored once, so an interval over items counts each once, not once per CWE.
+    ``utility_logp`` is the mean of ``benign_logp`` over the held-out seeds."""
     from llmx.plugins.prosec.detect import require_bandit
     from llmx.plugins.prosec.pipeline import elicit
     from llmx.plugins.prosec.scenarios import cut, scenario, seeds
@@ -97,9 +98,10 @@ def evaluate(ctx: RunContext, p: SecureCodeParams) -> dict[str, Any]:
             rows.append({FIELD: item_id(cwe, s.where, items[k].prompt), "cwe": cwe, "scenario": k, "seed": s.where,
                          "samples": len(mine), "parsed": sum(f.parsed for f in mine), "vulnerable": vulnerable,
                          "inducing_vulnerable_share": vulnerable / len(mine),
-                         "parse_rate": sum(f.parsed for f in mine) / len(mine), "benign_logp": utility[k],
-                         "benign_parse_rate": sum(f.parsed for f in plain_found[k * p.samples:(k + 1) * p.samples])
-                         / p.samples})
+                         "parse_rate": sum(f.parsed for f in mine) / len(mine),
+                         **({"benign_logp": utility[k], "benign_parse_rate": sum(
+                             f.parsed for f in plain_found[k * p.samples:(k + 1) * p.samples]) / p.samples}
+                            if cwe == p.cwes[0] else {"benign_logp": None, "benign_parse_rate": None})})
         parsed = sum(f.parsed for f in found)
         bad = sum(f.parsed and f.shows(cwe) for f in found)
         benign_bad = sum(f.parsed and f.shows(cwe) for f in plain_found)
