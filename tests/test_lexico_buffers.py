@@ -133,3 +133,18 @@ def test_padding_given_on_another_device_than_the_keys_is_moved_to_theirs():
     cache.update(keys, keys, 0)
     layer = cache.layers[0]
     assert layer.compressed_keys == 16 and all(t.device.type == "meta" for t in layer.key_codes)
+
+
+def test_kivi_bits_given_as_text_on_the_command_line(cli, tmp_path):
+    """``--set bits=4`` arrives as text: accepted as the int 4; a width KIVI does not pack is a config error."""
+    ok = cli("--json", "--dry-run", "decode", "--method", "kivi", "--model", "tiny:llama", "--set", "bits=4",
+             "-o", tmp_path)
+    assert ok.code == 0, ok.err
+    bad = cli("decode", "--method", "kivi", "--model", "tiny:llama", "--set", "bits=3", "-o", tmp_path)
+    assert bad.code == 2 and "bits" in bad.err
+
+
+def test_lexico_decode_without_a_dictionary_is_refused_before_any_work(cli, tmp_path):
+    """No --set dictionary and no lexico train stage before it: a config error (exit 2), no run folder."""
+    r = cli("decode", "--method", "lexico", "--model", "tiny:llama", "-o", tmp_path / "runs")
+    assert r.code == 2 and "dictionary" in r.err and not (tmp_path / "runs").exists()

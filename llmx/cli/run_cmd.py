@@ -37,7 +37,10 @@ STAGE_HELP = {  # by stage name (llmx.core.spec.Stage values)
     "align": ("Align a model on preference data (--data is the .jsonl of preference rows).",
                   ("llmx align --method pipa --model ref:llama --data prefs.jsonl --set variant=m",
                    "llmx align --method pasta-bonbon --model PASTA_SFT_MODEL --data train.jsonl --set lam=inf")),
-    "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama",
+    "decode": ("Generate with a decoding or KV-cache method.", ("llmx decode --method lexico --model ref:llama "
+                                                                "--set dictionary=runs/RUN/artifacts/0_lexico/"
+                                                                "dictionaries.safetensors",
+                                                                "llmx decode --method kivi --model ref:llama --set bits=4",
                                                                 "llmx decode --method cosd --model ref:facts-code "
                                                                 "--set assistant=ref:facts-docs --set task=api-facts",
                                                                 "llmx decode --method pasta --model PASTA_SFT_MODEL "

@@ -245,6 +245,7 @@ def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = N
         stages.append(ResolvedStage(i, stage_cfg.stage or spec.stages[0], spec, params))
     if config is not None and config.onload != "none":
         problems += _onload_problems(config.onload, stages)
+    problems += _pipeline_problems(stages)
     zoo = _zoo_request(raw.get("zoo"), problems)
     if zoo is not None and config is not None and config.model != f"ref:{zoo.name}":
         problems.append(Problem("model", f"the zoo section builds ref:{zoo.name}; load it with model: ref:{zoo.name}"))
@@ -257,6 +258,18 @@ def resolve(raw: dict[str, Any], methods: MethodRegistry, source: str | None = N
 
         rebase_run(run, folder)
     return run
+
+
+def _pipeline_problems(stages: list[ResolvedStage]) -> list[Problem]:
+    """What a stage needs from the stages before it (``params.pipeline_problem(earlier)`` returns why it lacks it,
+    e.g. a decode stage whose default input an earlier stage writes), found before any work."""
+    out = []
+    for k, s in enumerate(stages):
+        check = getattr(s.params, "pipeline_problem", None)
+        why = check(stages[:k]) if check else None
+        if why:
+            out.append(Problem(f"pipeline.{s.index}.params", why))
+    return out
 
 
 def _onload_problems(onload: str, stages: list[ResolvedStage]) -> list[Problem]:

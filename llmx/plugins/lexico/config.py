@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmx.core.refs import DataFile
 from llmx.core.spec import Params
@@ -65,12 +65,25 @@ class LexicoDecodeParams(CompressedParams):
             LexicoRule(self.buffer_length, self.chunk)  # its ValueError is the config's
         return self
 
+    def pipeline_problem(self, earlier) -> str | None:
+        """No dictionary given and no lexico train stage before this one to write it: refused before any work."""
+        if self.dictionary is None and not any(s.spec.name == "lexico" and s.stage.value == "train" for s in earlier):
+            return ("lexico decode needs --set dictionary=FILE (from llmx train --method lexico) or a lexico train "
+                    "stage earlier in the run")
+        return None
+
 
 class KIVIParams(CompressedParams):
     bits: Literal[1, 2, 4, 8] = Field(2, description="Bits per code, packed 8 / bits to a byte.")
     group: int = Field(32, gt=0, description="Tokens per key group (per channel) and channels per value group (by "
                        "default 32, or the largest divisor of both 32 and an official residual that 32 does not "
                        "divide).")
+
+    @field_validator("bits", mode="before")
+    @classmethod
+    def _bits_from_text(cls, v):
+        """``--set bits=4`` arrives as text; a Literal of ints does not coerce it as an int field would."""
+        return int(v) if isinstance(v, str) and v.strip().isdigit() else v
 
     @model_validator(mode="after")
     def _rule_fits(self):
