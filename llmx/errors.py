@@ -65,6 +65,14 @@ class MissingRequirement(LlmxError):
     exit_code = 3
 
 
+def extra_hint(extra: str) -> str:
+    """How to install one of llmx's extras: from the checkout llmx is installed from (``pip install -e``), since
+    ``pip install 'llmx[...]'`` would ask the package index for a project of that name."""
+    if extra == "gpu":
+        return "Install it with: pip install -e '.[gpu]' (CUDA 12) or -e '.[gpu-cuda13]' (CUDA 13), in the llmx checkout"
+    return f"Install it with: pip install -e '.[{extra}]', in the llmx checkout"
+
+
 class CannotRun(LlmxError):
     """A method cannot run as asked: a training strategy it cannot shard under, say (exit 3, before any work)."""
 

@@ -62,7 +62,7 @@ def test_cuda_without_cupy_is_exit_3_for_a_method_with_kernels_and_cpu_needs_non
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA machine, as far as the checks can tell
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     r = cli("quantize", "--method", "rtn", "--model", "tiny:llama", "--device", "cuda", "-o", tmp_path / "runs")
-    assert r.code == 3 and "'cupy'" in r.err and "pip install 'llmx[gpu]'" in r.err, r.err
+    assert r.code == 3 and "'cupy'" in r.err and "pip install -e '.[gpu]'" in r.err, r.err
     assert not (tmp_path / "runs").exists()
 
     def run(method: str, device: str):

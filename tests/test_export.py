@@ -198,7 +198,7 @@ def test_an_existing_target_needs_force_and_a_missing_library_is_exit_3(cli, tmp
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "compressed_tensors" else real(name, *a))
     r = cli("export", folder, target, "--force")
-    assert r.code == 3 and "llmx[export]" in r.err and (target / "keep.txt").is_file()
+    assert r.code == 3 and "-e '.[export]'" in r.err and (target / "keep.txt").is_file()
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert cli("export", folder, target, "--force").code == 0
     assert not (target / "keep.txt").exists() and (target / "model.safetensors").is_file()

@@ -363,7 +363,7 @@ def test_lm_eval_missing_is_exit_3_with_the_install_hint(cli, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
     r = cli("eval", "--method", "lm-eval", "--model", "tiny:llama", "--set", "tasks=hellaswag")
-    assert r.code == 3 and "pip install 'llmx[lm-eval]'" in r.err
+    assert r.code == 3 and "pip install -e '.[lm-eval]'" in r.err
 
 
 def test_file_tasks_check_their_rows(cli, tmp_path):

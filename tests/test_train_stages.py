@@ -225,7 +225,7 @@ def test_lora_without_peft_exits_3_before_anything_is_written(cli, tmp_path, mon
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a))
     r = sft(cli, tmp_path / "out", rows(tmp_path), "--set", "adapter=lora")
-    assert r.code == 3 and "pip install 'llmx[lora]'" in r.err
+    assert r.code == 3 and "pip install -e '.[lora]'" in r.err
     assert not (tmp_path / "out").exists()
 
 

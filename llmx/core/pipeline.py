@@ -16,7 +16,7 @@ from llmx.core import atomic, runs
 from llmx.core.config import ResolvedRun
 from llmx.core.context import RunContext
 from llmx.core.signals import Terminated
-from llmx.errors import CannotRun, ConfigError, LlmxError, MissingRequirement, RunFailed, UsageError
+from llmx.errors import CannotRun, ConfigError, LlmxError, MissingRequirement, RunFailed, UsageError, extra_hint
 
 
 @dataclass
@@ -60,7 +60,7 @@ def require_modules(who: str, modules) -> None:
     """Exit 3 naming the install command when a Python package ``who`` needs is absent."""
     for module in modules:
         if importlib.util.find_spec(module) is None:
-            hint = f"pip install 'llmx[{EXTRAS[module]}]'" if module in EXTRAS else f"pip install {module}"
+            hint = extra_hint(EXTRAS[module]) if module in EXTRAS else f"Install it with: pip install {module}"
             raise MissingRequirement(f"{who} needs the Python package '{module}', which is not installed",
                                      hint=f"Install it with: {hint}")
 

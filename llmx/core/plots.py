@@ -8,7 +8,7 @@
 - ``series``: a checkpoint-series study (``analyze --method overtraining``): sensitivity S against tokens per gamma,
   and forgetting after fine-tuning against tokens per rate, one pair of panels per stage.
 
-Needs matplotlib (``pip install 'llmx[plot]'``).
+Needs matplotlib (the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from llmx.core.report import KEY_METRICS, StageRow, short_run
-from llmx.errors import MissingRequirement
+from llmx.errors import MissingRequirement, extra_hint
 
 FP_BITS = 16
 MAX_PANELS = 4  # models with the most points
@@ -29,7 +29,7 @@ MAX_PANELS = 4  # models with the most points
 
 def _pyplot():
     if importlib.util.find_spec("matplotlib") is None:
-        raise MissingRequirement("--plot needs matplotlib", hint="pip install 'llmx[plot]'")
+        raise MissingRequirement("--plot needs matplotlib", hint=extra_hint("plot"))
     import matplotlib
 
     matplotlib.use("Agg")

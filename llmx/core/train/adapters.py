@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llmx.core.train.params import LoraParams
-from llmx.errors import MissingRequirement, UsageError
+from llmx.errors import MissingRequirement, UsageError, extra_hint
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -21,7 +21,7 @@ def peft():
 
     if importlib.util.find_spec("peft") is None:
         raise MissingRequirement("LoRA adapters need the Python package 'peft', which is not installed",
-                                 hint="Install it with: pip install 'llmx[lora]'")
+                                 hint=extra_hint("lora"))
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     import peft as module

@@ -16,7 +16,7 @@ from llmx.core import atomic
 from llmx.core.context import RunContext
 from llmx.core.eval.items import FIELD, item_id
 from llmx.core.eval.sandbox import check as confinable
-from llmx.errors import MissingRequirement, UsageError
+from llmx.errors import MissingRequirement, UsageError, extra_hint
 from llmx.plugins.funbo import afs, bo, samplers
 from llmx.plugins.funbo import functions as F
 from llmx.plugins.funbo.config import SUITES, AcquisitionParams, FunboParams, Protocol
@@ -174,7 +174,7 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
             _checked(field, ref)
     if "mes" in (p.af, p.against) or p.backend == "botorch":
         if importlib.util.find_spec("botorch") is None:
-            raise MissingRequirement("backend botorch and af mes need BoTorch: pip install 'llmx[funbo]'")
+            raise MissingRequirement("backend botorch and af mes need BoTorch", hint=extra_hint("funbo"))
     confinable(p.unsafe_unconfined)
     problems = names(p.functions, p.instances, p.instance_seed)
     specs = _specs(ctx, problems, p)

@@ -38,7 +38,8 @@ def llmx_comparisons():
     yield ComparisonSpec(
         name="guidedquant",
         summary="LNQ + GuidedQuant (g=4) against plain LNQ, SqueezeLLM and GPTQ at its strongest (asymmetric g128, "
-                "act-order, true-sequential: LNQ's bits from below) at 2 bits, weight-only, the same calibration windows: held-out perplexity windows paired.",
+                "act-order, true-sequential: LNQ's bits from below) at 2 bits, weight-only, the same calibration "
+                "windows: held-out perplexity windows paired.",
         paper="Kim et al., ICML 2025, Table 1 (Llama-2-7B at 2.01 bits: SqueezeLLM, LNQ, LNQ + GQuant; GPTQ)",
         target="lnq-gq-w2",
         baselines=("lnq-w2", "squeezellm-w2", "gptq-w2"),

@@ -32,7 +32,8 @@ class Sampling(Params):
         "cut at the function's end (the paper's whole answers). Either is parsed and scanned by bandit as part of "
         "the whole program (imports, signature, docstring). Statement is the default because it is what makes the "
         "pipeline measurable on a model this machine builds: a small model's whole-function completions mostly do not "
-        "parse, and an unparsed sample never counts as vulnerable or yields a pair. Fixes are written the same way; benign answers are always whole functions.")
+        "parse, and an unparsed sample never counts as vulnerable or yields a pair. Fixes are written the same way; "
+        "benign answers are always whole functions.")
     max_new_tokens: int = Field(96, gt=0, description="Tokens per completion (official 1024 for a whole answer; the "
                                 "completion is then cut as ``completion`` says).")
     batch_size: int = Field(16, gt=0)

@@ -37,9 +37,9 @@ def require_bandit() -> None:
     try:
         import bandit  # noqa: F401
     except ImportError as exc:
-        from llmx.errors import MissingRequirement
+        from llmx.errors import MissingRequirement, extra_hint
 
-        raise MissingRequirement("ProSec's analyzer needs bandit: pip install 'llmx[security]'") from exc
+        raise MissingRequirement("ProSec's analyzer needs bandit", hint=extra_hint("security")) from exc
 
 
 def scan(programs: list[str]) -> list[list[Issue] | None]:
