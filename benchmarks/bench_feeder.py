@@ -1,7 +1,23 @@
-"""FEEDER against the full pool and a random subset of its size, on a Llama that learns in context.
+"""FEEDER against the full pool and a random subset of its size, on a Llama that learns in context; and, with no
+trained model, the tree's cuts at the plugin's default episode pool and the exact copier's verdict on it.
 
     python benchmarks/bench_feeder.py [--seeds 0 1 2] [--workers 2] [--fewshot ../shared/data/fewshot]
-                                      [--cut random|redundancy]
+                                      [--cut random|redundancy] [--only model cuts copy] [--maps 10]
+
+Sections (``--only``; all by default): ``model`` is parts 1-4 below (they need ``ref:llama-icl``); ``cuts`` and
+``copy`` need no trained model and take seconds (feeder_defaults.json and .md):
+
+- cuts: per held-out map, icl-episodes' default pool (``plugin.EPISODES``) under ref:llama-icl's tokenizer (trained
+  as the zoo trains it) and 64-token context: the pool's demonstration tokens against the budget one question leaves,
+  and the tree's cuts (``truncations``) at ``analyze --method feeder``'s defaults with two oracles, a random-weight
+  Llama of ref:llama-icl's shape (nothing is inferred, so unions grow as large as they can) and the exact copier asked
+  only what fits the same budget. As a labelled contrast, the old 400-row pool (1-3 distractors) of the ``--seeds``
+  maps under the same two oracles, beside the cuts feeder.json recorded with the trained model.
+- copy: per held-out map, at noise 0 and at the default noise, ``oracle: copy`` at the feeder defaults: the set holds
+  exactly one row of each cue in the pool; it infers as many pool rows as any set can (under a copier a cue's rows
+  are inferred by its one row, so the best is the sum over cues of the cue's most common label); removing any member,
+  a cue's only row, fails exactly the rows of that cue the set inferred and no other; and the set against
+  ``random_draws`` random subsets of its size, paired per pool row. Pass and fail counts over maps and removals.
 
 1. The episode model: ``llmx zoo build llama --preset icl`` (``ref:llama-icl``: a 2-layer Llama, 40k steps of 8x64
    tokens of ``icl-episodes`` with no early stopping, built once and cached by the zoo). First the check that it
@@ -19,7 +35,8 @@
    under a fixed held-out map first, FEEDER only if that shows in-context learning.
 
 Finished runs are kept in ``--work`` under their spec's digest, so an interrupted run resumes. Writes
-benchmarks/results/feeder.json and .md (``--cut redundancy``: feeder_cut_redundancy.json and .md).
+benchmarks/results/feeder.json and .md (``--cut redundancy``: feeder_cut_redundancy.json and .md); the model-free
+sections write feeder_defaults.json and .md.
 
 Not a comparison: ``llmx compare feeder`` runs the 8-shot random-selector arms of part 2 (FEEDER set, random subset
 of its size, full pool) paired per test row; this script adds the in-context-learning check over several maps, the
@@ -36,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cached, child, machine, markdown, spread, verdict, write  # noqa: E402
+from common import RESULTS, cached, child, machine, markdown, spread, verdict, write  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EPISODE_MODEL = {"arch": "llama", "preset": "icl"}  # ref:llama-icl: the icl-episodes corpus
@@ -47,6 +64,8 @@ CUES = 6  # the FEEDER maps: one row per cue, and 8 shots, fit the 64-token cont
 FT = {"steps": 64, "batch_size": 8, "shots": 4, "lr": 3e-4, "warmup": 6, "save": False}
 POOLS = ("full", "feeder", "random")
 SELECTORS = ("random", "similarity")
+SECTIONS = ("model", "cuts", "copy")
+OLD_POOL = {"cues": CUES, "labels": 4, "pool": 400, "distractors": (1, 3)}  # parts 1-3's pool: the cuts' contrast
 
 
 def provide(spec: dict) -> str:
@@ -128,10 +147,21 @@ def main() -> None:
     ap.add_argument("--fewshot", default=None, help="the few-shot-learning data folder (sst2/, trec/) for part 4")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "llmx-bench-feeder"),
                     help="finished runs are kept here; a rerun reuses them (delete it to start afresh)")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                    help="sections to run: model (parts 1-4, ref:llama-icl), cuts and copy (no trained model)")
+    ap.add_argument("--maps", type=int, default=10, help="held-out maps 0..N-1 of the cuts and copy sections")
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
         return child(json.loads(args.child))
+    if {"cuts", "copy"} & set(args.only):
+        model_free(args)
+    if "model" in args.only:
+        model_based(args)
+
+
+def model_based(args) -> None:
+    """Parts 1-4: the episode model's in-context learning, FEEDER's selection, k-shot accuracy and fine-tuning."""
     work = Path(args.work)
     model = provide(EPISODE_MODEL)
 
@@ -233,7 +263,7 @@ def main() -> None:
     if natural:
         md += ["", "## SST-2 and TREC, MetaICL-style episode model", markdown(list(natural["rows"][0]),
                                                                             natural["rows"]), "", natural["verdict"]]
-    (Path(__file__).resolve().parent / "results" / f"{name}.md").write_text("\n".join(md) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
@@ -265,6 +295,195 @@ def natural_text(args, work: Path, run) -> dict:
                                     "measured on this natural text at this scale"))
     return {"model": NATURAL_MODEL, "label_maps": {k: v["map"] for k, v in evals.items()}, "rows": rows,
             "learns_in_context": learns, "verdict": "; ".join(words)}
+
+
+def icl_stand_in():
+    """ref:llama-icl's tokenizer (``train_bpe`` on the icl-episodes training documents at the preset's vocabulary, as
+    the zoo trains it), a random-weight Llama of the preset's shape and the preset's training context (the prompt
+    length ``analyze --method feeder`` uses for it): what the tree's cuts depend on, without the 40000-step build."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from llmx.core.models.archs import config
+    from llmx.core.tokenizer import train_bpe
+    from llmx.core.zoo.corpus import special_ids
+    from llmx.core.zoo.presets import PRESETS
+    from llmx.plugins.feeder import episodes as E
+
+    preset = PRESETS[EPISODE_MODEL["preset"]][EPISODE_MODEL["arch"]]
+    tok = train_bpe(E.documents("train"), preset.vocab)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config("llama", len(tok), preset.hidden, preset.layers,
+                                                    max_positions=max(1024, 2 * preset.seq_len), heads=preset.heads,
+                                                    kv_heads=preset.kv_heads, special_ids=special_ids(tok))).eval()
+    return tok, model, preset.seq_len
+
+
+def budget_copier(rows: list[dict], labels: list[str], lm):
+    """The exact copier asked only what fits the LM oracle ``lm``'s prompt (its tokens per row and budget), so that
+    the tree cuts a node exactly where it would with a model that infers every row from a row of its cue."""
+    from llmx.plugins.feeder.oracle import CopyOracle
+
+    class BudgetCopy(CopyOracle):
+        def fits(self, demos) -> bool:
+            return super().fits(demos) and sum(lm.lengths[d] for d in demos) <= lm.budget
+
+    return BudgetCopy(rows, labels)
+
+
+def tree_defaults():
+    """``analyze --method feeder``'s defaults (the tree to one node, the necessity pass over the pool, random cuts,
+    random_draws) as the plugin's comparison runs it (``plugin.SELECT``)."""
+    from llmx.plugins.feeder import episodes as E
+    from llmx.plugins.feeder.config import FeederParams
+    from llmx.plugins.feeder.plugin import SELECT
+
+    return FeederParams(**SELECT["params"], template=E.TEMPLATE)  # the template an icl-episodes stage hands on
+
+
+def choose(oracle, p, seed: int):
+    from llmx.plugins.feeder.tree import select
+
+    return select(oracle, p.depth, p.rounds, p.necessity_pass, p.repair_pass, seed, p.necessity_check, p.cut)
+
+
+def default_pool(map_seed: int, **change) -> dict:
+    """icl-episodes' default pool of one held-out map (``plugin.EPISODES``' parameters), with ``change`` applied."""
+    from llmx.plugins.feeder import episodes as E
+    from llmx.plugins.feeder.config import EpisodeParams
+    from llmx.plugins.feeder.plugin import EPISODES
+
+    q = EpisodeParams(**EPISODES["params"] | change)
+    return E.heldout(E.Spec(cues=q.cues, labels=q.labels, distractors=q.distractors, noise=q.noise), q.pool, 1,
+                     map_seed)
+
+
+def cut_rows(maps: list[int], seeds: list[int]) -> tuple[list[dict], dict]:
+    """Section cuts: the tree's cuts per map and oracle at the default pool, and on the old 400-row pool."""
+    from llmx.plugins.feeder import episodes as E
+    from llmx.plugins.feeder.oracle import LMOracle
+
+    tok, model, context = icl_stand_in()
+    p = tree_defaults()
+    recorded = {}  # the trained model's cuts on the same 400-row pools and seeds, as the repository records them
+    old = Path(__file__).resolve().parent / "results" / "feeder.json"
+    if old.is_file():
+        recorded = {r["seed"]: r["truncations"] for r in json.loads(old.read_text()).get("selection", [])}
+    pools = [("default", m, default_pool(m)) for m in maps]
+    pools += [("old 400-row", s, E.heldout(E.Spec(cues=OLD_POOL["cues"], labels=OLD_POOL["labels"],
+                                                  distractors=OLD_POOL["distractors"]), OLD_POOL["pool"], 1, s))
+              for s in seeds]
+    rows = []
+    for pool, m, made in pools:
+        lm = LMOracle(model, tok, E.FORMAT, made["pool"], made["labels"], p.batch_size, p.max_node_size, context)
+        tokens = sum(lm.lengths)
+        for name, oracle in (("random-weight LM", lm), ("copier within budget",
+                                                         budget_copier(made["pool"], made["labels"], lm))):
+            sel = choose(oracle, p, m)
+            rows.append({"pool": pool, "map": m, "oracle": name, "pool_rows": len(made["pool"]),
+                         "pool_tokens": tokens, "budget_tokens": lm.budget, "whole_pool_fits": tokens <= lm.budget,
+                         "truncations": sel.truncations, "truncated_rows": sel.truncated_rows,
+                         "feeder_rows": len(sel.indices), "oracle_calls": sel.oracle_calls,
+                         "sufficiency_rate": sel.sufficiency_rate,
+                         "recorded_truncations": recorded.get(m) if pool != "default" else None})
+    by = {}
+    for pool in ("default", "old 400-row"):
+        mine = [r for r in rows if r["pool"] == pool]
+        if mine:
+            cuts = [r["truncations"] for r in mine]
+            fits = {r["map"]: r["whole_pool_fits"] for r in mine}
+            by[pool] = {"selections": len(cuts), "truncations_min": min(cuts), "truncations_max": max(cuts),
+                        "maps": len(fits), "maps_whole_pool_fits": sum(fits.values())}
+    by["recorded with ref:llama-icl (feeder.json, old 400-row pool)"] = sorted(recorded.values()) or None
+    return rows, by
+
+
+def copy_rows(maps: list[int]) -> tuple[list[dict], list[dict]]:
+    """Section copy: the exact copier's verdict on the default pool at noise 0 and at the default noise."""
+    from collections import Counter
+
+    from llmx.plugins.feeder.config import EpisodeParams
+    from llmx.plugins.feeder.oracle import CopyOracle
+    from llmx.plugins.feeder.tree import inferred, versus_random
+
+    p = tree_defaults()
+    rows, verdicts = [], []
+    for noise in (0.0, EpisodeParams.model_fields["noise"].default):
+        for m in maps:
+            made = default_pool(m, noise=noise)
+            pool = made["pool"]
+            oracle = CopyOracle(pool, made["labels"])
+            sel = choose(oracle, p, m)
+            cues = [pool[i]["cue"] for i in sel.indices]
+            per_cue = Counter((r["cue"], r["label"]) for r in pool)
+            best = sum(max(c for (cue, _), c in per_cue.items() if cue == k) for k in {r["cue"] for r in pool})
+            removals = []
+            for i in sel.indices:  # a cue's only row: its removal fails that cue's inferred rows, nothing else
+                rest = inferred(oracle, [j for j in sel.indices if j != i])
+                want = [x for x, r in enumerate(pool) if r["cue"] == pool[i]["cue"] and sel.inferred[x]]
+                changed = [x for x in range(len(pool)) if rest[x] != sel.inferred[x]]
+                removals.append(bool(want) and changed == want and not any(rest[x] and not sel.inferred[x]
+                                                                           for x in changed))
+            vs = versus_random(oracle, sel.indices, sel.inferred, p.random_draws, m) if p.random_draws else {}
+            rows.append({"noise": noise, "map": m, "pool_rows": len(pool), "cues_in_pool": len(set(r["cue"] for r in
+                                                                                               pool)),
+                         "noisy_rows": sum(r["label"] != made["map"][r["cue"]] for r in pool),
+                         "feeder_rows": len(sel.indices), "noisy_kept": sum(pool[i]["label"] != made["map"][
+                             pool[i]["cue"]] for i in sel.indices),
+                         "one_row_per_cue": sorted(cues) == sorted({r["cue"] for r in pool}),
+                         "inferred": sum(sel.inferred), "best_possible": best,
+                         "as_sufficient_as_any_set": sum(sel.inferred) == best,
+                         "removals_failing_exactly_their_cue": f"{sum(removals)}/{len(removals)}",
+                         "truncations": sel.truncations, "oracle_calls": sel.oracle_calls,
+                         "random_subset_rate": vs.get("random_sufficiency_rate"),
+                         "set_minus_random": vs.get("sufficiency_minus_random"),
+                         "set_minus_random_ci": [round(vs["sufficiency_minus_random_ci_low"], 4),
+                                                 round(vs["sufficiency_minus_random_ci_high"], 4)] if vs else None,
+                         "_removals": removals})
+        mine = [r for r in rows if r["noise"] == noise]
+        checks = {"one_row_per_cue": [r["one_row_per_cue"] for r in mine],
+                  "as_sufficient_as_any_set": [r["as_sufficient_as_any_set"] for r in mine],
+                  "removal_fails_exactly_its_cue": [ok for r in mine for ok in r["_removals"]]}
+        for name, oks in checks.items():
+            verdicts.append({"noise": noise, "check": name, "over": "removals" if "removal" in name else "maps",
+                             "passed": sum(oks), "failed": len(oks) - sum(oks),
+                             "verdict": "pass" if all(oks) else "fail"})
+    for r in rows:
+        del r["_removals"]
+    return rows, verdicts
+
+
+def model_free(args) -> None:
+    """Sections cuts and copy: feeder_defaults.json and .md."""
+    from llmx.plugins.feeder.config import EpisodeParams
+    from llmx.plugins.feeder.plugin import EPISODES
+
+    maps = list(range(args.maps))
+    payload = {"benchmark": "feeder_defaults", "sections": [s for s in SECTIONS if s in args.only and s != "model"],
+               "pool": EpisodeParams(**EPISODES["params"]).model_dump(mode="json", exclude={"map_seed"}),
+               "feeder": tree_defaults().model_dump(mode="json", exclude={"data", "labels", "oracle"}),
+               "maps": maps}
+    md = []
+    if "cuts" in args.only:
+        rows, by = cut_rows(maps, args.seeds)
+        payload |= {"cuts": rows, "cuts_summary": by, "old_pool": OLD_POOL}
+        md += [f"## Cuts at the default pool ({EPISODES['params']['cues']} cues, "
+               f"{EPISODES['params']['labels']} labels, icl-episodes' default rows), ref:llama-icl's tokenizer and "
+               "context; contrast: the old 400-row pool", markdown(list(rows[0]), rows), "",
+               markdown(["pool", "selections", "truncations_min", "truncations_max", "maps",
+                         "maps_whole_pool_fits"],
+                        [{"pool": k, **v} for k, v in by.items() if isinstance(v, dict)]), "",
+               "Recorded with the trained ref:llama-icl on the old 400-row pool (feeder.json): "
+               f"{by['recorded with ref:llama-icl (feeder.json, old 400-row pool)']}", ""]
+    if "copy" in args.only:
+        rows, verdicts = copy_rows(maps)
+        payload |= {"copy": rows, "copy_verdict": verdicts}
+        md += ["## The exact copier (oracle: copy) on the default pool", markdown(list(rows[0]), rows), "",
+               "## The copier's verdict (pass and fail counts)", markdown(list(verdicts[0]), verdicts), ""]
+    payload["machine"] = machine()
+    write("feeder_defaults", payload)
+    (RESULTS / "feeder_defaults.md").write_text("\n".join(md))
+    print("\n".join(md), flush=True)
 
 
 if __name__ == "__main__":

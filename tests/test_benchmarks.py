@@ -58,3 +58,24 @@ def test_verdict_calls_ahead_only_outside_the_seed_range():
     assert verdict([1.0, 1.1, 1.2], [0.5, 0.6, 0.9], names) == "old ahead"
     assert verdict([1.0, 1.1, 1.2], [0.5, 0.6, 0.9], names, lower_is_better=False) == "new ahead"
     assert verdict([1.0, 1.1], [1.3], names) == "n/a (fewer than 3 seeds)"
+
+
+def test_bench_feeder_model_free_sections_alone(tmp_path):
+    """``bench_feeder.py --only cuts copy`` needs no trained model (ref:llama-icl is not built): at the default pool
+    the tree never cuts, the old 400-row pool does, and the exact copier keeps one row per cue, sufficient, each
+    member necessary for exactly its cue. The repository's results are untouched."""
+    results, before = tmp_path / "results", _listing(REPO_RESULTS)
+    env = {**os.environ, "LLMX_BENCH_RESULTS": str(results), "LLMX_CACHE_DIR": str(tmp_path / "cache"),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_feeder.py"), "--only", "cuts", "copy", "--maps", "2",
+           "--seeds", "0", "--work", str(tmp_path / "work")]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _listing(REPO_RESULTS) == before and not (tmp_path / "cache").exists()  # no model was built
+    doc = json.loads((results / "feeder_defaults.json").read_text())
+    default = [r for r in doc["cuts"] if r["pool"] == "default"]
+    assert len(default) == 4 and all(r["whole_pool_fits"] and r["truncations"] == 0 for r in default)
+    assert all(r["truncations"] > 0 for r in doc["cuts"] if r["pool"] == "old 400-row")
+    exact = [v for v in doc["copy_verdict"] if v["noise"] == 0]
+    assert [v["verdict"] for v in exact] == ["pass"] * 3 and all(v["passed"] > 0 == v["failed"] for v in exact)
+    assert doc["machine"]["torch_cpu_capability"] and (results / "feeder_defaults.md").is_file()
