@@ -140,7 +140,7 @@ def measure(ctx: RunContext, p, make_cache) -> dict:
     count, tokens = len(windows), len(windows) * p.continuation_len
     full_fp16 = fp16_per_token * (n - 1)
     per_seq = stored / count
-    return {"kv_memory_fraction": per_seq / full_fp16,
+    return {"split": "validation", "kv_memory_fraction": per_seq / full_fp16,
             "kv_memory_fraction_with_dictionaries": (per_seq + dictionary) / full_fp16,
             "kv_memory_fraction_amortised": (per_seq + dictionary / p.amortize_batch) / full_fp16,
             "kv_peak_fraction": peak / full_fp16,
