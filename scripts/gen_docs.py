@@ -376,6 +376,12 @@ def _group_parts(g: dict[str, Any], results: Path, published: Path) -> list[Part
                           + "\n\n", "prose"))
     elif comparisons:
         parts.append(Part(f"Its comparison, not published yet: {links(comparisons)}.\n\n", "prose"))
+    beside = g.get("complements", [])  # judged comparisons that answer another question than this benchmark's
+    for c in beside:
+        if not (DOCS / "comparisons" / f"{c}.md").is_file():
+            raise SystemExit(f"gen_docs: {NOTES.name}: {g['title']} names comparison {c!r}, which has no page")
+    if beside:
+        parts.append(Part(f"The judged comparisons beside it (equal steps, over seeds): {links(beside)}.\n\n", "prose"))
     if g["script"]:
         script = ROOT / "benchmarks" / g["script"]
         doc = " ".join((ast.get_docstring(ast.parse(script.read_text())) or "").split("\n\n")[0].split())
