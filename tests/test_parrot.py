@@ -717,3 +717,19 @@ def test_mmmb_writes_one_item_per_question_after_circular_eval_averaging_to_its_
     got = asked(tiny_llava(tmp_path / "m"), tmp_path / "gen1", "gen1")
     assert len(gen) > 6 and got == [question_id(gen[g[0]]) for g in mmmb.questions(gen, True)] and len(set(got)) == 3
     assert not set(got) & set(ids)
+
+
+def test_likelihood_norm_picks_by_log_likelihood_per_byte(cli, tiny_llava, tmp_path):
+    """lm-eval's acc_norm: a long option that loses on its summed log-likelihood can win per byte."""
+    from pathlib import Path
+
+    from llmx.plugins.parrot import likelihood
+
+    assert likelihood.pick([-6.0, -4.0]) == 1
+    assert likelihood.pick(likelihood.per_byte([-6.0, -4.0], ["a long one", "ab"])) == 0  # -0.6 against -2.0
+    r = cli("--json", "eval", "--method", "mmmb", "--model", tiny_llava(tmp_path / "m"), "--set", "count=3",
+            "--set", 'languages=["en"]', "--set", "scoring=likelihood_norm", "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    folder = next(Path(tmp_path / "runs").glob("*/artifacts/0_mmmb"))
+    for a in (json.loads(x) for x in (folder / "answers.jsonl").read_text().splitlines()):
+        assert a["picked"] == likelihood.pick(a["per_byte"])

@@ -52,10 +52,11 @@ class MmmbParams(Params):
     circular: bool | None = Field(None, description="CircularEval (a question is right only when all its rotated "
                                   "copies, index + k*1e6, are): default as VLMEvalKit, on for MMBench files or any "
                                   "index past 1e6 (the generated set asks every rotation).")
-    scoring: Literal["generate", "likelihood"] = Field("generate", description="generate: a greedy reply to "
-                                                        "Parrot's prompt, its letter read as VLMEvalKit does; "
-                                                        "likelihood: each option's text scored as the reply to the "
-                                                        "question alone, the likeliest picked (no letter read).")
+    scoring: Literal["generate", "likelihood", "likelihood_norm"] = Field(
+        "generate", description="generate: a greedy reply to Parrot's prompt, its letter read as VLMEvalKit does; "
+        "likelihood: each option's text scored as the reply to the question alone, the likeliest picked (no letter "
+        "read); likelihood_norm: the same, per UTF-8 byte of the option (lm-eval's acc_norm), so a longer option is "
+        "not penalised for its length.")
     max_new_tokens: int = Field(64, gt=0, description="Reply budget (Parrot's own evaluation allows 512; the letter "
                                 "extraction reads the whole reply).")
     batch_size: int = Field(16, gt=0)

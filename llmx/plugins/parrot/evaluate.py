@@ -31,10 +31,14 @@ def question_id(q) -> str:
 def answer(ctx: RunContext, p: MmmbParams, model, proc, items: list) -> tuple[list[str], list[dict], list[int | None]]:
     """Each row's prompt (the user turn after its image), what the model said (its reply, or each option's
     log-likelihood) and the option it picked (None: none could be read)."""
-    if p.scoring == "likelihood":
+    if p.scoring in ("likelihood", "likelihood_norm"):
         from llmx.plugins.parrot import likelihood
 
         scores = likelihood.loglikelihoods(model, proc, items, p.batch_size, ctx.progress)
+        if p.scoring == "likelihood_norm":
+            normed = [likelihood.per_byte(v, it.options) for v, it in zip(scores, items, strict=True)]
+            said = [{"loglikelihoods": v, "per_byte": n} for v, n in zip(scores, normed, strict=True)]
+            return [it.asked() for it in items], said, [likelihood.pick(n) for n in normed]
         return [it.asked() for it in items], [{"loglikelihoods": v} for v in scores], [likelihood.pick(v) for v in scores]
     from llmx.core.multimodal.answer import reply
     from llmx.core.multimodal.model import IMAGE_TOKEN

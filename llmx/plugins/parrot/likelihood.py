@@ -56,3 +56,8 @@ def loglikelihoods(model, proc, items: list[Item], batch_size: int, progress=lam
 def pick(scores: list[float]) -> int:
     """The best option's position (the first of a tie)."""
     return max(range(len(scores)), key=scores.__getitem__)
+
+
+def per_byte(scores: list[float], options: list[str]) -> list[float]:
+    """Each option's log-likelihood over its UTF-8 bytes (lm-eval's ``acc_norm``)."""
+    return [s / max(len(o.encode()), 1) for s, o in zip(scores, options, strict=True)]
