@@ -494,3 +494,20 @@ def test_the_hf_sampler_samples_on_cuda():
     model, tok = models.load("ref:llama-test", device="cuda")
     out = samplers.HFSampler(model, tok, 16, 1.0, 0).sample(P.build([EI]), 3)
     assert len(out) == 3 and all(isinstance(t, str) for t in out)
+
+
+def test_random_search_draws_with_the_run_seed_on_the_same_problems(cli, tmp_path):
+    """Each seed of a comparison is another random-search draw on the same problems (same items), so its paired
+    interval spans random search's own spread; the same seed repeats the draw."""
+    def regrets(seed: int, out: str) -> list[dict]:
+        r = cli("--json", "eval", "--method", "acquisition", "--set", "af=random", "--set", "functions=branin",
+                "--set", "instances=3", "--set", "grid_points=64", "--set", "trials=6", "--seed", seed,
+                "-o", tmp_path / out)
+        assert r.code == 0, r.err
+        return [json.loads(x) for x in next((tmp_path / out).glob("*/artifacts/0_acquisition/problems.jsonl"))
+                .read_text().splitlines()]
+
+    a, again, b = regrets(0, "a"), regrets(0, "again"), regrets(1, "b")
+    assert [r["item"] for r in a] == [r["item"] for r in b]
+    assert [r["regret"] for r in a] == [r["regret"] for r in again]
+    assert [r["regret"] for r in a] != [r["regret"] for r in b]

@@ -124,20 +124,21 @@ def _result_file(source: str, label: str, train: float, validation: float) -> st
             f'{validation:.4f}."""\n\n{source}')
 
 
-def score(ref: str, specs: list[bo.ProblemSpec], p: Protocol, backend: str = "numpy") -> list[dict]:
+def score(ref: str, specs: list[bo.ProblemSpec], p: Protocol, backend: str = "numpy", draw: int = 0) -> list[dict]:
     """Per problem: the score and the regret curve of the AF ``ref`` (a baseline or a file); MES, BoTorch's own,
-    runs through BoTorch on either backend."""
+    runs through BoTorch on either backend. The random ones (random search, MES's max-value samples) draw from
+    ``draw`` too, so each seed of a comparison is another draw on the same problems."""
     source = afs.load(ref)
     if backend == "botorch" or ref == "mes":
         from llmx.plugins.funbo import botorch_check
 
         af = "mes" if ref == "mes" else source
-        return [botorch_check.score(af, s, p, p.grid_seed * 7919 + i) for i, s in enumerate(specs)]
+        return [botorch_check.score(af, s, p, _stream(p, i, draw)) for i, s in enumerate(specs)]
     if source is None:
         rows = []
         for i, s in enumerate(specs):
             problem = bo.Problem.build(s)
-            best = bo.run(problem, bo.random_policy(p.grid_seed * 7919 + i), p.trials, p.beta)
+            best = bo.run(problem, bo.random_policy(_stream(p, i, draw)), p.trials, p.beta)
             rows.append({"score": bo.score(best, problem, p.time_term), "regret": bo.regret(best, problem)})
         return rows
     limits = Limits(p.timeout_s * max(1.0, len(specs) / 3), p.memory_mb, p.unsafe_unconfined)
@@ -145,6 +146,11 @@ def score(ref: str, specs: list[bo.ProblemSpec], p: Protocol, backend: str = "nu
     if not outcome.ok:
         raise UsageError(f"af {ref} fails: {outcome.reason}")
     return [{"score": s, "regret": c} for s, c in zip(outcome.scores, outcome.curves, strict=True)]
+
+
+def _stream(p: Protocol, problem: int, draw: int) -> int:
+    """The seed of problem ``problem``'s random choices under draw ``draw`` (draw 0: the grid seed's own stream)."""
+    return p.grid_seed * 7919 + problem + draw * 1_000_003
 
 
 def _summary(rows: list[dict]) -> dict[str, float]:
@@ -178,14 +184,14 @@ def acquisition(ctx: RunContext, p: AcquisitionParams) -> dict[str, Any]:
     confinable(p.unsafe_unconfined)
     problems = names(p.functions, p.instances, p.instance_seed)
     specs = _specs(ctx, problems, p)
-    rows = score(p.af, specs, p, p.backend)
+    rows = score(p.af, specs, p, p.backend, ctx.config.seed)
     out: dict[str, Any] = {"af": p.af, "backend": p.backend, "problems": len(rows), "trials": p.trials,
                            **_summary(rows)}
     out["final_regret"] = out["mean_regret"]  # the mean of problems.jsonl's items (llmx compare pairs them)
     if p.against and p.against == p.af:
         ctx.log.info("acquisition: against is the af itself; no paired comparison")
     elif p.against:
-        base = score(p.against, specs, p, p.backend)
+        base = score(p.against, specs, p, p.backend, ctx.config.seed)
         out |= {"against": p.against, **{f"against_{k}": v for k, v in _summary(base).items()}, **paired(rows, base)}
     per_function: dict[str, list[float]] = {}
     for name, r in zip(problems, rows, strict=True):
