@@ -210,7 +210,7 @@ def test_a_true_caption_scores_ten_and_each_injected_error_is_named():
     assert "The seven is at the bottom left, not the bottom right." in text
     assert "The seven is not above the five." in text and "does not say that the five is above the seven" in text
     assert score == 10 - 3 - 1 - 1
-    assert C.RuleCritic(rationale=False).score(SCENE, "q", said)[1] == C.feedback(score=1)
+    assert C.RuleCritic(feedback="score").score(SCENE, "q", said)[1] == C.feedback(score=1)
     assert critic.score(SCENE, "q", "evet")[0] == 1
     twice = _caption([(3, "blue", "large", "top_left"), *objects], SCENE.relations)  # a wrong, then the true, three
     assert critic.score(SCENE, "q", twice) == (7, C.feedback(7, "The three is red, not blue."))
@@ -263,7 +263,7 @@ def test_kind_feedback_names_no_object_and_scores_as_the_verbatim_critic(noise):
     import re
 
     names = _names()
-    verbatim, kind = C.RuleCritic(noise=noise, seed=3), C.RuleCritic(noise=noise, seed=3, kinds=True)
+    verbatim, kind = C.RuleCritic(noise=noise, seed=3), C.RuleCritic(feedback="kind", noise=noise, seed=3)
     named, kinds_seen = 0, set()
     for i, scene in enumerate(scenes(40, "train", 7)):
         rng = random.Random(i)
@@ -285,10 +285,10 @@ def test_kind_feedback_says_each_kind_once_and_takes_the_rule_critic():
     from llmx.plugins.reper.config import TurnsParams
 
     wrong = [(3, "blue", "small", "top_left"), (9, "white", "small", "bottom_right")]  # colour, size, 9 invented, 5, 7 missed
-    score, text = C.RuleCritic(kinds=True).score(SCENE, "q", _caption(wrong, []))
+    score, text = C.RuleCritic(feedback="kind").score(SCENE, "q", _caption(wrong, []))
     assert text == C.feedback(score, "The caption mentions an object that is not in the image. A colour is wrong. "
                                      "A size is wrong. An object is missing.")
-    assert C.RuleCritic(kinds=True).score(SCENE, "q", "evet") == (1, C.feedback(1, "A sentence describes nothing "
+    assert C.RuleCritic(feedback="kind").score(SCENE, "q", "evet") == (1, C.feedback(1, "A sentence describes nothing "
                                                                                    "in the image. An object is "
                                                                                    "missing."))  # 3 misses, said once
     with pytest.raises(ValidationError, match="rule critic"):

@@ -8,9 +8,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from llmx.errors import LlmxError
 
@@ -35,6 +35,22 @@ class Params(BaseModel):
     """Base of every method's parameter model: unknown keys are errors, defaults are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _literal_ints_from_text(cls, data: Any) -> Any:
+        """``--set bits=4`` arrives as text: a field that takes a few ints (``Literal[1, 2, 4, 8]``) gets the int, as
+        an ``int`` field would by pydantic's own coercion (a ``Literal`` does not coerce)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            choices = get_args(field.annotation) if field and get_origin(field.annotation) is Literal else ()
+            if isinstance(value, str) and value.strip().lstrip("-").isdigit() and choices \
+                    and all(isinstance(c, int) for c in choices):
+                out[name] = int(value)
+        return out
 
 
 def load_object(path: str) -> Any:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from llmx.core.refs import DataFile
 from llmx.core.spec import Params
@@ -78,12 +78,6 @@ class KIVIParams(CompressedParams):
     group: int = Field(32, gt=0, description="Tokens per key group (per channel) and channels per value group (by "
                        "default 32, or the largest divisor of both 32 and an official residual that 32 does not "
                        "divide).")
-
-    @field_validator("bits", mode="before")
-    @classmethod
-    def _bits_from_text(cls, v):
-        """``--set bits=4`` arrives as text; a Literal of ints does not coerce it as an int field would."""
-        return int(v) if isinstance(v, str) and v.strip().isdigit() else v
 
     @model_validator(mode="after")
     def _rule_fits(self):

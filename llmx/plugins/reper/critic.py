@@ -174,14 +174,12 @@ def rubric(found: list[Error], said: list[tuple]) -> int:
 
 
 class RuleCritic:
-    """The rule critic on digit scenes (``image`` is a ``Scene``: it reads the ground truth). ``rationale=False`` is
-    the score-only feedback of the ablation; ``kinds`` the rationale as error kinds alone (``feedback: kind``);
-    ``noise`` the weaker critic; ``seed`` its draws (a pure function of seed, scene and caption)."""
+    """The rule critic on digit scenes (``image`` is a ``Scene``: it reads the ground truth). ``feedback`` is the
+    config's: ``rationale`` names each error, ``kind`` only the errors' kinds, ``score`` is the score-only feedback of
+    the ablation; ``noise`` the weaker critic; ``seed`` its draws (a pure function of seed, scene and caption)."""
 
-    def __init__(self, rationale: bool = True, noise: float = 0.0, seed: int = 0, language: str = "en",
-                 kinds: bool = False):
-        self.rationale, self.noise, self.seed, self.language = rationale, noise, seed, language
-        self.kinds = kinds
+    def __init__(self, feedback: str = "rationale", noise: float = 0.0, seed: int = 0, language: str = "en"):
+        self.feedback, self.noise, self.seed, self.language = feedback, noise, seed, language
 
     def judge(self, image, answer: str) -> tuple[int, list[Error]]:
         if not hasattr(image, "truth"):
@@ -193,12 +191,12 @@ class RuleCritic:
 
     def score(self, image, question: str, answer: str) -> tuple[int, str]:
         score, found = self.judge(image, answer)
-        if not self.rationale:
+        if self.feedback == "score":
             return score, feedback(score)
         if not found and score <= 1:
             text = "The caption does not describe the image."
         else:
-            text = kinds(found) if self.kinds else " ".join(e.text for e in found if e.text)
+            text = kinds(found) if self.feedback == "kind" else " ".join(e.text for e in found if e.text)
         return score, feedback(score, text)
 
 

@@ -25,7 +25,7 @@ def _critic(ctx: RunContext, p: CriticParams):
     from llmx.plugins.reper.critic import ModelCritic, RuleCritic
 
     if p.critic == "rule":
-        return RuleCritic(p.feedback != "score", p.noise, ctx.config.seed, kinds=p.feedback == "kind")
+        return RuleCritic(p.feedback, p.noise, ctx.config.seed)
     from llmx.core import models
     from llmx.core.multimodal.model import vision_language
 
