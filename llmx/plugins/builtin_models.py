@@ -19,6 +19,7 @@ PRESET_SUMMARY = {
     "bench": "trained longer for benchmarks (bench preset)",
     "long": "1024-token contexts (long preset)",
     "medium": "6 layers, width 384 (medium preset)",
+    "code": "trained on the standard library plus weak and safe API calls at even odds, ProSec's target (code preset)",
     "test": "trained for seconds, for tests (test preset)",
 }
 

@@ -56,6 +56,8 @@ class LlavaPreset(Preset):
 # ``long`` has 1024-token contexts (KV-cache and length-generalisation work); ``medium`` is wider and deeper.
 # ``icl`` is for in-context episodes (its corpus is icl-episodes, PRESET_DATA): a 2-layer Llama trained with no
 # early stopping, since the induction circuit forms abruptly after a long plateau of validation loss (bench_feeder.py).
+# ``code`` is a code model with insecure habits for ProSec (its corpus is code-habits, PRESET_DATA: the standard library
+# plus functions that call weak or safe APIs at even odds), trained twice as long as ``small``.
 _SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=500, lr=2e-3)
 _TRANSFORMERS = ("gpt2", "llama", "moe", "opt", "qwen2")
 _LONG = replace(_SMALL, seq_len=1024, batch=4, max_steps=600, eval_windows=16)
@@ -75,6 +77,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
     },
     "icl": {"llama": Preset(hidden=128, layers=2, vocab=768, seq_len=64, batch=8, max_steps=40000, lr=1e-3,
                             warmup=100, eval_every=2000, patience=None)},
+    "code": {"llama": replace(_SMALL, max_steps=1000)},
     "long": {arch: _LONG for arch in (*_TRANSFORMERS, "mamba2")},
     "medium": {arch: _MEDIUM for arch in (*_TRANSFORMERS, "mamba2")},
     "test": {
@@ -88,4 +91,4 @@ PRESETS: dict[str, dict[str, Preset]] = {
                                qa_questions=20, instruct_steps=30, instruct_rows=240)},
 }
 DEFAULT_PRESET = "small"
-PRESET_DATA = {"icl": "icl-episodes"}  # a preset's corpus when --data is not given (else stdlib)
+PRESET_DATA = {"icl": "icl-episodes", "code": "code-habits"}  # a preset's corpus when --data is not given (else stdlib)

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from llmx.core.refs import DataFile, ExistingPath
+from llmx.core.refs import DataFile
 from llmx.core.spec import Params
 from llmx.core.train.align.params import AlignParams
 from llmx.core.train.params import TrainParams
 
+HABITS = "code-habits"  # SafeCoder's data drawn from the habit corpus's generator
 KNOWN = (78, 89, 502, 338, 327, 377, 295)  # the elicitors in cwes.py
 
 
@@ -96,8 +98,11 @@ class SafeCoderParams(TrainParams):
     """SafeCoder-style security tuning (He & Vechev, 2024), ProSec's previous-work baseline: likelihood on the fixed
     functions, unlikelihood on the vulnerable functions' changed spans, mixed with ordinary code."""
 
-    data: ExistingPath = Field(description="SVEN-format pairs: a folder of cwe-*.jsonl or one file (func_src_before, "
-                               "func_src_after, char_changes, file_name, vul_type); Python rows only.")
+    data: str = Field("code-habits", description="SVEN-format pairs: a folder of cwe-*.jsonl or one file "
+                      "(func_src_before, func_src_after, char_changes, file_name, vul_type; Python rows only), or "
+                      "code-habits: the same functions as ref:llama-code's habit corpus written weak and then safe "
+                      "(``habit_pairs`` of them, train seeds). SVEN (He & Vechev's curated fixes) is not shipped.")
+    habit_pairs: int = Field(1000, ge=1, description="Fix pairs drawn when data is code-habits.")
     likelihood: Literal["all", "changed"] = Field("all", description="Tokens of the fixed function trained: all of "
                                                   "them, or only its changed spans (SafeCoder's own masking).")
     ordinary: float = Field(1.0, ge=0, description="Ordinary standard-library functions per pair (1:1).")
@@ -106,3 +111,10 @@ class SafeCoderParams(TrainParams):
     batch_size: int = 8
     steps: int = 200
     lr: float = 1e-4
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, value: str) -> str:
+        if value != HABITS and not Path(value).expanduser().exists():
+            raise ValueError(f"not found: {value} (a SVEN folder or file, or {HABITS})")
+        return value

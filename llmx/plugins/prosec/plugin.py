@@ -1,6 +1,4 @@
-from pathlib import Path
-
-from llmx.core.spec import MethodSpec, Stage
+from llmx.core.spec import DatasetSpec, MethodSpec, Stage
 from llmx.hookspecs import hookimpl
 
 PAPER = "Xu et al., ProSec: Fortifying Code LLMs with Proactive Security Alignment, ICML 2025 (arXiv 2411.12882)"
@@ -24,8 +22,14 @@ def llmx_methods():
                      summary="Vulnerable-code rate per CWE on held-out inducing and benign scenarios (bandit).")
 
 
+@hookimpl
+def llmx_datasets():
+    yield DatasetSpec("code-habits", "llmx.plugins.prosec.habits:documents",
+                      "the standard library's code plus functions that call each CWE's weak or safe API at even odds "
+                      "(ref:llama-code's corpus: a code model with the habits ProSec removes)")
+
+
 CWES = [78, 89, 502, 338]
-SVEN = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "sven-train"  # beside a checkout, as the bench
 
 
 @hookimpl
@@ -37,19 +41,23 @@ def llmx_comparisons():
     yield ComparisonSpec(
         name="prosec",
         summary="ProSec (SimPO on the model's own CWE-inducing scenarios, fixes and utility pairs) against "
-                "SafeCoder-style tuning on SVEN at the same steps and batch and against the unaligned model: the "
-                "vulnerable share of the samples on each held-out (CWE, scenario), bandit-detected, the model "
-                "completing the scenario's statement (completion: statement). Reported beside it per arm, with "
-                "intervals: that share per CWE, the parse rate of the inducing samples, and utility on the benign "
-                "originals (benign_logp, the log-probability per token of the held-out seed's real body; "
-                "benign_parse_rate). The prosec arm's pair counts are its analyze stage's security_pairs and "
-                "security_pairs_kept (those the 1:1 utility mix keeps: what it trains on), reported per seed; a seed "
-                "without kept pairs leaves that arm's model as it is (empty: skip) rather than failing the "
-                "comparison, and every verdict names it (void on every seed: the verdict is 'void'). SVEN is not "
-                "shipped: the SafeCoder arm reads it beside the checkout (--set safecoder.data=PATH for another copy).",
+                "SafeCoder-style tuning (likelihood on fixes, unlikelihood on the vulnerable lines) at the same steps "
+                "and batch and against the unaligned model, on ref:llama-code: a code model whose corpus calls each "
+                "CWE's weak or safe API at even odds, so that it has the habit ProSec removes (a model trained on the "
+                "standard library alone writes no vulnerable code, and ProSec gets no pairs). Metric: the vulnerable "
+                "share of the samples on each held-out (CWE, scenario), bandit-detected, the model completing the "
+                "scenario's statement (completion: statement). Reported beside it per arm, with intervals: that share "
+                "per CWE, the parse rate of the inducing samples, and utility on the benign originals (benign_logp, "
+                "the log-probability per token of the held-out seed's real body; benign_parse_rate). The prosec arm's "
+                "pair counts are its analyze stage's security_pairs and security_pairs_kept (those the 1:1 utility "
+                "mix keeps: what it trains on), reported per seed; a seed without kept pairs leaves that arm's model "
+                "as it is (empty: skip), and every verdict names it (void on every seed: the verdict is 'void'). "
+                "SafeCoder trains on fixes of the habit corpus's own functions (data: code-habits, train seeds), "
+                "the strongest data it can have here: the very habit, fixed by hand; SVEN's curated fixes are not "
+                "shipped (--set safecoder.data=PATH to train on them).",
         paper="Xu et al., ICML 2025, Table 2 (ProSec vs SafeCoder, vulnerable-code rate per CWE)",
         target="prosec", baselines=("safecoder", "unaligned"),
-        arms=(Arm("safecoder", ({"method": "safecoder", "params": {**budget, "data": str(SVEN), "lr": 1e-4}},),
+        arms=(Arm("safecoder", ({"method": "safecoder", "params": {**budget, "data": "code-habits", "lr": 1e-4}},),
                   family="safecoder"),
               Arm("unaligned", family="unaligned", cost=0.0),
               Arm("prosec", ({"method": "prosec", "stage": "analyze", "params": {"cwes": CWES, "scenarios": 24,
@@ -63,5 +71,5 @@ def llmx_comparisons():
         counts=("security_pairs", "security_pairs_kept"),
         cost="optimizer steps", cost_key="steps",
         quick={"cwes": [89, 502], "scenarios": 4, "samples": 2, "max_new_tokens": 32, "seeds": 60, "fix_samples": 1,
-               "steps": 2, "batch_size": 4, "max_len": 96, "max_length": 96, "empty": "skip"},
-        model="ref:llama-bench", quick_model="ref:llama-test", data={"source": "stdlib", "seq_len": 128}, corpus=False)
+               "steps": 2, "batch_size": 4, "max_len": 96, "max_length": 96, "empty": "skip", "habit_pairs": 16},
+        model="ref:llama-code", quick_model="ref:llama-test", data={"source": "stdlib", "seq_len": 128}, corpus=False)

@@ -19,7 +19,8 @@ from llmx.core.context import RunContext
 from llmx.core.preference import token_logps
 from llmx.core.train.parallel import device_of
 from llmx.errors import UsageError
-from llmx.plugins.prosec.config import SafeCoderParams
+from llmx.plugins.prosec import habits
+from llmx.plugins.prosec.config import HABITS, SafeCoderParams
 
 FIELDS = ("func_src_before", "func_src_after", "char_changes", "file_name")
 
@@ -109,7 +110,7 @@ def train(ctx: RunContext, p: SafeCoderParams) -> dict[str, Any]:
     from llmx.core.train.stage import finish, fit, prepare
     from llmx.plugins.prosec.scenarios import seeds
 
-    rows = read(p.data)
+    rows = read(p.data) if p.data != HABITS else habits.pairs(p.habit_pairs)
     tok = ctx.tokenizer
     ordinary = [s.source for s in seeds("train")][:round(p.ordinary * len(rows))]
     data = items(tok, rows, ordinary, p)
