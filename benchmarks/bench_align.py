@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine, markdown, run_pipeline, write  # noqa: E402
 
 DPO_REF = "DPO b=0.1"
-KEY = {"DPO b=0.1", "PIPA-N independent 100 steps", "SimPO b=2.5", "ConfPO b=2.5"}  # the claims rest on these
 CONFIGS = [  # (label, family, method, data kind, params): strengths swept by beta, or by steps where none exists
     *[(f"DPO b={b}", "DPO", "dpo", "paired", {"beta": b}) for b in (0.03, 0.1, 0.3)],
     ("DPO b=0.1 25 steps", "DPO", "dpo", "paired", {"beta": 0.1, "steps": 25}),
@@ -139,32 +138,39 @@ def interpolate(points: list[tuple[float, float]], kl: float) -> float | None:
 
 def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int = 0) -> list[dict]:
     """Each family's rate at the MATCHED_KL values (its curve starts at the reference, KL 0) and its difference from
-    DPO's there, with percentile intervals from resampling the prompts jointly for every model. Near the end of a
-    family's range some resamples fall short of the KL; the interval is over the others, and ``coverage`` says how
-    many that is."""
-    families = {}
+    DPO's there, averaged over the training seeds on which both have their whole sweep, with percentile intervals
+    from resampling the seeds and then the prompts (one draw of prompts for every model and seed: the differences
+    stay paired). Near the end of a family's range some resamples fall short of the KL; the interval is over the
+    others, and ``coverage`` says how many that is."""
+    by: dict[str, dict[int, list[dict]]] = {}
     for r in rows:
-        if r.get("seed") == seed and "error" not in r and r["family"] not in ("reference", "constant"):
-            families.setdefault(r["family"], []).append(r)
+        if "error" not in r and r["family"] not in ("reference", "constant"):
+            by.setdefault(r["family"], {}).setdefault(r["seed"], []).append(r)
+    full = {fam: sorted(s for s, m in per.items() if len(m) == len(per.get(seed, ()))) for fam, per in by.items()}
     n = len(reference["scores"])
     rng = random.Random(seed)
-    draws = [list(range(n))] + [[rng.randrange(n) for _ in range(n)] for _ in range(resamples)]
 
     def curve(members: list[dict], idx: list[int]) -> list[tuple[float, float]]:
         base = (0.0, sum(reference["scores"][i] for i in idx) / n)
         return [base] + [(sum(m["kls"][i] for i in idx) / n, sum(m["scores"][i] for i in idx) / n) for m in members]
 
+    def at(fam: str, seeds: list[int], idx: list[int], kl: float) -> float | None:
+        values = [interpolate(curve(by[fam][s], idx), kl) for s in seeds]
+        return None if any(v is None for v in values) else sum(values) / len(values)
+
     out = []
-    for fam, members in families.items():
+    for fam in by:
+        common = [s for s in full[fam] if s in full["DPO"]]
+        draws = [(common, list(range(n)))] + [([rng.choice(common) for _ in common], [rng.randrange(n) for _ in range(n)])
+                                              for _ in range(resamples)]
         for kl in MATCHED_KL:
-            values = [(interpolate(curve(members, idx), kl), interpolate(curve(families["DPO"], idx), kl))
-                      for idx in draws]
+            values = [(at(fam, ss, idx, kl), at("DPO", ss, idx, kl)) for ss, idx in draws]
             if values[0][0] is None:
                 continue
             covered = sum(v is not None for v, _ in values[1:]) / resamples  # draws whose curve reaches this KL
             rates = sorted(v for v, _ in values[1:] if v is not None)
             diffs = sorted(a - b for a, b in values[1:] if a is not None and b is not None)
-            row = {"family": fam, "kl": kl, "rate": values[0][0], "coverage": covered,
+            row = {"family": fam, "kl": kl, "seeds": len(common), "rate": values[0][0], "coverage": covered,
                    "rate_ci": f"[{rates[int(0.025 * len(rates))]:.3f}, {rates[int(0.975 * len(rates)) - 1]:.3f}]"}
             if values[0][1] is not None and diffs and fam != "DPO":
                 row.update({"diff_vs_dpo": values[0][0] - values[0][1],
@@ -178,7 +184,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ref:llama")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--extra-seeds", type=int, nargs="*", default=[1], help="Seeds repeated for the key configs.")
+    ap.add_argument("--extra-seeds", type=int, nargs="*", default=[1, 2], help="Seeds every config is repeated on.")
+    ap.add_argument("--resume", action="store_true", help="Keep align.json's finished (config, seed) rows (same "
+                    "model, steps, lr and prompts) and run only the others.")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--lr", type=float, default=5e-5)
     ap.add_argument("--prompts", type=int, default=400)
@@ -209,9 +217,10 @@ def main() -> None:
                      "ci_low": ref["score_ci_low"], "ci_high": ref["score_ci_high"], "kl": 0.0, "kl_per_token": 0.0,
                      "scores": per_prompt(ref_dir)[0], "kls": [0.0] * args.eval_prompts}
         payload.update(data=built, oracle_p=p)
+        rows = [reference] + _finished(args, built)
+        done = {(r["label"], r["seed"]) for r in rows}
         jobs = [(c, seed, args.model, built["data_dir"], vars(args), tmp) for c in CONFIGS
-                for seed in [args.seed, *(args.extra_seeds if c[0] in KEY else [])]]
-        rows = [reference]
+                for seed in [args.seed, *args.extra_seeds] if (c[0], seed) not in done]
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
             for row in pool.map(run_config, jobs):
                 print({k: v for k, v in row.items() if k not in ("scores", "kls")}, flush=True)
@@ -219,6 +228,19 @@ def main() -> None:
                 write("align", {**payload, "rows": rows})  # what is done survives a later failure
     rows.append({**constant_policy(args.model, args.eval_prompts), "seed": args.seed})
     report(rows, p, payload, args.seed)
+
+
+def _finished(args, built: dict) -> list[dict]:
+    """With --resume, align.json's rows of configs that finished under the same settings and data."""
+    path = RESULTS / "align.json"
+    if not args.resume or not path.is_file():
+        return []
+    saved = json.loads(path.read_text())
+    same = all(saved.get(k) == getattr(args, k) for k in ("model", "seed", "steps", "lr"))
+    counts = lambda d: {k: v for k, v in d.items() if k != "data_dir"}  # noqa: E731
+    if not same or len(saved["oracle_p"]) != args.eval_prompts or counts(saved["data"]) != counts(built):
+        raise SystemExit("--resume: align.json was written with other settings; run without --resume")
+    return [r for r in saved["rows"] if "error" not in r and r["family"] not in ("reference", "constant")]
 
 
 def report(rows: list[dict], p: list[float], payload: dict, seed: int) -> None:
@@ -247,7 +269,7 @@ def report(rows: list[dict], p: list[float], payload: dict, seed: int) -> None:
     table = "\n\n".join([
         markdown(["label", "rate", "rate_ci", "kl", "kl_ci", "frontier_at_kl", "frontier_kl_for_rate", "kl_efficiency",
                   "diff_vs_dpo_b0.1", "diff_ci", "heldout_pref_accuracy"], main_rows),
-        markdown(["family", "kl", "rate", "rate_ci", "diff_vs_dpo", "diff_ci", "coverage"], at_kl),
+        markdown(["family", "kl", "seeds", "rate", "rate_ci", "diff_vs_dpo", "diff_ci", "coverage"], at_kl),
         markdown(["label", "seeds", "rate_mean", "rate_sd", "kl_mean", "kl_sd"], seeds)])
     (RESULTS / "align.md").write_text(table + "\n")
     plot(main_rows, curve, kl_top)
