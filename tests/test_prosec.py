@@ -168,7 +168,7 @@ def test_seeds_split_by_file_and_scenarios_splice_the_elicitor():
     assert train and held and not {s.where.split(":")[0] for s in train} & {s.where.split(":")[0] for s in held}
     s = scenario(train[0], 502)
     assert s.prompt.startswith("import pickle\n") and train[0].signature in s.prompt and s.prompt.endswith('"""\n')
-    assert s.benign == train[0].header and s.start == "    with open(path, 'rb') as f:\n        return "
+    assert s.benign == train[0].header and s.start == "    with open(path, 'rb') as f:\n        return"
     assert cut("    x = 1\n    return x\n\nprint(x)\n") == "    x = 1\n    return x\n"
 
 
@@ -453,8 +453,8 @@ def test_a_statement_completion_ends_with_its_logical_line_and_is_scanned_in_its
     }
     for completion, want in cases.items():
         assert statement(start + completion, len(start)) == want, completion
-    with_block = "    with open(path, 'rb') as f:\n        return "  # the line under way is the start's last
-    assert statement(with_block + "pickle.load(f)\n    x = 2\n", len(with_block)) == with_block + "pickle.load(f)\n"
+    with_block = "    with open(path, 'rb') as f:\n        return"  # the line under way is the start's last
+    assert statement(with_block + " pickle.load(f)\n    x = 2\n", len(with_block)) == with_block + " pickle.load(f)\n"
     s = scenario(seeds("train", limit=1)[0], 89)
     good, bad, broken = (pipeline.respond(s, c) for c in ('"SELECT 1 WHERE a = ?", (a,))\n    return 1\n',
                                                           '"SELECT * FROM t WHERE a = " + a)\n    return 1\n',
