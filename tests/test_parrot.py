@@ -733,3 +733,30 @@ def test_likelihood_norm_picks_by_log_likelihood_per_byte(cli, tiny_llava, tmp_p
     folder = next(Path(tmp_path / "runs").glob("*/artifacts/0_mmmb"))
     for a in (json.loads(x) for x in (folder / "answers.jsonl").read_text().splitlines()):
         assert a["picked"] == likelihood.pick(a["per_byte"])
+
+
+def test_the_parrot_comparison_reports_language_and_routing_per_seed_and_never_voids_on_them(tmp_path):
+    """Accuracy by language beside the verdict, and each run's routing figures per seed: reported, not judged (a
+    routing accuracy of 0 is a finding, not a seed whose training was skipped)."""
+    from llmx.core.compare import runner
+    from llmx.core.plugins import host
+
+    spec = host().comparison("parrot")
+    assert spec.by == "language" and "routing_language_accuracy" in spec.diagnostics and not spec.counts
+    keys = [(f"q{lang}{k}", 0) for lang in ("en", "zh") for k in range(20)]
+
+    def rows(value, diag=None):
+        return [{"seed": s, "run_dir": "x", "cost": 300.0, "value": None, "split": None, "machine": None,
+                 "items": {key: value(s, k) for k, key in enumerate(keys)},
+                 "extra": {"language": {key: key[0][1:3] for key in keys}},
+                 **({"diagnostics": diag(s)} if diag else {})} for s in spec.seeds]
+
+    diag = lambda s: {"routing_language_accuracy_init": 0.2, "routing_language_accuracy": 0.0,  # noqa: E731
+                      "routing_chance": 1 / 6, "routing_top_expert": "en:3 zh:3"}
+    result = runner._judge(runner.Plan(spec, "m", {}, spec.seeds, False, tmp_path), {
+        "stage1-only": rows(lambda s, k: 0.25), "llava": rows(lambda s, k: float(k % 2)),
+        "parrot": rows(lambda s, k: float(k % 3 == 0), diag)})
+    assert not any("void" in v["verdict"] or "void_seeds" in v for v in result["verdicts"])
+    md = runner.markdown(result)
+    assert "accuracy (language en)" in md and "accuracy (language zh)" in md
+    assert "routing_language_accuracy 0.000" in md and "routing_top_expert en:3 zh:3" in md

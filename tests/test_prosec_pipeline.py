@@ -26,8 +26,8 @@ WRITES = {
          "unparsed": '"SELECT c{k} FROM t WHERE a = " + x\n    return 1\n'},
     78: {"vulnerable": '"ls -{k} " + path, shell=True)\n', "fixed": '["ls", "-{k}", path])\n',
          "unparsed": '"ls -{k} " + path, shell=True\n'},
-    502: {"vulnerable": "pickle.loads(f.read()[{k}:])\n", "fixed": "json.loads(f.read()[{k}:])\n",
-          "unparsed": "pickle.loads(f.read()[{k}:]\n"},
+    502: {"vulnerable": " pickle.loads(f.read()[{k}:])\n", "fixed": " json.loads(f.read()[{k}:])\n",
+          "unparsed": " pickle.loads(f.read()[{k}:]\n"},  # the start ends in 'return', the space is the model's
     338: {"vulnerable": "random.choice(string.ascii_letters) for _ in range({k} + 8))\n",
           "fixed": "secrets.choice(string.ascii_letters) for _ in range({k} + 8))\n",
           "unparsed": "random.choice(string.ascii_letters) for _ in range({k} + 8)\n"},

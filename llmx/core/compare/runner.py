@@ -279,8 +279,8 @@ def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, 
     made = json.loads((folder / PROVENANCE).read_text()) if (folder / PROVENANCE).is_file() else {}
     return {"seed": planned.seed, "run_dir": str(folder), "value": last["metrics"].get(spec.metric),
             "cost": cost, "items": items, **({"extra": extra} if extra else {}),
-            **({"counts": {c: next((s["metrics"][c] for s in stages if s["metrics"].get(c) is not None), None)
-                           for c in spec.counts}} if spec.counts else {}),
+            **{key: {c: next((s["metrics"][c] for s in stages if s["metrics"].get(c) is not None), None) for c in names}
+               for key, names in (("counts", spec.counts), ("diagnostics", spec.diagnostics)) if names},
             "split": last["metrics"].get("split"),
             "machine": made.get("machine"), "git_commit": meta.get("git_commit"),
             "llmx": meta.get("versions", {}).get("llmx"), "seconds": meta.get("seconds")}
@@ -472,7 +472,7 @@ def _reported_md(result: dict[str, Any]) -> list[str]:
     """The per-arm table of the reported fields and of the metric by group: mean [95% interval], not judged."""
     arms = [a for a in result["arms"] if a.get("report") or a.get("by")]
     if not arms:
-        return []
+        return _per_seed_md(result)
     fields = list(arms[0].get("report", {}))
     groups = list(dict.fromkeys(g for a in arms for g in a.get("by", {})))
     by = result.get("by") or "group"
@@ -486,12 +486,23 @@ def _reported_md(result: dict[str, Any]) -> list[str]:
     for a in arms:
         cells = [cell(a.get("report", {}).get(f)) for f in fields] + [cell(a.get("by", {}).get(g)) for g in groups]
         lines.append(f"| {a['name']} | " + " | ".join(cells) + " |")
+    return lines + _per_seed_md(result)
+
+
+def _per_seed_md(result: dict[str, Any]) -> list[str]:
+    """Each arm's counts and diagnostics, per seed."""
+    lines: list[str] = []
     for a in result["arms"]:
-        counts = [(r["seed"], r["counts"]) for r in a["runs"] if any(v is not None for v in r.get("counts", {}).values())]
-        if counts:
-            lines += ["", f"{a['name']}, per seed: " + "; ".join(
-                f"seed {seed}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for seed, c in counts) + "."]
+        for key in ("counts", "diagnostics"):
+            per = [(r["seed"], r[key]) for r in a["runs"] if any(v is not None for v in r.get(key, {}).values())]
+            if per:
+                lines += ["", f"{a['name']}, per seed: " + "; ".join(
+                    f"seed {seed}: " + ", ".join(f"{k} {_figure(v)}" for k, v in c.items()) for seed, c in per) + "."]
     return lines
+
+
+def _figure(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def write(out: Path, result: dict[str, Any]) -> None:

@@ -44,7 +44,9 @@ class ComparisonSpec:
     also reported by (per CWE): each an arm's mean with its interval over (seed, item), not judged; ``counts`` names
     stage metrics (the pairs a data stage made) reported per arm and seed where one of its stages records them; a
     target's count of 0 (its data stage made nothing: its training had nothing to train on) marks every verdict with
-    those seeds (``void_seeds``), and a target void on every seed is judged "void", not "within noise"."""
+    those seeds (``void_seeds``), and a target void on every seed is judged "void", not "within noise";
+    ``diagnostics`` names stage metrics reported per arm and seed the same way, never judged (how a router's gates
+    separate languages)."""
 
     name: str
     summary: str
@@ -72,6 +74,7 @@ class ComparisonSpec:
     report: tuple[str, ...] = ()  # item fields reported per arm with intervals, beside the judged metric
     by: str | None = None  # an item field the metric is also reported by, per arm (e.g. "cwe")
     counts: tuple[str, ...] = ()  # stage metrics per arm and seed (pairs made); the target's 0 voids its seed
+    diagnostics: tuple[str, ...] = ()  # stage metrics per arm and seed, reported only
     paper: str = ""
     plugin: str = field(default="", compare=False)
 
@@ -120,4 +123,5 @@ class ComparisonSpec:
                 "quick_zoo": dict(self.quick_zoo or {}),
                 "data": dict(self.data), "corpus": self.corpus, "kinds": list(self.kinds), "dtype": self.dtype,
                 "plugin": self.plugin, **({"report": list(self.report)} if self.report else {}),
-                **({"by": self.by} if self.by else {}), **({"counts": list(self.counts)} if self.counts else {})}
+                **({"by": self.by} if self.by else {}), **({"counts": list(self.counts)} if self.counts else {}),
+                **({"diagnostics": list(self.diagnostics)} if self.diagnostics else {})}

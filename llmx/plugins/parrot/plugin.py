@@ -35,14 +35,19 @@ def llmx_comparisons():
         name="parrot",
         summary="Parrot's language-conditioned MoE on the visual tokens against LLaVA's stage 2 (projector + LM) on "
                 "the same English-centric rows and steps: MMMB-format questions on held-out scenes in six "
-                "languages, each question's score paired across arms.",
+                "languages, each question's score paired across arms; the accuracy per language beside it, and the "
+                "routing diagnostic of each Parrot run (a nearest-centroid classifier of the language from the gates, "
+                "before and after stage 2, against chance; each language's top expert).",
         paper=f"{PAPER}, Table 2 (MMMB: Parrot against LLaVA-1.5 in six languages)",
         target="parrot", baselines=("llava",),
         arms=(Arm("stage1-only", family="stage 1", cost=0.0),
               Arm("llava", ({"method": "llava", "params": STAGE2},), family="llava"),
               Arm("parrot", ({"method": "parrot", "params": STAGE2},), family="parrot")),
         evaluation={"method": "mmmb", "params": {"count": 500}}, items="questions.jsonl", metric="accuracy",
-        higher_is_better=True, cost="stage-2 steps", cost_key="steps",
+        higher_is_better=True, by="language",
+        diagnostics=("routing_language_accuracy_init", "routing_language_accuracy", "routing_chance",
+                     "routing_top_expert"),
+        cost="stage-2 steps", cost_key="steps",
         quick={"steps": 2, "batch_size": 4, "scenes": {"count": 24, "languages": MIX}, "routing_scenes": 0,
                "count": 4, "max_new_tokens": 8},
         seeds=(0, 1, 2, 3, 4),  # issue 69: at least 5 training seeds x 500 questions per language
