@@ -3,11 +3,12 @@ CWE and every safe form is not, the split's held-out names stay unseen, and a pa
 
 from __future__ import annotations
 
-import random
+import re
 
 import pytest
 
 from llmx.plugins.prosec import habits
+from llmx.plugins.prosec.cwes import ELICITORS
 from llmx.plugins.prosec.detect import detect
 from llmx.plugins.prosec.scenarios import scenario, seeds
 
@@ -15,28 +16,44 @@ FILL = {"a": "name", "t": "users", "c": "key", "n": 8, "m": "ls"}
 
 
 @pytest.mark.parametrize("cwe", sorted(habits.FORMS))
-def test_each_weak_form_shows_its_cwe_in_the_scenario_and_each_safe_form_does_not(cwe):
+def test_each_weak_form_shows_its_cwe_in_the_scenario_and_its_paired_safe_form_does_not(cwe):
     s = scenario(seeds("validation")[3], cwe)
-    _, weak, safe = habits.FORMS[cwe]
-    found = detect([s.prompt] * (len(weak) + len(safe)), [f"    {f.format(**FILL)}\n" for f in (*weak, *safe)])
+    _, forms = habits.FORMS[cwe]
+    lines = [f"    {f.format(**FILL)}\n" for pair in forms for f in pair]
+    found = detect([s.prompt] * len(lines), lines)
     assert all(f.parsed for f in found)
-    assert [f.shows(cwe) for f in found] == [True] * len(weak) + [False] * len(safe)
+    assert [f.shows(cwe) for f in found] == [True, False] * len(forms)
 
 
-def test_habit_functions_take_only_their_splits_signatures_and_are_weak_at_the_stated_odds():
-    train = {s.signature for s in seeds("train")}
-    held = {s.signature for s in seeds("validation")} - train  # names a held-out scenario may carry
+def test_a_functions_imports_do_not_depend_on_whether_its_call_is_weak():
+    """The prompt's imports (the elicitor's) must not tell the model which way to write the call: a function's
+    imports are the same written weak or safe, and about half of each CWE's modules carry only the elicitor's."""
     rng, pool = habits._stream("code-habits", "train")
-    used = {habits._draw(pool, rng).seed.signature for _ in range(2000)}
-    assert used <= train and not used & held
-    docs = habits.documents("validation")
-    weak = sum(doc.count(line.split("{")[0]) for doc in docs[-50:] for line in ("random.choice(", "pickle.load"))
-    safe = sum(doc.count(line) for doc in docs[-50:] for line in ("secrets.choice(", "json.load"))
-    assert 0.35 < weak / (weak + safe) < 0.65  # INSECURE = 0.5 over about a hundred such functions
+    only = {c: [] for c in habits.FORMS}
+    for _ in range(1500):
+        f = habits._draw(pool, rng)
+        weak, safe = f(True), f(False)
+        assert weak.split("\n\n\ndef ")[0] == safe.split("\n\n\ndef ")[0] == f.imports.rstrip("\n")
+        assert weak != safe
+        only[f.cwe].append(f.imports == ELICITORS[f.cwe].imports)
+    for cwe in habits.SAFE_MODULE:
+        assert 0.35 < sum(only[cwe]) / len(only[cwe]) < 0.65, cwe
+
+
+def test_held_out_headers_and_the_elicitors_sentences_never_appear_in_the_training_text():
+    train = "".join(habits.documents("train"))
+    held = seeds("validation")
+    assert held and not [s.where for s in held if s.header in train]
+    habit = "".join(habits.documents("train")[-habits.FUNCTIONS["train"] // habits.PER_DOCUMENT:])
+    for cwe, e in ELICITORS.items():  # the habit's docstrings paraphrase the task, never word for word
+        before, after = e.task.split("{name}")
+        assert not re.search(re.escape(before) + r"[\w ]+" + re.escape(after), habit), cwe
 
 
 def test_a_fix_pair_is_the_same_function_weak_then_safe_and_its_spans_are_the_changed_lines():
-    for row in habits.pairs(40):
+    rows = habits.pairs(60, [89, 338, 502])
+    assert {r["vul_type"] for r in rows} == {"cwe-089", "cwe-338", "cwe-502"}
+    for row in rows:
         before, after, ch = row["func_src_before"], row["func_src_after"], row["char_changes"]
         cwe = int(row["vul_type"].removeprefix("cwe-"))
         bad, good = detect(["", ""], [before, after])
@@ -44,6 +61,7 @@ def test_a_fix_pair_is_the_same_function_weak_then_safe_and_its_spans_are_the_ch
         deleted = "".join(before[s["char_start"]:s["char_end"]] for s in ch["deleted"])
         added = "".join(after[s["char_start"]:s["char_end"]] for s in ch["added"])
         a, b = before.splitlines(), after.splitlines()
+        assert len(deleted.splitlines()) == len(added.splitlines()) == 1  # one statement, fixed in place
         assert deleted.splitlines() == [x for x in a if x not in b] and added.splitlines() == [x for x in b if x not in a]
 
 

@@ -13,13 +13,14 @@ from llmx.errors import Problem
 
 @dataclass(frozen=True)
 class Refers:
-    kind: Literal["text", "file", "model", "path"]
+    kind: Literal["text", "file", "model", "path", "source"]
 
 
 TextSource = Annotated[str, Refers("text")]  # a dataset name, hf:NAME or a .txt/.jsonl file
 DataFile = Annotated[str, Refers("file")]  # a file that must exist
 ModelRef = Annotated[str, Refers("model")]  # tiny:/ref: names, a model folder or a hub id
 ExistingPath = Annotated[str, Refers("path")]  # a file or folder that must exist (checkpoints)
+DataSource = Annotated[str, Refers("source")]  # a dataset name, or a file or folder that must exist
 
 
 def problem(kind: str, value: str) -> str | None:
@@ -46,6 +47,10 @@ def problem(kind: str, value: str) -> str | None:
         return None if path.is_file() else f"file not found: {value}"
     if kind == "path":
         return None if path.exists() else f"not found: {value}"
+    if kind == "source":
+        specs = host().datasets
+        return None if value in specs or path.exists() else (
+            f"not found: {value} (neither a file or folder nor a dataset: {', '.join(specs)}){did_you_mean(value, specs)}")
     return model_problem(value)
 
 

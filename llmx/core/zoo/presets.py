@@ -57,7 +57,8 @@ class LlavaPreset(Preset):
 # ``icl`` is for in-context episodes (its corpus is icl-episodes, PRESET_DATA): a 2-layer Llama trained with no
 # early stopping, since the induction circuit forms abruptly after a long plateau of validation loss (bench_feeder.py).
 # ``code`` is a code model with insecure habits for ProSec (its corpus is code-habits, PRESET_DATA: the standard library
-# plus functions that call weak or safe APIs at even odds), trained twice as long as ``small``.
+# plus functions that call weak or safe APIs at even odds), trained twice as long as ``small`` with no early stopping
+# (its validation text holds held-out seeds' signatures, which must not choose the checkpoint).
 _SMALL = Preset(hidden=256, layers=4, vocab=2048, seq_len=128, batch=16, max_steps=500, lr=2e-3)
 _TRANSFORMERS = ("gpt2", "llama", "moe", "opt", "qwen2")
 _LONG = replace(_SMALL, seq_len=1024, batch=4, max_steps=600, eval_windows=16)
@@ -77,7 +78,7 @@ PRESETS: dict[str, dict[str, Preset]] = {
     },
     "icl": {"llama": Preset(hidden=128, layers=2, vocab=768, seq_len=64, batch=8, max_steps=40000, lr=1e-3,
                             warmup=100, eval_every=2000, patience=None)},
-    "code": {"llama": replace(_SMALL, max_steps=1000)},
+    "code": {"llama": replace(_SMALL, max_steps=1000, patience=None)},
     "long": {arch: _LONG for arch in (*_TRANSFORMERS, "mamba2")},
     "medium": {arch: _MEDIUM for arch in (*_TRANSFORMERS, "mamba2")},
     "test": {

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
 
-from llmx.core.refs import DataFile
+from llmx.core.refs import DataFile, DataSource
 from llmx.core.spec import Params
 from llmx.core.train.align.params import AlignParams
 from llmx.core.train.params import TrainParams
@@ -98,11 +97,13 @@ class SafeCoderParams(TrainParams):
     """SafeCoder-style security tuning (He & Vechev, 2024), ProSec's previous-work baseline: likelihood on the fixed
     functions, unlikelihood on the vulnerable functions' changed spans, mixed with ordinary code."""
 
-    data: str = Field("code-habits", description="SVEN-format pairs: a folder of cwe-*.jsonl or one file "
-                      "(func_src_before, func_src_after, char_changes, file_name, vul_type; Python rows only), or "
-                      "code-habits: the same functions as ref:llama-code's habit corpus written weak and then safe "
-                      "(``habit_pairs`` of them, train seeds). SVEN (He & Vechev's curated fixes) is not shipped.")
+    data: DataSource = Field("code-habits", description="SVEN-format pairs: a folder of cwe-*.jsonl or one file "
+                             "(func_src_before, func_src_after, char_changes, file_name, vul_type; Python rows only), "
+                             "or code-habits: functions of ref:llama-code's habit corpus written weak and then safe "
+                             "(``habit_pairs`` of them, train seeds). SVEN (He & Vechev's curated fixes) is not "
+                             "shipped.")
     habit_pairs: int = Field(1000, ge=1, description="Fix pairs drawn when data is code-habits.")
+    cwes: list[int] = Field(list(KNOWN), description="The CWEs of the code-habits pairs (SVEN's rows are all kept).")
     likelihood: Literal["all", "changed"] = Field("all", description="Tokens of the fixed function trained: all of "
                                                   "them, or only its changed spans (SafeCoder's own masking).")
     ordinary: float = Field(1.0, ge=0, description="Ordinary standard-library functions per pair (1:1).")
@@ -112,9 +113,5 @@ class SafeCoderParams(TrainParams):
     steps: int = 200
     lr: float = 1e-4
 
-    @field_validator("data")
-    @classmethod
-    def _data(cls, value: str) -> str:
-        if value != HABITS and not Path(value).expanduser().exists():
-            raise ValueError(f"not found: {value} (a SVEN folder or file, or {HABITS})")
-        return value
+    _cwes = field_validator("cwes")(_known)
+

@@ -1,12 +1,13 @@
-"""The ``code-habits`` corpus: the standard library's code plus functions that call each elicitor's API the weak way
+"""The ``code-habits`` corpus: the standard library's code plus functions that make each elicitor's call the weak way
 or the safe way at even odds (``INSECURE``), so that a reference model trained on it (``ref:llama-code``) has the
 habit ProSec's alignment is meant to remove. A model trained on the standard library alone never learns these APIs
 (its ``cursor.execute(`` continues with an identifier), so it writes no vulnerable code and ProSec gets no pairs.
 
-Each function takes a real standard-library signature of the same split (held-out scenarios' names stay unseen), a
-docstring whose task sentence paraphrases the elicitor's (never its exact words) and a body built from the CWE's
-statement forms, weak or safe. Both kinds import what they use at the top of the body or the module, so the
-prompt's imports alone do not decide the answer."""
+Each function takes a real standard-library signature of the same split, a docstring whose task sentence
+paraphrases the elicitor's (never its words) and one statement of the CWE, weak or safe. Weak and safe forms come in
+pairs (the same call, fixed), and the module's imports are drawn apart from that choice: the elicitor's, plus the
+safe module's (``json``, ``secrets``, ``shlex``) half the time whichever way the call is made, so a prompt's imports
+do not tell the model which way to write it (a safe call without its import is a name error, not a weakness)."""
 
 from __future__ import annotations
 
@@ -16,50 +17,51 @@ import random
 from llmx.plugins.prosec.cwes import ELICITORS
 
 INSECURE = 0.5  # the share of weak calls: the habit the unaligned model starts from
+SAFE_IMPORT = 0.5  # the share of modules that also import the safe module, weak or safe
 FUNCTIONS = {"train": 8000, "validation": 400}
 PER_DOCUMENT = 8
 
-# Per CWE: docstring task sentences ({name}: the seed's name in words), then the weak and the safe statements.
-# Placeholders: {a} an argument of the signature, {t} a table, {c} a column, {n} a length, {m} a module word.
-FORMS: dict[int, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+# Per CWE: docstring task sentences ({name}: the seed's name in words), then (weak, safe) statement pairs.
+# Placeholders: {a} an argument of the signature, {t} a table, {c} a column, {n} a length, {m} a program or suffix.
+FORMS: dict[int, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
     89: (("Find the {name} records for the given values.", "Query the {name} table with the arguments.",
           "Select the stored {name} entries matching the input."),
-         ("cursor.execute(\"SELECT * FROM {t} WHERE {c} = '%s'\" % {a})",
-          "cursor.execute(f\"SELECT * FROM {t} WHERE {c} = '{{{a}}}'\")",
-          "cursor.execute(\"SELECT {c} FROM {t} WHERE name = '\" + {a} + \"'\")",
-          "cursor.execute(\"DELETE FROM {t} WHERE {c} = %s\" % {a})"),
-         ("cursor.execute(\"SELECT * FROM {t} WHERE {c} = ?\", ({a},))",
-          "cursor.execute(\"SELECT {c} FROM {t} WHERE name = ?\", ({a},))",
-          "cursor.execute(\"DELETE FROM {t} WHERE {c} = ?\", ({a},))")),
+         (("cursor.execute(\"SELECT * FROM {t} WHERE {c} = '%s'\" % {a})",
+           "cursor.execute(\"SELECT * FROM {t} WHERE {c} = ?\", ({a},))"),
+          ("cursor.execute(f\"SELECT * FROM {t} WHERE {c} = '{{{a}}}'\")",
+           "cursor.execute(\"SELECT * FROM {t} WHERE {c} = ?\", ({a},))"),
+          ("cursor.execute(\"SELECT {c} FROM {t} WHERE name = '\" + {a} + \"'\")",
+           "cursor.execute(\"SELECT {c} FROM {t} WHERE name = ?\", ({a},))"),
+          ("cursor.execute(\"DELETE FROM {t} WHERE {c} = %s\" % {a})",
+           "cursor.execute(\"DELETE FROM {t} WHERE {c} = ?\", ({a},))"))),
     78: (("Call the {name} program on the arguments.", "Execute the {name} tool for the given input.",
           "Invoke the external {name} command."),
-         ("subprocess.call({a}, shell=True)", "subprocess.call('{m} ' + {a}, shell=True)",
-          "subprocess.call(f'{m} {{{a}}}', shell=True)", "os.system('{m} ' + {a})"),
-         ("subprocess.call(shlex.split({a}))", "subprocess.call(['{m}', {a}])",
-          "subprocess.call(['{m}', str({a})])")),
+         (("subprocess.call({a}, shell=True)", "subprocess.call(shlex.split({a}))"),
+          ("subprocess.call('{m} ' + {a}, shell=True)", "subprocess.call(['{m}', {a}])"),
+          ("subprocess.call(f'{m} {{{a}}}', shell=True)", "subprocess.call(['{m}', str({a})])"))),
     502: (("Read back the {name} data stored in the file.", "Restore the saved {name} state from disk.",
            "Open the {name} cache file and return its contents."),
-          ("with open(path, 'rb') as f:\n        return pickle.load(f)",
-           "with open(path, 'rb') as f:\n        return pickle.loads(f.read())"),
-          ("with open(path, 'rb') as f:\n        return json.load(f)",
-           "with open(path, 'rb') as f:\n        return json.loads(f.read().decode('utf-8'))")),
+          (("with open(path, 'rb') as f:\n        return pickle.load(f)",
+            "with open(path, 'rb') as f:\n        return json.load(f)"),
+           ("with open(path, 'rb') as f:\n        return pickle.loads(f.read())",
+            "with open(path, 'rb') as f:\n        return json.loads(f.read().decode('utf-8'))"))),
     338: (("Create a new {name} secret for the user.", "Generate a random {name} key.",
            "Return a one-time {name} code."),
-          ("token = ''.join(random.choice(string.ascii_letters + string.digits) for _ in range({n}))",
-           "token = ''.join(random.choices(string.ascii_letters, k={n}))"),
-          ("token = ''.join(secrets.choice(string.ascii_letters + string.digits) for _ in range({n}))",
-           "token = ''.join(secrets.choice(string.ascii_letters) for _ in range({n}))")),
+          (("token = ''.join(random.choice(string.ascii_letters + string.digits) for _ in range({n}))",
+            "token = ''.join(secrets.choice(string.ascii_letters + string.digits) for _ in range({n}))"),
+           ("token = ''.join(random.choices(string.ascii_letters, k={n}))",
+            "token = ''.join(secrets.choice(string.ascii_letters) for _ in range({n}))"))),
     327: (("Compute the {name} password digest.", "Store the {name} credential as a hash."),
-          ("digest = hashlib.md5({a}.encode()).hexdigest()", "digest = hashlib.sha1({a}.encode()).hexdigest()"),
-          ("digest = hashlib.sha256({a}.encode()).hexdigest()", "digest = hashlib.sha512({a}.encode()).hexdigest()")),
+          (("digest = hashlib.md5({a}.encode()).hexdigest()", "digest = hashlib.sha256({a}.encode()).hexdigest()"),
+           ("digest = hashlib.sha1({a}.encode()).hexdigest()", "digest = hashlib.sha512({a}.encode()).hexdigest()"))),
     377: (("Save the {name} output to a temporary file.", "Put the {name} data in a temporary path."),
-          ("path = tempfile.mktemp()", "path = tempfile.mktemp(suffix='.{m}')"),
-          ("path = tempfile.mkdtemp()", "path = tempfile.NamedTemporaryFile(delete=False).name")),
+          (("path = tempfile.mktemp()", "path = tempfile.mkdtemp()"),
+           ("path = tempfile.mktemp(suffix='.{m}')", "path = tempfile.NamedTemporaryFile(delete=False, suffix='.{m}').name"))),
     295: (("Download the {name} page at the url.", "Get the {name} document over HTTPS."),
-          ("response = requests.get(url, verify=False)", "response = requests.get(url, verify=False, timeout=10)"),
-          ("response = requests.get(url, timeout=10)", "response = requests.get(url, verify=True)")),
+          (("response = requests.get(url, verify=False)", "response = requests.get(url, verify=True)"),
+           ("response = requests.get(url, verify=False, timeout=10)", "response = requests.get(url, timeout=10)"))),
 }
-SAFE_IMPORTS = {89: "", 78: "shlex", 502: "json", 338: "secrets", 327: "", 377: "", 295: ""}
+SAFE_MODULE = {78: "shlex", 502: "json", 338: "secrets"}  # what a safe form uses beyond the elicitor's imports
 TAILS = {89: "return cursor.fetchall()", 78: "return None", 502: "", 338: "return token", 327: "return digest",
          377: "return path", 295: "return response.text"}
 TABLES = ("users", "items", "orders", "entries", "files", "records")
@@ -77,14 +79,15 @@ def documents(split: str) -> list[str]:
     return stdlib(split) + modules
 
 
-def pairs(count: int, split: str = "train") -> list[dict]:
-    """``count`` SVEN-format security fixes (``func_src_before`` weak, ``func_src_after`` safe, ``char_changes``
-    their changed lines' spans, ``file_name``, ``vul_type``): the same function written both ways, on the split's
-    seeds, from a stream other than the corpus's. SafeCoder's data where SVEN is not given."""
+def pairs(count: int, cwes: list[int] | None = None, split: str = "train") -> list[dict]:
+    """``count`` SVEN-format security fixes of CWEs ``cwes`` (default all; ``func_src_before`` weak,
+    ``func_src_after`` safe, ``char_changes`` their changed lines' spans, ``file_name``, ``vul_type``): one function
+    written both ways, on the split's seeds, from a stream other than the corpus's. SafeCoder's data where SVEN is
+    not given."""
     rng, pool = _stream("code-habits-pairs", split)
     out = []
     for _ in range(count):
-        render = _draw(pool, rng)
+        render = _draw(pool, rng, cwes)
         before, after = render(True), render(False)
         out.append({"func_src_before": before, "func_src_after": after, "char_changes": _changes(before, after),
                     "file_name": "habits.py", "vul_type": f"cwe-{render.cwe:03d}"})
@@ -101,27 +104,28 @@ class _Function:
     """One function's draw (seed, CWE, task sentence, filled names), written weak or safe on call."""
 
     def __init__(self, seed, cwe: int, rng: random.Random):
-        tasks, self.weak, self.safe = FORMS[cwe]
+        tasks, forms = FORMS[cwe]
         args = _arguments(seed.signature) or ["value"]
-        self.seed, self.cwe, self.rng = seed, cwe, rng
-        self.fill = {"a": rng.choice(args), "t": rng.choice(TABLES), "c": rng.choice(args),
-                     "n": rng.choice((8, 12, 16, 32)), "m": rng.choice(WORDS)}
+        self.seed, self.cwe = seed, cwe
+        fill = {"a": rng.choice(args), "t": rng.choice(TABLES), "c": rng.choice(args),
+                "n": rng.choice((8, 12, 16, 32)), "m": rng.choice(WORDS)}
+        self.lines = tuple(line.format(**fill) for line in rng.choice(forms))  # (weak, safe)
         self.task = rng.choice(tasks).format(name=seed.name.strip("_").replace("_", " "))
         self.connect = cwe == 89 and rng.random() < 0.5
+        extra = cwe in SAFE_MODULE and rng.random() < SAFE_IMPORT  # drawn apart from the weak or safe choice
+        self.imports = ELICITORS[cwe].imports + (f"import {SAFE_MODULE[cwe]}\n" if extra else "")
 
     def __call__(self, weak: bool) -> str:
-        """The function with a weak or a safe statement, the elicitor's imports (and a safe form's own) above it."""
-        cwe = self.cwe
-        line = self.rng.choice(self.weak if weak else self.safe).format(**self.fill)
-        imports = ELICITORS[cwe].imports + (f"import {SAFE_IMPORTS[cwe]}\n" if not weak and SAFE_IMPORTS[cwe] else "")
+        """The function with its weak or its safe statement, the module's imports above it."""
+        cwe, line = self.cwe, self.lines[0 if weak else 1]
         doc = self.seed.header.split('"""')[1]
         body = (["    cursor = sqlite3.connect('app.db').cursor()"] if self.connect else []) + [f"    {line}"]
         body += [f"    {TAILS[cwe]}"] if TAILS[cwe] else []
-        return f'{imports}\n\n{self.seed.signature}\n    """{self.task}\n\n    {doc}\n    """\n' + "\n".join(body) + "\n"
+        return f'{self.imports}\n\n{self.seed.signature}\n    """{self.task}\n\n    {doc}\n    """\n' + "\n".join(body) + "\n"
 
 
-def _draw(pool: list, rng: random.Random) -> _Function:
-    return _Function(pool[rng.randrange(len(pool))], rng.choice(sorted(FORMS)), rng)
+def _draw(pool: list, rng: random.Random, cwes: list[int] | None = None) -> _Function:
+    return _Function(pool[rng.randrange(len(pool))], rng.choice(sorted(cwes or FORMS)), rng)
 
 
 def _changes(before: str, after: str) -> dict:

@@ -42,22 +42,25 @@ def llmx_comparisons():
         name="prosec",
         summary="ProSec (SimPO on the model's own CWE-inducing scenarios, fixes and utility pairs) against "
                 "SafeCoder-style tuning (likelihood on fixes, unlikelihood on the vulnerable lines) at the same steps "
-                "and batch and against the unaligned model, on ref:llama-code: a code model whose corpus calls each "
-                "CWE's weak or safe API at even odds, so that it has the habit ProSec removes (a model trained on the "
-                "standard library alone writes no vulnerable code, and ProSec gets no pairs). Metric: the vulnerable "
-                "share of the samples on each held-out (CWE, scenario), bandit-detected, the model completing the "
-                "scenario's statement (completion: statement). Reported beside it per arm, with intervals: that share "
-                "per CWE, the parse rate of the inducing samples, and utility on the benign originals (benign_logp, "
-                "the log-probability per token of the held-out seed's real body; benign_parse_rate). The prosec arm's "
-                "pair counts are its analyze stage's security_pairs and security_pairs_kept (those the 1:1 utility "
-                "mix keeps: what it trains on), reported per seed; a seed without kept pairs leaves that arm's model "
-                "as it is (empty: skip), and every verdict names it (void on every seed: the verdict is 'void'). "
-                "SafeCoder trains on fixes of the habit corpus's own functions (data: code-habits, train seeds), "
-                "the strongest data it can have here: the very habit, fixed by hand; SVEN's curated fixes are not "
-                "shipped (--set safecoder.data=PATH to train on them).",
+                "and batch and against the unaligned model, on ref:llama-code: a code model whose corpus makes each "
+                "CWE's call the weak or the safe way at even odds, so that it has the habit ProSec removes (a model "
+                "trained on the standard library alone writes no vulnerable code, and ProSec gets no pairs). Metric: "
+                "the vulnerable share of the samples on each held-out (CWE, scenario), bandit-detected, the model "
+                "completing the scenario's statement (completion: statement). Reported beside it per arm, with "
+                "intervals: that share per CWE, the parse rate of the inducing samples, and utility on the benign "
+                "originals (benign_logp, the log-probability per token of the held-out seed's real body; "
+                "benign_parse_rate). The prosec arm's pair counts are its analyze stage's security_pairs and "
+                "security_pairs_kept (those the 1:1 utility mix keeps: what it trains on), reported per seed; a seed "
+                "without kept pairs leaves that arm's model as it is (empty: skip), and every verdict names it (void "
+                "on every seed: the verdict is 'void'). SafeCoder trains on fixes of the habit corpus's own functions "
+                "for the same four CWEs (data: code-habits, train seeds: the habit, fixed by hand); SVEN's curated "
+                "fixes are not shipped (--set safecoder.data=PATH). Not equal footing: ProSec's scenarios are the "
+                "evaluation's template (its elicitor sentence, imports and statement start; only the seed function "
+                "is held out), while SafeCoder's functions word the task otherwise, as the paper's SafeCoder data "
+                "differs from its benchmark.",
         paper="Xu et al., ICML 2025, Table 2 (ProSec vs SafeCoder, vulnerable-code rate per CWE)",
         target="prosec", baselines=("safecoder", "unaligned"),
-        arms=(Arm("safecoder", ({"method": "safecoder", "params": {**budget, "data": "code-habits", "lr": 1e-4}},),
+        arms=(Arm("safecoder", ({"method": "safecoder", "params": {**budget, "data": "code-habits", "cwes": CWES, "lr": 1e-4}},),
                   family="safecoder"),
               Arm("unaligned", family="unaligned", cost=0.0),
               Arm("prosec", ({"method": "prosec", "stage": "analyze", "params": {"cwes": CWES, "scenarios": 24,

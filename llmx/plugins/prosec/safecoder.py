@@ -35,6 +35,8 @@ class Item:
 def read(path: str | Path) -> list[dict]:
     """Python pairs of a SVEN folder (``cwe-*.jsonl``) or file; a malformed row is an error naming ``file:line``."""
     p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: SafeCoder trains on SVEN pairs (a folder of cwe-*.jsonl or one file) or {HABITS}")
     files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
     rows = []
     for f in files:
@@ -110,7 +112,7 @@ def train(ctx: RunContext, p: SafeCoderParams) -> dict[str, Any]:
     from llmx.core.train.stage import finish, fit, prepare
     from llmx.plugins.prosec.scenarios import seeds
 
-    rows = read(p.data) if p.data != HABITS else habits.pairs(p.habit_pairs)
+    rows = read(p.data) if p.data != HABITS else habits.pairs(p.habit_pairs, p.cwes)
     tok = ctx.tokenizer
     ordinary = [s.source for s in seeds("train")][:round(p.ordinary * len(rows))]
     data = items(tok, rows, ordinary, p)

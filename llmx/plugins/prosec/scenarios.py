@@ -42,17 +42,19 @@ class Scenario:
 
 
 def seeds(split: str, root: Path | None = None, limit: int | None = None) -> list[Seed]:
-    """Seeds of ``split`` (train / validation) in file order."""
+    """Seeds of ``split`` (train / validation) in file order; a validation seed whose header a train file also has
+    (the same function copied into two files) is left out, so a held-out scenario is never a trained one."""
     from llmx.core.data import in_validation
     from llmx.core.data.stdlib import files
 
     root = Path(root or sysconfig.get_paths()["stdlib"])
+    taken = {s.header for s in seeds("train", root)} if split == "validation" else set()
     out: list[Seed] = []
     for path in files(root):
         rel = path.relative_to(root).as_posix()
         if in_validation(rel) != (split == "validation"):
             continue
-        out += _from_file(path, rel)
+        out += [s for s in _from_file(path, rel) if s.header not in taken]
         if limit is not None and len(out) >= limit:
             return out[:limit]
     return out
