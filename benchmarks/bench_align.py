@@ -141,12 +141,16 @@ def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int 
     DPO's there, averaged over the training seeds on which both have their whole sweep, with percentile intervals
     from resampling the seeds and then the prompts (one draw of prompts for every model and seed: the differences
     stay paired). Near the end of a family's range some resamples fall short of the KL; the interval is over the
-    others, and ``coverage`` says how many that is."""
+    others, and ``coverage`` says how many that is (draws where both curves reach it). With three seeds the seed
+    resample has few distinct draws: the seed spread is reported beside it (``seed_summary``)."""
     by: dict[str, dict[int, list[dict]]] = {}
     for r in rows:
         if "error" not in r and r["family"] not in ("reference", "constant"):
             by.setdefault(r["family"], {}).setdefault(r["seed"], []).append(r)
-    full = {fam: sorted(s for s, m in per.items() if len(m) == len(per.get(seed, ()))) for fam, per in by.items()}
+    sweep = {fam: {c[0] for c in CONFIGS if c[1] == fam} for fam in by}
+    full = {fam: sorted(s for s, m in per.items() if {r["label"] for r in m} == sweep[fam]) for fam, per in by.items()}
+    if not full.get("DPO"):
+        return []
     n = len(reference["scores"])
     rng = random.Random(seed)
 
@@ -161,13 +165,15 @@ def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int 
     out = []
     for fam in by:
         common = [s for s in full[fam] if s in full["DPO"]]
+        if not common:  # no seed on which both sweeps are whole
+            continue
         draws = [(common, list(range(n)))] + [([rng.choice(common) for _ in common], [rng.randrange(n) for _ in range(n)])
                                               for _ in range(resamples)]
         for kl in MATCHED_KL:
             values = [(at(fam, ss, idx, kl), at("DPO", ss, idx, kl)) for ss, idx in draws]
             if values[0][0] is None:
                 continue
-            covered = sum(v is not None for v, _ in values[1:]) / resamples  # draws whose curve reaches this KL
+            covered = sum(v is not None and (d is not None or fam == "DPO") for v, d in values[1:]) / resamples
             rates = sorted(v for v, _ in values[1:] if v is not None)
             diffs = sorted(a - b for a, b in values[1:] if a is not None and b is not None)
             row = {"family": fam, "kl": kl, "seeds": len(common), "rate": values[0][0], "coverage": covered,
@@ -216,7 +222,7 @@ def main() -> None:
         reference = {"label": "reference", "family": "reference", "seed": args.seed, "rate": ref["score"],
                      "ci_low": ref["score_ci_low"], "ci_high": ref["score_ci_high"], "kl": 0.0, "kl_per_token": 0.0,
                      "scores": per_prompt(ref_dir)[0], "kls": [0.0] * args.eval_prompts}
-        payload.update(data=built, oracle_p=p)
+        payload.update(data=built, data_digest=fingerprint(built), oracle_p=p)
         rows = [reference] + _finished(args, built)
         done = {(r["label"], r["seed"]) for r in rows}
         jobs = [(c, seed, args.model, built["data_dir"], vars(args), tmp) for c in CONFIGS
@@ -230,6 +236,16 @@ def main() -> None:
     report(rows, p, payload, args.seed)
 
 
+def fingerprint(built: dict) -> str:
+    """A digest of the task's rows (every jsonl file the analyze stage wrote)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(Path(built["data_dir"]).glob("*.jsonl")):
+        digest.update(f.name.encode() + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _finished(args, built: dict) -> list[dict]:
     """With --resume, align.json's rows of configs that finished under the same settings and data."""
     path = RESULTS / "align.json"
@@ -238,7 +254,8 @@ def _finished(args, built: dict) -> list[dict]:
     saved = json.loads(path.read_text())
     same = all(saved.get(k) == getattr(args, k) for k in ("model", "seed", "steps", "lr"))
     counts = lambda d: {k: v for k, v in d.items() if k != "data_dir"}  # noqa: E731
-    if not same or len(saved["oracle_p"]) != args.eval_prompts or counts(saved["data"]) != counts(built):
+    if not same or len(saved["oracle_p"]) != args.eval_prompts or counts(saved["data"]) != counts(built) \
+            or saved.get("data_digest", fingerprint(built)) != fingerprint(built):
         raise SystemExit("--resume: align.json was written with other settings; run without --resume")
     return [r for r in saved["rows"] if "error" not in r and r["family"] not in ("reference", "constant")]
 
@@ -249,13 +266,13 @@ def report(rows: list[dict], p: list[float], payload: dict, seed: int) -> None:
 
     done = [r for r in rows if "error" not in r]
     reference = next(r for r in done if r["family"] == "reference")
-    dpo = next(r for r in done if r["label"] == DPO_REF and r["seed"] == seed)["scores"]
+    dpo = {r["seed"]: r["scores"] for r in done if r["label"] == DPO_REF}
     for r in done:
         r["frontier_at_kl"] = stats.frontier_rate(p, max(r["kl"], 0.0))
         r["gap_to_frontier"] = r["frontier_at_kl"] - r["rate"]
         r["frontier_kl_for_rate"] = stats.frontier_kl(p, r["rate"])
         r["kl_efficiency"] = r["frontier_kl_for_rate"] / r["kl"] if r["kl"] > 0 else None
-        d = stats.paired(dpo, r["scores"], seed=seed)
+        d = stats.paired(dpo.get(r["seed"], dpo[seed]), r["scores"], seed=seed)  # the same seed's DPO
         r.update({"diff_vs_dpo_b0.1": d.diff, "diff_ci": f"[{d.low:.3f}, {d.high:.3f}]",
                   "rate_ci": f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if "ci_low" in r else "",
                   "kl_ci": f"[{r['kl_ci_low']:.2f}, {r['kl_ci_high']:.2f}]" if "kl_ci_low" in r else ""})
