@@ -41,7 +41,7 @@ from common import RESULTS, machine, markdown, run_pipeline, write  # noqa: E402
 
 DPO_REF = "DPO b=0.1"
 CONFIGS = [  # (label, family, method, data kind, params): strengths swept by beta, or by steps where none exists
-    *[(f"DPO b={b}", "DPO", "dpo", "paired", {"beta": b}) for b in (0.03, 0.1, 0.3)],
+    *[(f"DPO b={b}", "DPO", "dpo", "paired", {"beta": b}) for b in (0.03, 0.1, 0.3, 0.5, 1.0)],  # 0.5, 1: low KLs
     ("DPO b=0.1 25 steps", "DPO", "dpo", "paired", {"beta": 0.1, "steps": 25}),
     *[(f"IPO b={b}", "IPO", "ipo", "paired", {"beta": b}) for b in (0.1, 0.5)],
     # SimPO and ConfPO at the official gamma 1.6 (ConfPO's run_confpo.sh and SimPO's script alike), beta swept
@@ -141,8 +141,11 @@ def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int 
     DPO's there, averaged over the training seeds on which both have their whole sweep, with percentile intervals
     from resampling the seeds and then the prompts (one draw of prompts for every model and seed: the differences
     stay paired). Near the end of a family's range some resamples fall short of the KL; the interval is over the
-    others, and ``coverage`` says how many that is (draws where both curves reach it). With three seeds the seed
-    resample has few distinct draws: the seed spread is reported beside it (``seed_summary``)."""
+    others, and ``coverage`` says how many that is (draws where both curves reach it). With few seeds the seed
+    resample has few distinct draws, so each interval is widened to the t-interval on the per-seed values where that
+    is wider (``stats.widened``, as ``llmx compare`` does)."""
+    from llmx.core.eval import stats
+
     by: dict[str, dict[int, list[dict]]] = {}
     for r in rows:
         if "error" not in r and r["family"] not in ("reference", "constant"):
@@ -176,11 +179,17 @@ def matched(rows: list[dict], reference: dict, resamples: int = 1000, seed: int 
             covered = sum(v is not None and (d is not None or fam == "DPO") for v, d in values[1:]) / resamples
             rates = sorted(v for v, _ in values[1:] if v is not None)
             diffs = sorted(a - b for a, b in values[1:] if a is not None and b is not None)
+            whole = list(range(n))
+            per_seed = [(at(fam, [s], whole, kl), at("DPO", [s], whole, kl)) for s in common]
+            _, low, high = stats.widened(values[0][0], rates[int(0.025 * len(rates))],
+                                         rates[int(0.975 * len(rates)) - 1], [a for a, _ in per_seed if a is not None])
             row = {"family": fam, "kl": kl, "seeds": len(common), "rate": values[0][0], "coverage": covered,
-                   "rate_ci": f"[{rates[int(0.025 * len(rates))]:.3f}, {rates[int(0.975 * len(rates)) - 1]:.3f}]"}
+                   "rate_ci": f"[{low:.3f}, {high:.3f}]"}
             if values[0][1] is not None and diffs and fam != "DPO":
-                row.update({"diff_vs_dpo": values[0][0] - values[0][1],
-                            "diff_ci": f"[{diffs[int(0.025 * len(diffs))]:.3f}, {diffs[int(0.975 * len(diffs)) - 1]:.3f}]"})
+                diff = values[0][0] - values[0][1]
+                _, low, high = stats.widened(diff, diffs[int(0.025 * len(diffs))], diffs[int(0.975 * len(diffs)) - 1],
+                                             [a - b for a, b in per_seed if a is not None and b is not None])
+                row.update({"diff_vs_dpo": diff, "diff_ci": f"[{low:.3f}, {high:.3f}]"})
             out.append(row)
     return out
 
@@ -257,6 +266,8 @@ def _finished(args, built: dict) -> list[dict]:
     if not same or len(saved["oracle_p"]) != args.eval_prompts or counts(saved["data"]) != counts(built) \
             or saved.get("data_digest", fingerprint(built)) != fingerprint(built):
         raise SystemExit("--resume: align.json was written with other settings; run without --resume")
+    if "data_digest" not in saved:  # written before digests: the rows are trusted on the counts alone
+        print("--resume: align.json has no data digest; its rows are kept on matching settings and counts", flush=True)
     return [r for r in saved["rows"] if "error" not in r and r["family"] not in ("reference", "constant")]
 
 

@@ -26,9 +26,6 @@ from llmx.errors import UsageError
 
 RESULT = "result"
 MIN_PAIRS = 20  # fewer paired items: no verdict (two items of one sign make any bootstrap interval exclude zero)
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-       2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-# Student t's 97.5% quantile for 1-30 degrees of freedom (beyond: 2.0, a little above the normal's 1.96)
 PROVENANCE = provenance.FILE
 
 
@@ -345,15 +342,8 @@ def _spread(groups: list[list[float]], crossed: bool) -> tuple[float, float, flo
     """The mean of ``groups`` (one per seed) and its 95% interval: the wider of the two-level bootstrap
     (``stats.clustered``) and, with 2 seeds or more, a t-interval on the per-seed means, which the bootstrap
     under-covers with few seeds."""
-    import statistics
-
     mean, low, high = stats.clustered(groups, seed=0, crossed=crossed)
-    if len(groups) >= 2:
-        means = [sum(g) / len(g) for g in groups]
-        t = T95[len(means) - 2] if len(means) - 1 <= len(T95) else 2.0
-        half = t * statistics.stdev(means) / len(means) ** 0.5
-        low, high = min(low, mean - half), max(high, mean + half)
-    return mean, low, high
+    return stats.widened(mean, low, high, [sum(g) / len(g) for g in groups])
 
 
 def _interval(groups: list[dict[Any, float]]) -> dict[str, Any]:
