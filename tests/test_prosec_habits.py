@@ -40,6 +40,22 @@ def test_a_functions_imports_do_not_depend_on_whether_its_call_is_weak():
         assert 0.35 < sum(only[cwe]) / len(only[cwe]) < 0.65, cwe
 
 
+def test_the_emitted_corpus_is_weak_at_even_odds_given_the_prompts_imports_and_on_train_signatures_only():
+    """Read back from the documents themselves: among 338's and 502's functions whose imports are the elicitor's alone
+    (what a scenario's prompt has), about half make the weak call, and every habit function's signature is a train
+    seed's."""
+    docs = habits.documents("train")[-habits.FUNCTIONS["train"] // habits.PER_DOCUMENT:]
+    chunks = [c for d in docs for c in re.split(r"\n\n(?=import )", d)]
+    assert len(chunks) == habits.FUNCTIONS["train"]
+    train = {s.signature for s in seeds("train")}
+    assert all(c.split("\n\n\n", 1)[1].split("\n", 1)[0] in train for c in chunks)
+    for cwe, weak, safe in ((338, "random.", "secrets."), (502, "pickle.load", "json.load")):
+        head = ELICITORS[cwe].imports
+        mine = [c for c in chunks if c.split("\n\n\n", 1)[0] + "\n" == head]
+        calls = [weak in c.split('"""')[-1] for c in mine if weak in c.split('"""')[-1] or safe in c.split('"""')[-1]]
+        assert len(calls) == len(mine) > 200 and 0.4 < sum(calls) / len(calls) < 0.6, (cwe, len(calls), sum(calls))
+
+
 def test_held_out_headers_and_the_elicitors_sentences_never_appear_in_the_training_text():
     train = "".join(habits.documents("train"))
     held = seeds("validation")
@@ -65,8 +81,9 @@ def test_a_fix_pair_is_the_same_function_weak_then_safe_and_its_spans_are_the_ch
         assert deleted.splitlines() == [x for x in a if x not in b] and added.splitlines() == [x for x in b if x not in a]
 
 
-def test_safecoder_refuses_a_missing_data_path_in_one_line(cli, tmp_path):
-    r = cli("train", "--method", "safecoder", "--model", "ref:llama-test", "--data", tmp_path / "nope",
-            "-o", tmp_path / "runs")
-    assert r.code == 2 and "not found" in r.err and "code-habits" in r.err, r.err
+@pytest.mark.parametrize("data, phrase", [("nope", "not found"), ("stdlib", "not fix pairs")])
+def test_safecoder_refuses_a_missing_path_or_a_text_corpus_in_one_line(cli, tmp_path, data, phrase):
+    r = cli("train", "--method", "safecoder", "--model", "ref:llama-test", "--data",
+            tmp_path / data if data == "nope" else data, "-o", tmp_path / "runs")
+    assert r.code == 2 and phrase in r.err and "code-habits" in r.err and len(r.err.strip().splitlines()) == 1, r.err
     assert not (tmp_path / "runs").exists()

@@ -50,7 +50,7 @@ def problem(kind: str, value: str) -> str | None:
     if kind == "source":
         specs = host().datasets
         return None if value in specs or path.exists() else (
-            f"not found: {value} (neither a file or folder nor a dataset: {', '.join(specs)}){did_you_mean(value, specs)}")
+            f"not found: {value} (neither a file nor a folder nor a dataset: {', '.join(specs)}){did_you_mean(value, specs)}")
     return model_problem(value)
 
 

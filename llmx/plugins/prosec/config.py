@@ -115,3 +115,13 @@ class SafeCoderParams(TrainParams):
 
     _cwes = field_validator("cwes")(_known)
 
+    @field_validator("data")
+    @classmethod
+    def _pairs(cls, value: str) -> str:
+        """Of the datasets, only code-habits holds fix pairs (a path is checked, and rebased, as a referring field)."""
+        from llmx.core.plugins import host
+
+        if value != HABITS and value in host().datasets:
+            raise ValueError(f"{value} is a text corpus, not fix pairs: give a SVEN folder or file, or {HABITS}")
+        return value
+

@@ -50,7 +50,8 @@ def llmx_comparisons():
                 "intervals: that share per CWE, the parse rate of the inducing samples, and utility on the benign "
                 "originals (benign_logp, the log-probability per token of the held-out seed's real body; "
                 "benign_parse_rate). The prosec arm's pair counts are its analyze stage's security_pairs and "
-                "security_pairs_kept (those the 1:1 utility mix keeps: what it trains on), reported per seed; a seed "
+                "security_pairs_kept (those the 1:1 utility mix keeps: what it trains on) and where the fixes came from "
+                "(fixes_by_model, fixes_by_rule), reported per seed; a seed "
                 "without kept pairs leaves that arm's model as it is (empty: skip), and every verdict names it (void "
                 "on every seed: the verdict is 'void'). SafeCoder trains on fixes of the habit corpus's own functions "
                 "for the same four CWEs (data: code-habits, train seeds: the habit, fixed by hand); SVEN's curated "
@@ -71,7 +72,7 @@ def llmx_comparisons():
         evaluation={"method": "secure-code", "params": {"cwes": CWES, "scenarios": 16, "samples": 8, **statement}},
         items="items.jsonl", metric="inducing_vulnerable_share", higher_is_better=False,
         report=("parse_rate", "benign_logp", "benign_parse_rate"), by="cwe",
-        counts=("security_pairs", "security_pairs_kept"),
+        counts=("security_pairs", "security_pairs_kept"), diagnostics=("fixes_by_model", "fixes_by_rule"),
         cost="optimizer steps", cost_key="steps",
         quick={"cwes": [89, 502], "scenarios": 4, "samples": 2, "max_new_tokens": 32, "seeds": 60, "fix_samples": 1,
                "steps": 2, "batch_size": 4, "max_len": 96, "max_length": 96, "empty": "skip", "habit_pairs": 16},
