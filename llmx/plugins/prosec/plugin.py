@@ -42,7 +42,8 @@ def llmx_comparisons():
         name="prosec",
         summary="ProSec (SimPO on the model's own CWE-inducing scenarios, fixes and utility pairs) against "
                 "SafeCoder-style tuning (likelihood on fixes, unlikelihood on the vulnerable lines) at the same steps "
-                "and batch and against the unaligned model, on ref:llama-code: a code model whose corpus makes each "
+                "and batch (ProSec's preference step at lr 1e-5, a tenth of SafeCoder's 1e-4: at 1e-4 it removes "
+                "about as much but loses utility, --set prosec.prosec-align.lr=1e-4) and against the unaligned model, on ref:llama-code: a code model whose corpus makes each "
                 "CWE's call the weak or the safe way at even odds, so that it has the habit ProSec removes (a model "
                 "trained on the standard library alone writes no vulnerable code, and ProSec gets no pairs). Metric: "
                 "the vulnerable share of the samples on each held-out (CWE, scenario), bandit-detected, the model "
