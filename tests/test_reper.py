@@ -686,3 +686,31 @@ def test_the_comparison_has_a_lipo_baseline_and_rpl_with_the_kind_critic_through
     assert [s["params"].get("feedback") for s in kind] == ["kind", None, "kind"]
     assert kind[1] == rpl[1] and [s["params"].get("feedback") for s in rpl] == [None] * 3
     assert spec.arm("base").stages == (rpl[-1],)  # every arm answers in the same 3 turns
+
+
+def test_an_identical_build_is_read_back_and_a_changed_one_is_built(tmp_path, monkeypatch):
+    """The reper comparison's five arms open with the same build on a seed: the second run reads the first's
+    dialogues (the sampler is never called) and gets the same rows and figures; another param builds anew."""
+    import shutil
+    from pathlib import Path
+
+    from llmx.core.zoo.cache import cache_root
+    from llmx.errors import RunFailed
+    from llmx.plugins.reper import build as B
+
+    shutil.rmtree(cache_root().parent / "stages" / "reper-build", ignore_errors=True)
+    stage = {"method": "reper", "stage": "analyze", "params": {"scenes": 6, "max_new_tokens": 12, "min_score": 1,
+                                                               "score_gap": 0, "candidates": "corrupt"}}
+    first = _run("ref:llava-test", [stage], tmp_path / "a")[0]
+    rows = Path(first["data"]).read_text()
+
+    def never(*args, **kwargs):
+        raise AssertionError("an identical build sampled again")
+
+    monkeypatch.setattr(B, "candidates", never)
+    again = _run("ref:llava-test", [stage], tmp_path / "b")[0]
+    assert Path(again["data"]).read_text() == rows and again["data"] != first["data"]
+    assert {k: v for k, v in again.items() if k != "data"} == {k: v for k, v in first.items() if k != "data"}
+    other = {**stage, "params": {**stage["params"], "scenes": 7}}
+    with pytest.raises(RunFailed, match="identical build sampled again"):  # another param: built, so sampled
+        _run("ref:llava-test", [other], tmp_path / "c")

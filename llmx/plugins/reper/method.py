@@ -4,6 +4,7 @@ answer with the policy/critic loop (decode)."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from llmx.core import atomic
@@ -34,6 +35,21 @@ def _critic(ctx: RunContext, p: CriticParams):
 
 
 def build(ctx: RunContext, p: BuildParams) -> dict[str, Any]:
+    """The dialogues, or those an identical build kept (``stagecache``: same model, params, seed, device, code)."""
+    from llmx.core import stagecache
+
+    out, digest = ctx.artifact("dataset"), stagecache.key(ctx, p)
+    if stagecache.restore("reper-build", digest, out):
+        logging.getLogger("llmx.reper").info("reper-build: the dialogues of an identical build (%s)", digest)
+        stats = json.loads((out / "stats.json").read_text())
+    else:
+        stats = _build(ctx, p, out)
+        stagecache.store("reper-build", digest, out)
+    ctx.state[STATE] = str(out / "dialogues.jsonl")
+    return {"data": ctx.state[STATE], **stats}
+
+
+def _build(ctx: RunContext, p: BuildParams, out) -> dict[str, Any]:
     from llmx.core.multimodal.scenes import scenes
     from llmx.plugins.reper import build as B
 
@@ -47,7 +63,6 @@ def build(ctx: RunContext, p: BuildParams) -> dict[str, Any]:
     if not rows:
         raise UsageError(f"no scene passed the filter (best >= min_score {p.min_score}, best - worst >= score_gap "
                          f"{p.score_gap}); score histogram {stats['score_histogram']}")
-    out = ctx.artifact("dataset")
     with atomic.folder(out) as tmp:
         (tmp / "images").mkdir()
         lines = []
@@ -57,8 +72,8 @@ def build(ctx: RunContext, p: BuildParams) -> dict[str, Any]:
         (tmp / "dialogues.jsonl").write_text("".join(lines))
         (tmp / "candidates.jsonl").write_text("".join(json.dumps({"scene": i, "captions": caps}) + "\n"
                                                       for i, caps in enumerate(captions)))
-    ctx.state[STATE] = str(out / "dialogues.jsonl")
-    return {"data": ctx.state[STATE], **stats}
+        (tmp / "stats.json").write_text(json.dumps(stats))
+    return stats
 
 
 def align(ctx: RunContext, p: RPLParams) -> dict[str, Any]:
