@@ -688,21 +688,22 @@ def test_the_comparison_has_a_lipo_baseline_and_rpl_with_the_kind_critic_through
     assert spec.arm("base").stages == (rpl[-1],)  # every arm answers in the same 3 turns
 
 
-def test_an_identical_build_is_read_back_and_a_changed_one_is_built(tmp_path, monkeypatch):
+def test_an_identical_build_is_read_back_and_a_changed_or_damaged_one_is_built(tmp_path, monkeypatch):
     """The reper comparison's five arms open with the same build on a seed: the second run reads the first's
-    dialogues (the sampler is never called) and gets the same rows and figures; another param builds anew."""
-    import shutil
+    dialogues (the sampler is never called) and gets the same rows and figures; another param, a damaged entry or
+    LLMX_STAGE_CACHE=0 builds anew (the sampler is called)."""
     from pathlib import Path
 
-    from llmx.core.zoo.cache import cache_root
+    from llmx.core import stagecache
     from llmx.errors import RunFailed
     from llmx.plugins.reper import build as B
 
-    shutil.rmtree(cache_root().parent / "stages" / "reper-build", ignore_errors=True)
+    monkeypatch.setattr(stagecache, "_where", lambda kind, digest: tmp_path / "stages" / kind / digest)
     stage = {"method": "reper", "stage": "analyze", "params": {"scenes": 6, "max_new_tokens": 12, "min_score": 1,
                                                                "score_gap": 0, "candidates": "corrupt"}}
     first = _run("ref:llava-test", [stage], tmp_path / "a")[0]
     rows = Path(first["data"]).read_text()
+    real = B.candidates
 
     def never(*args, **kwargs):
         raise AssertionError("an identical build sampled again")
@@ -714,3 +715,13 @@ def test_an_identical_build_is_read_back_and_a_changed_one_is_built(tmp_path, mo
     other = {**stage, "params": {**stage["params"], "scenes": 7}}
     with pytest.raises(RunFailed, match="identical build sampled again"):  # another param: built, so sampled
         _run("ref:llava-test", [other], tmp_path / "c")
+    (kept,) = (tmp_path / "stages" / "reper-build").glob(f"{first['build_key']}/dialogues.jsonl")
+    kept.write_text(rows[: len(rows) // 2])  # a truncated entry is not trusted
+    with pytest.raises(RunFailed, match="identical build sampled again"):
+        _run("ref:llava-test", [stage], tmp_path / "d")
+    monkeypatch.setattr(B, "candidates", real)
+    assert Path(_run("ref:llava-test", [stage], tmp_path / "e")[0]["data"]).read_text() == rows  # rebuilt whole
+    monkeypatch.setattr(B, "candidates", never)
+    monkeypatch.setenv("LLMX_STAGE_CACHE", "0")
+    with pytest.raises(RunFailed, match="identical build sampled again"):
+        _run("ref:llava-test", [stage], tmp_path / "f")

@@ -4,7 +4,6 @@ answer with the policy/critic loop (decode)."""
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 from llmx.core import atomic
@@ -35,21 +34,19 @@ def _critic(ctx: RunContext, p: CriticParams):
 
 
 def build(ctx: RunContext, p: BuildParams) -> dict[str, Any]:
-    """The dialogues, or those an identical build kept (``stagecache``: same model, params, seed, device, code)."""
+    """The dialogues, or those an identical build kept (``stagecache``: same model, earlier stages, params, seed,
+    device, code); ``build_key`` names the build, the same in every run that shares it."""
     from llmx.core import stagecache
 
-    out, digest = ctx.artifact("dataset"), stagecache.key(ctx, p)
-    if stagecache.restore("reper-build", digest, out):
-        logging.getLogger("llmx.reper").info("reper-build: the dialogues of an identical build (%s)", digest)
-        stats = json.loads((out / "stats.json").read_text())
-    else:
-        stats = _build(ctx, p, out)
-        stagecache.store("reper-build", digest, out)
+    out = ctx.artifact("dataset")
+    digest = stagecache.key(ctx, p, (p.critic_model,) if p.critic == "model" else ())
+    if stagecache.provide("reper-build", digest, out, lambda dest: _build(ctx, p, dest)):
+        ctx.log.info("reper-build: the dialogues of an identical build (%s), not sampled again", digest)
     ctx.state[STATE] = str(out / "dialogues.jsonl")
-    return {"data": ctx.state[STATE], **stats}
+    return {"data": ctx.state[STATE], **json.loads((out / "stats.json").read_text()), "build_key": digest}
 
 
-def _build(ctx: RunContext, p: BuildParams, out) -> dict[str, Any]:
+def _build(ctx: RunContext, p: BuildParams, out) -> None:
     from llmx.core.multimodal.scenes import scenes
     from llmx.plugins.reper import build as B
 
@@ -73,7 +70,6 @@ def _build(ctx: RunContext, p: BuildParams, out) -> dict[str, Any]:
         (tmp / "candidates.jsonl").write_text("".join(json.dumps({"scene": i, "captions": caps}) + "\n"
                                                       for i, caps in enumerate(captions)))
         (tmp / "stats.json").write_text(json.dumps(stats))
-    return stats
 
 
 def align(ctx: RunContext, p: RPLParams) -> dict[str, Any]:
