@@ -232,7 +232,7 @@ def main() -> None:
                      "ci_low": ref["score_ci_low"], "ci_high": ref["score_ci_high"], "kl": 0.0, "kl_per_token": 0.0,
                      "scores": per_prompt(ref_dir)[0], "kls": [0.0] * args.eval_prompts}
         payload.update(data=built, data_digest=fingerprint(built), oracle_p=p)
-        rows = [reference] + _finished(args, built)
+        rows = [reference] + _finished(args, built, payload["data_digest"])
         done = {(r["label"], r["seed"]) for r in rows}
         jobs = [(c, seed, args.model, built["data_dir"], vars(args), tmp) for c in CONFIGS
                 for seed in [args.seed, *args.extra_seeds] if (c[0], seed) not in done]
@@ -255,7 +255,7 @@ def fingerprint(built: dict) -> str:
     return digest.hexdigest()[:16]
 
 
-def _finished(args, built: dict) -> list[dict]:
+def _finished(args, built: dict, digest: str) -> list[dict]:
     """With --resume, align.json's rows of configs that finished under the same settings and data."""
     path = RESULTS / "align.json"
     if not args.resume or not path.is_file():
@@ -264,7 +264,7 @@ def _finished(args, built: dict) -> list[dict]:
     same = all(saved.get(k) == getattr(args, k) for k in ("model", "seed", "steps", "lr"))
     counts = lambda d: {k: v for k, v in d.items() if k != "data_dir"}  # noqa: E731
     if not same or len(saved["oracle_p"]) != args.eval_prompts or counts(saved["data"]) != counts(built) \
-            or saved.get("data_digest", fingerprint(built)) != fingerprint(built):
+            or saved.get("data_digest", digest) != digest:
         raise SystemExit("--resume: align.json was written with other settings; run without --resume")
     if "data_digest" not in saved:  # written before digests: the rows are trusted on the counts alone
         print("--resume: align.json has no data digest; its rows are kept on matching settings and counts", flush=True)

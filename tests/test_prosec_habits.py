@@ -25,21 +25,6 @@ def test_each_weak_form_shows_its_cwe_in_the_scenario_and_its_paired_safe_form_d
     assert [f.shows(cwe) for f in found] == [True, False] * len(forms)
 
 
-def test_a_functions_imports_do_not_depend_on_whether_its_call_is_weak():
-    """The prompt's imports (the elicitor's) must not tell the model which way to write the call: a function's
-    imports are the same written weak or safe, and about half of each CWE's modules carry only the elicitor's."""
-    rng, pool = habits._stream("code-habits", "train")
-    only = {c: [] for c in habits.FORMS}
-    for _ in range(1500):
-        f = habits._draw(pool, rng)
-        weak, safe = f(True), f(False)
-        assert weak.split("\n\n\ndef ")[0] == safe.split("\n\n\ndef ")[0] == f.imports.rstrip("\n")
-        assert weak != safe
-        only[f.cwe].append(f.imports == ELICITORS[f.cwe].imports)
-    for cwe in habits.SAFE_MODULE:
-        assert 0.35 < sum(only[cwe]) / len(only[cwe]) < 0.65, cwe
-
-
 def test_the_emitted_corpus_is_weak_at_even_odds_given_the_prompts_imports_and_on_train_signatures_only():
     """Read back from the documents themselves: among 338's and 502's functions whose imports are the elicitor's alone
     (what a scenario's prompt has), about half make the weak call, and every habit function's signature is a train

@@ -1,6 +1,6 @@
 """A stage's output folder kept for the next run that would build it again: under ``$LLMX_CACHE_DIR/stages/KIND/KEY``,
 KEY a digest of everything that determines it (the model's files or zoo entry, the stages before it in the run, the
-stage's params and the files they name, the run's seed, device and dtype, the llmx source and library versions). The
+stage's params, the run's seed, device and dtype, the llmx source and library versions). The
 arms of a comparison that open with the same data stage on one seed then build it once (RePer's dialogues: five
 arms, one build), and a rerun reads it back. An entry is written once, under a lock, with a manifest of its files
 written last; one whose files no longer match it is rebuilt. ``LLMX_STAGE_CACHE=0`` turns it off."""
@@ -24,14 +24,14 @@ MANIFEST = ".manifest.json"
 log = logging.getLogger("llmx.stagecache")
 
 
-def key(ctx: Any, params: Any, models: tuple[str, ...] = ()) -> str:
-    """The digest of what determines the stage's output in this run (``models``: other models it reads)."""
+def key(ctx: Any, params: Any) -> str:
+    """The digest of what determines the stage's output in this run."""
     from llmx.core.compare.provenance import inputs
 
     index = ctx.stage.index if ctx.stage is not None else 0
     blob = {"inputs": inputs({"model": ctx.config.model}),
             "before": [s.model_dump(mode="json") for s in ctx.config.pipeline[:index]],  # a stage may change the model
-            "params": params.model_dump(mode="json"), "models": [inputs({"model": m})["paths"] for m in models if m],
+            "params": params.model_dump(mode="json"),
             "seed": ctx.config.seed, "device": str(ctx.device), "dtype": ctx.config.dtype}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -35,8 +35,6 @@ class Item:
 def read(path: str | Path) -> list[dict]:
     """Python pairs of a SVEN folder (``cwe-*.jsonl``) or file; a malformed row is an error naming ``file:line``."""
     p = Path(path)
-    if not p.exists():
-        raise UsageError(f"{path}: SafeCoder trains on SVEN pairs (a folder of cwe-*.jsonl or one file) or {HABITS}")
     files = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
     rows = []
     for f in files:

@@ -39,7 +39,7 @@ def build(ctx: RunContext, p: BuildParams) -> dict[str, Any]:
     from llmx.core import stagecache
 
     out = ctx.artifact("dataset")
-    digest = stagecache.key(ctx, p, (p.critic_model,) if p.critic == "model" else ())
+    digest = stagecache.key(ctx, p)  # a build takes the rule critic only (BuildParams): no other model to key on
     if stagecache.provide("reper-build", digest, out, lambda dest: _build(ctx, p, dest)):
         ctx.log.info("reper-build: the dialogues of an identical build (%s), not sampled again", digest)
     ctx.state[STATE] = str(out / "dialogues.jsonl")
