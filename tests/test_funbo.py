@@ -103,6 +103,34 @@ def test_problem_names_take_seeded_instances_and_refuse_bad_ones():
         names("branin#1", 2)
 
 
+def test_mes_closed_form_is_wang_and_jegelkas_eq_6_and_botorchs_noisy_gain_as_the_noise_vanishes():
+    pytest.importorskip("botorch")
+    import torch
+    from botorch.acquisition import qMaxValueEntropy
+    from scipy.stats import norm
+
+    from llmx.plugins.funbo import botorch_check as B
+
+    problem = bo.Problem.build(bo.spec("branin", 64))
+    seen = [problem.init, 5, 17, 40]
+    kernel = bo.Kernel(problem.spec.kernel.lengthscale, problem.spec.kernel.variance, 1e-8)
+    model = B._gp(problem.grid[seen], problem.z[seen], kernel)
+    grid = torch.as_tensor(problem.grid, dtype=torch.float64)
+    torch.manual_seed(0)
+    mes = B._noiseless_mes()(model, candidate_set=grid, maximize=False)
+    x = grid[[1, 9, 30, 50], None, :]
+    closed = mes(x).detach().numpy()
+    post = model.posterior(x)
+    mu, sd = -post.mean.reshape(-1).detach().numpy(), post.variance.reshape(-1).sqrt().detach().numpy()
+    g = (mes.posterior_max_values.reshape(-1, 1).numpy() - mu) / sd  # eq. 6, minimising: max of -f
+    assert np.allclose(closed, (g * norm.pdf(g) / (2 * norm.cdf(g)) - norm.logcdf(g)).mean(0), rtol=1e-6)
+    assert np.all(closed > 0)
+    torch.manual_seed(0)  # the same min-value samples; BoTorch's Monte Carlo over y with a vanishing noise
+    noisy = qMaxValueEntropy(model, candidate_set=grid, maximize=False, num_y_samples=4096)
+    assert torch.equal(noisy.posterior_max_values, mes.posterior_max_values)
+    assert np.allclose(noisy(x).detach().numpy(), closed, rtol=0.1, atol=1e-3)
+
+
 def test_mes_runs_through_botorch_and_queries_grid_points_in_the_domain():
     pytest.importorskip("botorch")
     from llmx.plugins.funbo import botorch_check as B
@@ -115,15 +143,14 @@ def test_mes_runs_through_botorch_and_queries_grid_points_in_the_domain():
     assert queried == B.run_fixed("mes", problem, 6, 1.0, seed=1, indices=True)  # seeded
     assert queried[0] == problem.init and all(0 <= i < 64 for i in queried) and len(set(queried)) > 3
     import torch
-    from botorch.acquisition import qMaxValueEntropy
 
     grid = torch.as_tensor(problem.grid, dtype=torch.float64)
     picks = []
-    with torch.random.fork_rng(devices=[]):  # BoTorch's MES (minimising) on the fixed GP, trial by trial
+    with torch.random.fork_rng(devices=[]):  # the closed-form MES (minimising) on the fixed GP, trial by trial
         torch.manual_seed(1)
         for t in range(1, len(queried)):
             model = B._gp(problem.grid[queried[:t]], problem.z[queried[:t]], problem.spec.kernel)
-            picks.append(int(qMaxValueEntropy(model, candidate_set=grid, maximize=False)(grid[:, None, :]).argmax()))
+            picks.append(int(B._noiseless_mes()(model, candidate_set=grid, maximize=False)(grid[:, None, :]).argmax()))
     assert picks == queried[1:]
     assert queried != B.run_fixed(None, problem, 6, 1.0, seed=1, indices=True)  # not random search
     assert queried != B.run_fixed(afs.SOURCES["ei"], problem, 6, 1.0, indices=True)  # nor EI
