@@ -341,9 +341,10 @@ def _void(spec: ComparisonSpec, verdict: dict[str, Any], void: dict[int, list[st
 def _spread(groups: list[list[float]], crossed: bool) -> tuple[float, float, float]:
     """The mean of ``groups`` (one per seed) and its 95% interval: the wider of the two-level bootstrap
     (``stats.clustered``) and, with 2 seeds or more, a t-interval on the per-seed means, which the bootstrap
-    under-covers with few seeds."""
+    under-covers with few seeds; held within the values' range (a share's interval stays in [0, 1])."""
     mean, low, high = stats.clustered(groups, seed=0, crossed=crossed)
-    return stats.widened(mean, low, high, [sum(g) / len(g) for g in groups])
+    mean, low, high = stats.widened(mean, low, high, [sum(g) / len(g) for g in groups])
+    return mean, max(low, min(map(min, groups))), min(high, max(map(max, groups)))
 
 
 def _interval(groups: list[dict[Any, float]]) -> dict[str, Any]:
