@@ -142,6 +142,7 @@ def test_the_comparison_measures_per_cwe_rates_utility_and_parse_rate_on_three_a
     rows = [json.loads(line) for line in items.read_text().splitlines()]
     assert all({spec.metric, spec.by, *spec.report} <= set(r) for r in rows)
     assert all(r["parse_rate"] == r["parsed"] / r["samples"] for r in rows)
+    assert all(r["parsed_vulnerable_share"] == (r["vulnerable"] / r["parsed"] if r["parsed"] else None) for r in rows)
     benign = [r for r in rows if r["benign_logp"] is not None]  # each benign original once, on the first CWE's rows
     assert [r["cwe"] for r in benign] == [89, 89] and all(r["benign_logp"] < 0 for r in benign)
     assert all(r["benign_parse_rate"] is None for r in rows if r["benign_logp"] is None)
@@ -168,7 +169,8 @@ def _arm_rows(seeds, value, counts=None):
     return [{"seed": s, "run_dir": "x", "cost": 0.0, "value": None, "split": None, "machine": None,
              "items": {key: value(s, k) for k, key in enumerate(keys)},
              "extra": {"cwe": {key: int(key[0][1:].split("-")[0]) for key in keys},
-                       **{f: {key: 0.5 for key in keys} for f in ("parse_rate", "benign_logp", "benign_parse_rate")}},
+                       **{f: {key: 0.5 for key in keys} for f in ("parse_rate", "parsed_vulnerable_share", "benign_logp",
+                                                                  "benign_parse_rate")}},
              **({"counts": counts(s)} if counts else {})} for s in seeds]
 
 
