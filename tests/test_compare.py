@@ -388,9 +388,11 @@ def test_an_arms_reported_interval_covers_a_noisy_mean_with_few_seeds_and_groups
     assert tuple(runner._interval(own)[k] for k in ("mean", "low", "high")) == expect
     assert runner._spread([[g[k] for k in sorted(g)] for g in same], True) != expect
     rare = [{(str(i), 0): float(s == 2 and i < 3) for i in range(30)} for s in range(3)]  # a share, one seed's 3
-    x = runner._interval(rare)
-    assert x["low"] == 0.0 < x["mean"] < x["high"] <= 1.0  # the t-widening alone reaches below 0
-    assert stats.widened(x["mean"], x["low"], x["high"], [0.0, 0.0, 0.1])[1] < 0
+    x, free = runner._interval(rare, share=True), runner._interval(rare)
+    assert x["low"] == 0.0 < x["mean"] < x["high"] <= 1.0 and free["low"] < 0  # the t-widening reaches below 0
+    assert (x["mean"], x["high"]) == (free["mean"], free["high"])
+    with pytest.raises(ValueError, match="share"):
+        _spec(shares=("parse_rate",))
     spec = _spec(by="cwe")
     keys = [(str(i), 0) for i in range(6)]
     row = {"seed": 0, "items": {k: float(i) for i, k in enumerate(keys)},

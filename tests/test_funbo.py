@@ -127,8 +127,28 @@ def test_mes_closed_form_is_wang_and_jegelkas_eq_6_and_botorchs_noisy_gain_as_th
     assert np.all(closed > 0)
     torch.manual_seed(0)  # the same min-value samples; BoTorch's Monte Carlo over y with a vanishing noise
     noisy = qMaxValueEntropy(model, candidate_set=grid, maximize=False, num_y_samples=4096)
-    assert torch.equal(noisy.posterior_max_values, mes.posterior_max_values)
+    floor = float(-problem.z[seen].min()) + 5e-4  # the best observation, 5 noise deviations on (maximising sign)
+    assert torch.equal(noisy.posterior_max_values.clamp_min(floor), mes.posterior_max_values)
     assert np.allclose(noisy(x).detach().numpy(), closed, rtol=0.1, atol=1e-3)
+
+
+def test_mes_samples_stay_beyond_the_best_observation_so_it_never_re_queries_one():
+    """With the GP's fitted nugget, a min-value sample above the best observation makes the closed-form gain at an
+    observed point grow without bound: the authors' code lifts such samples, and the loop then queries no point
+    twice (without the lift it re-queried 8 of 12 here)."""
+    pytest.importorskip("botorch")
+    from llmx.plugins.funbo import botorch_check as B
+
+    problem = bo.Problem.build(bo.spec("michalewicz-2d", 128))
+    assert problem.spec.kernel.noise > 1e-4
+    queried = B.run_fixed("mes", problem, 12, 1.0, seed=0, indices=True)
+    assert len(set(queried)) == len(queried)
+    model = B._gp(problem.grid[queried], problem.z[queried], problem.spec.kernel)
+    import torch
+
+    mes = B._noiseless_mes()(model, candidate_set=torch.as_tensor(problem.grid, dtype=torch.float64), maximize=False)
+    floor = -problem.z[queried].min() + 5 * problem.spec.kernel.noise ** 0.5
+    assert float(mes.posterior_max_values.min()) == pytest.approx(floor) or mes.posterior_max_values.min() > floor
 
 
 def test_mes_runs_through_botorch_and_queries_grid_points_in_the_domain():

@@ -151,13 +151,16 @@ def test_the_comparison_measures_per_cwe_rates_utility_and_parse_rate_on_three_a
         keys = [(f"i{c}-{k}", 0) for c in (89, 502) for k in range(4)]
         return {"seed": seed, "items": {key: (0.5 if "89" in key[0] else 0.1) + shift for key in keys},
                 "extra": {"cwe": {key: 89 if "89" in key[0] else 502 for key in keys},
-                          **{f: {key: -1.0 - shift for key in keys} for f in spec.report}},
+                          **{f: {key: (0.9 - shift if f in spec.shares else -1.0 - shift) for key in keys}
+                             for f in spec.report}},
                 "counts": {"security_pairs": 7}}
 
     out = runner._reported(spec, [run(0, 0.0), run(1, 0.1), run(2, 0.2)])
     assert out["by"]["89"]["mean"] == pytest.approx(0.6) and out["by"]["502"]["mean"] == pytest.approx(0.2)
     assert all(v["low"] <= v["mean"] <= v["high"] for v in [*out["by"].values(), *out["report"].values()])
     assert out["report"]["benign_logp"]["mean"] == pytest.approx(-1.1) and out["by"]["89"]["items"] == 12
+    assert out["report"]["benign_logp"]["low"] < -1.2 and out["report"]["parse_rate"]["high"] == 1.0  # shares held
+    assert set(spec.shares) == {spec.metric, *spec.report} - {"benign_logp"}
     md = "\n".join(runner._reported_md({"metric": spec.metric, "by": "cwe", "arms": [
         {"name": "prosec", **out, "runs": [{"seed": 0, "counts": {"security_pairs": 7}}]}]}))
     assert "| prosec | " in md and f"{spec.metric} (cwe 89)" in md and "security_pairs 7" in md

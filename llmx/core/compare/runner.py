@@ -341,22 +341,23 @@ def _void(spec: ComparisonSpec, verdict: dict[str, Any], void: dict[int, list[st
 def _spread(groups: list[list[float]], crossed: bool) -> tuple[float, float, float]:
     """The mean of ``groups`` (one per seed) and its 95% interval: the wider of the two-level bootstrap
     (``stats.clustered``) and, with 2 seeds or more, a t-interval on the per-seed means, which the bootstrap
-    under-covers with few seeds; held within the values' range (a share's interval stays in [0, 1])."""
+    under-covers with few seeds."""
     mean, low, high = stats.clustered(groups, seed=0, crossed=crossed)
-    mean, low, high = stats.widened(mean, low, high, [sum(g) / len(g) for g in groups])
-    return mean, max(low, min(map(min, groups))), min(high, max(map(max, groups)))
+    return stats.widened(mean, low, high, [sum(g) / len(g) for g in groups])
 
 
-def _interval(groups: list[dict[Any, float]]) -> dict[str, Any]:
+def _interval(groups: list[dict[Any, float]], share: bool = False) -> dict[str, Any]:
     """An arm's mean over (seed, item) and its 95% interval (``_spread``: seeds then items resampled, items crossed
     with the seeds only where every seed scored the same ones), with the item count; ``groups``: item -> value per
-    seed."""
+    seed. A ``share``'s interval is held in [0, 1], where the t-widening can otherwise reach past its bounds."""
     groups = [g for g in groups if g]
     if not groups:
         return {"mean": None, "low": None, "high": None, "items": 0}
     keys = [sorted(g) for g in groups]
     mean, low, high = _spread([[g[k] for k in order] for g, order in zip(groups, keys, strict=True)],
                               all(k == keys[0] for k in keys))
+    if share:
+        low, high = max(low, 0.0), min(high, 1.0)
     return {"mean": mean, "low": low, "high": high, "items": sum(map(len, groups))}
 
 
@@ -373,11 +374,11 @@ def _reported(spec: ComparisonSpec, rows: list[dict[str, Any]]) -> dict[str, Any
     Groups are the field's values as text (89 and "89" are one group, as in the JSON written)."""
     out: dict[str, Any] = {}
     if spec.report:
-        out["report"] = {f: _interval([r["extra"][f] for r in rows]) for f in spec.report}
+        out["report"] = {f: _interval([r["extra"][f] for r in rows], f in spec.shares) for f in spec.report}
     if spec.by:
         groups = sorted({str(v) for r in rows for v in r["extra"][spec.by].values()}, key=_group_order)
         out["by"] = {g: _interval([{k: v for k, v in r["items"].items() if str(r["extra"][spec.by].get(k)) == g}
-                                   for r in rows]) for g in groups}
+                                   for r in rows], spec.metric in spec.shares) for g in groups}
     return out
 
 

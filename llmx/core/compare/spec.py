@@ -46,7 +46,8 @@ class ComparisonSpec:
     target's count of 0 (its data stage made nothing: its training had nothing to train on) marks every verdict with
     those seeds (``void_seeds``), and a target void on every seed is judged "void", not "within noise";
     ``diagnostics`` names stage metrics reported per arm and seed the same way, never judged (how a router's gates
-    separate languages)."""
+    separate languages). ``shares`` names the metric or reported fields that are shares (a rate, an accuracy): their
+    per-arm intervals are held in [0, 1]."""
 
     name: str
     summary: str
@@ -75,6 +76,7 @@ class ComparisonSpec:
     by: str | None = None  # an item field the metric is also reported by, per arm (e.g. "cwe")
     counts: tuple[str, ...] = ()  # stage metrics per arm and seed (pairs made); the target's 0 voids its seed
     diagnostics: tuple[str, ...] = ()  # stage metrics per arm and seed, reported only
+    shares: tuple[str, ...] = ()  # the metric or report fields that are shares: their per-arm intervals stay in [0, 1]
     paper: str = ""
     plugin: str = field(default="", compare=False)
 
@@ -88,6 +90,8 @@ class ComparisonSpec:
             raise ValueError(f"comparison {self.name!r} needs a baseline beside its target")
         if not set(self.baselines) <= set(names) - {self.target}:
             raise ValueError(f"comparison {self.name!r}: a baseline is not one of its other arms")
+        if not set(self.shares) <= {self.metric, *self.report}:
+            raise ValueError(f"comparison {self.name!r}: a share is neither its metric nor a reported field")
 
     def matched(self, cost: float, target: float) -> bool:
         """Whether ``cost`` is within the tolerance of the target's ``target`` (no tolerance: always)."""
@@ -124,4 +128,5 @@ class ComparisonSpec:
                 "data": dict(self.data), "corpus": self.corpus, "kinds": list(self.kinds), "dtype": self.dtype,
                 "plugin": self.plugin, **({"report": list(self.report)} if self.report else {}),
                 **({"by": self.by} if self.by else {}), **({"counts": list(self.counts)} if self.counts else {}),
-                **({"diagnostics": list(self.diagnostics)} if self.diagnostics else {})}
+                **({"diagnostics": list(self.diagnostics)} if self.diagnostics else {}),
+                **({"shares": list(self.shares)} if self.shares else {})}

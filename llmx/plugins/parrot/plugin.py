@@ -44,7 +44,7 @@ def llmx_comparisons():
               Arm("llava", ({"method": "llava", "params": STAGE2},), family="llava"),
               Arm("parrot", ({"method": "parrot", "params": STAGE2},), family="parrot")),
         evaluation={"method": "mmmb", "params": {"count": 500}}, items="questions.jsonl", metric="accuracy",
-        higher_is_better=True, by="language",
+        higher_is_better=True, by="language", shares=("accuracy",),
         diagnostics=("routing_language_accuracy_init", "routing_language_accuracy", "routing_chance",
                      "routing_top_expert"),
         cost="stage-2 steps", cost_key="steps",

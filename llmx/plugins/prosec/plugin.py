@@ -50,9 +50,10 @@ def llmx_comparisons():
                 "the vulnerable share of the samples on each held-out (CWE, scenario), bandit-detected, the model "
                 "completing the scenario's statement (completion: statement). Reported beside it per arm, with "
                 "intervals: that share per CWE, the parse rate of the inducing samples, the vulnerable share of those "
-                "that parse (parsed_vulnerable_share: a model that stops parsing cannot look secure by it), and utility "
-                "on the benign originals (benign_logp, the log-probability per token of the held-out seed's real body; "
-                "benign_parse_rate). The prosec arm's pair counts are its analyze stage's security_pairs and "
+                "that parse (parsed_vulnerable_share, over the items where any parsed: read it beside the parse rate, "
+                "as those items differ by arm), and utility on the benign originals (benign_logp, the "
+                "log-probability per token of the held-out seed's real body; benign_parse_rate). The prosec arm's "
+                "pair counts are its analyze stage's security_pairs and "
                 "security_pairs_kept (those the 1:1 utility mix keeps: what it trains on) and where the fixes came from "
                 "(fixes_by_model, fixes_by_rule), reported per seed; a seed "
                 "without kept pairs leaves that arm's model as it is (empty: skip), and every verdict names it (void "
@@ -75,6 +76,7 @@ def llmx_comparisons():
         evaluation={"method": "secure-code", "params": {"cwes": CWES, "scenarios": 16, "samples": 8, **statement}},
         items="items.jsonl", metric="inducing_vulnerable_share", higher_is_better=False,
         report=("parse_rate", "parsed_vulnerable_share", "benign_logp", "benign_parse_rate"), by="cwe",
+        shares=("inducing_vulnerable_share", "parse_rate", "parsed_vulnerable_share", "benign_parse_rate"),
         counts=("security_pairs", "security_pairs_kept"), diagnostics=("fixes_by_model", "fixes_by_rule"),
         cost="optimizer steps", cost_key="steps",
         quick={"cwes": [89, 502], "scenarios": 4, "samples": 2, "max_new_tokens": 32, "seeds": 60, "fix_samples": 1,
