@@ -682,10 +682,12 @@ def test_the_comparison_has_a_lipo_baseline_and_rpl_with_the_kind_critic_through
     spec = host().comparisons["reper"]
     assert {"lipo", "rpl-kind", "dpo"} <= set(spec.judged) and spec.evaluation is None
     lipo, dpo, rpl, kind = (spec.arm(a).stages for a in ("lipo", "dpo", "rpl", "rpl-kind"))
-    assert lipo[1]["params"] == {**dpo[1]["params"], "objective": "lipo"}  # same steps, rows, batch and rate
-    assert [s["params"].get("feedback") for s in kind] == ["kind", None, "kind"]
-    assert kind[1] == rpl[1] and [s["params"].get("feedback") for s in rpl] == [None] * 3
-    assert spec.arm("base").stages == (rpl[-1],)  # every arm answers in the same 3 turns
+    assert lipo[2]["params"] == {**dpo[2]["params"], "objective": "lipo"}  # same steps, rows, batch and rate
+    assert [s["params"].get("feedback") for s in kind] == [None, "kind", None, "kind"]
+    assert kind[2] == rpl[2] and [s["params"].get("feedback") for s in rpl] == [None] * 4
+    assert spec.arm("base").stages == (rpl[0], rpl[-1])  # every arm: the same captioner, the same 3 turns
+    assert all(spec.arm(a.name).stages[0]["method"] == "llava" for a in spec.arms)
+    assert spec.cost_key == "reper.steps"  # the align stage's steps, not the captioner's (it reports steps first)
 
 
 def test_an_identical_build_is_read_back_and_a_changed_or_damaged_one_is_built(tmp_path, monkeypatch):

@@ -271,7 +271,9 @@ def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, 
                 extra[f][(r[FIELD], seen[r[FIELD]])] = r[f]
     cost = planned.declared
     if cost is None and spec.cost_key:
-        cost = next((s["metrics"][spec.cost_key] for s in stages if s["metrics"].get(spec.cost_key) is not None), None)
+        method, _, name = spec.cost_key.rpartition(".")  # METHOD.key: that method's stage (another may share the key)
+        cost = next((s["metrics"][name] for s in stages
+                     if s["metrics"].get(name) is not None and method in ("", s["method"])), None)
     meta = json.loads((folder / "meta.json").read_text())
     made = json.loads((folder / PROVENANCE).read_text()) if (folder / PROVENANCE).is_file() else {}
     return {"seed": planned.seed, "run_dir": str(folder), "value": last["metrics"].get(spec.metric),

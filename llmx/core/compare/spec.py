@@ -29,25 +29,25 @@ class Arm:
 @dataclass(frozen=True)
 class ComparisonSpec:
     """A paper's comparison. ``evaluation`` is the stage appended to every arm (``None``: each arm's own last stage
-    scores it, a decoding method's, say); it writes ``items`` (an artifact of ``.jsonl`` rows, one per scored
-    item: a window, a prompt, keyed by its ``item`` id) whose ``metric`` field is paired across arms on the same
-    (seed, item). ``baselines`` are the arms judged against the target (default: every other arm; the rest are
-    references, drawn and tabled at their own cost). ``cost_key`` names the stage metric giving an arm's cost when it
-    declares none; arms whose costs differ from the target's by more than ``tolerance`` (a fraction of the target's
-    cost where ``relative``) are refused before any run when their costs are declared, and judged "unmatched" when
-    measured (``None``: the axis is only drawn). ``quick`` holds param overrides for CI, applied to every stage whose
-    params have the field (``METHOD.key``: that method's stages only), and ``quick_seeds`` its seeds. ``kinds`` are
-    the ``model_type`` values it can run on (empty: any causal LM). ``corpus``: whether the run's text corpus
-    (``--data``) feeds what is calibrated, trained or scored; a comparison whose stages read data of their own
-    refuses ``--data`` (their ``data`` params take it, through ``--set``). ``report`` names other fields of the
-    items reported per arm beside the metric (a parse rate, a utility score), and ``by`` an item field the metric is
-    also reported by (per CWE): each an arm's mean with its interval over (seed, item), not judged; ``counts`` names
-    stage metrics (the pairs a data stage made) reported per arm and seed where one of its stages records them; a
-    target's count of 0 (its data stage made nothing: its training had nothing to train on) marks every verdict with
-    those seeds (``void_seeds``), and a target void on every seed is judged "void", not "within noise";
-    ``diagnostics`` names stage metrics reported per arm and seed the same way, never judged (how a router's gates
-    separate languages). ``shares`` names the metric or reported fields that are shares (a rate, an accuracy): their
-    per-arm intervals are held in [0, 1]."""
+    scores it, a decoding method's, say); it writes ``items`` (an artifact of ``.jsonl`` rows, one per scored item: a
+    window, a prompt, keyed by its ``item`` id) whose ``metric`` field is paired across arms on the same (seed, item).
+    ``baselines`` are the arms judged against the target (default: every other arm; the rest are references, drawn and
+    tabled at their own cost). ``cost_key`` names the stage metric giving an arm's cost when it declares none
+    (``METHOD.key``: that method's stage's, where an earlier stage reports the key too); arms whose costs differ from
+    the target's by more than ``tolerance`` (a fraction of the target's cost where ``relative``) are refused before any
+    run when their costs are declared, and judged "unmatched" when measured (``None``: the axis is only drawn).
+    ``quick`` holds param overrides for CI, applied to every stage whose params have the field (``METHOD.key``: that
+    method's stages only), and ``quick_seeds`` its seeds. ``kinds`` are the ``model_type`` values it can run on (empty:
+    any causal LM). ``corpus``: whether the run's text corpus (``--data``) feeds what is calibrated, trained or scored;
+    a comparison whose stages read data of their own refuses ``--data`` (their ``data`` params take it, through
+    ``--set``). ``report`` names other fields of the items reported per arm beside the metric (a parse rate, a utility
+    score), and ``by`` an item field the metric is also reported by (per CWE): each an arm's mean with its interval over
+    (seed, item), not judged; ``counts`` names stage metrics (the pairs a data stage made) reported per arm and seed
+    where one of its stages records them; a target's count of 0 (its data stage made nothing: its training had nothing
+    to train on) marks every verdict with those seeds (``void_seeds``), and a target void on every seed is judged
+    "void", not "within noise"; ``diagnostics`` names stage metrics reported per arm and seed the same way, never judged
+    (how a router's gates separate languages). ``shares`` names the metric or reported fields that are shares (a rate,
+    an accuracy): their per-arm intervals are held in [0, 1]."""
 
     name: str
     summary: str
