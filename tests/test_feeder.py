@@ -443,6 +443,23 @@ def test_a_run_reads_the_episodes_an_earlier_stage_wrote_and_its_rows_average_to
     assert alone.code == 2 and "run analyze --method icl-episodes first" in alone.err
 
 
+def test_a_pool_missing_one_of_the_maps_labels_is_scored_over_the_maps_labels(cli, tmp_path):
+    """Seed 1's default pool (12 rows over 6 cues) draws no row of one label that its test rows hold: the later
+    stages take the map's labels, not the pool's, so the run scores every test row (it stopped at that label)."""
+    import yaml
+
+    made = E.heldout(E.Spec(cues=6, labels=4, distractors=(1, 1)), 12, 200, 1)  # icl-episodes' defaults
+    missing = set(made["labels"]) - {r["label"] for r in made["pool"]}
+    assert missing and missing <= {r["label"] for r in made["test"]}
+    pipeline = [{"method": "icl-episodes", "params": {"test": 8}}, {"method": "icl", "params": {"shots": 3}}]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "labels", "model": MODEL, "seed": 1, "pipeline": pipeline}))
+    r = cli("--json", "run", recipe, "-o", tmp_path / "runs")
+    assert r.code == 0, r.err
+    episodes, m = (_stage(r, k) for k in range(2))
+    assert sorted(episodes["labels"]) == sorted(made["labels"]) and m["test_rows"] == 8
+
+
 def test_a_default_run_reports_no_cuts_and_pairs_the_set_against_random_subsets(cli, tmp_path):
     import yaml
 

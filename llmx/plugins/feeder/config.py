@@ -20,8 +20,9 @@ class IclData(Params):
     data: DataFile | None = Field(None, description="The demonstration pool (.jsonl rows {input, label}); --data sets "
                                   "it. Default: the pool an earlier analyze --method icl-episodes stage of the run "
                                   "wrote (with its template, unless template is set).")
-    labels: list[str] | None = Field(None, min_length=2, description="The label words scored (default: the pool's "
-                                     "own, sorted); a pool label outside them is an error.")
+    labels: list[str] | None = Field(None, min_length=2, description="The label words scored (default: the map's of "
+                                     "an earlier icl-episodes stage, else the pool's own, sorted); a pool label outside "
+                                     "them is an error.")
     template: str = Field(DEFAULT_TEMPLATE, description="One row: {input} then {label}; a query is the template up "
                           "to {label}. Multi-token labels are scored by their summed log-probability.")
     separator: str = Field("\n", description="Between demonstrations (and before the query).")

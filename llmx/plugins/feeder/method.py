@@ -31,7 +31,7 @@ EPISODES = "icl_episodes"  # ctx.state: the pool, test rows and template an icl-
 
 def _from_run(ctx: RunContext, p: Any) -> Any:
     """``p`` with the pool (and, for eval, the test rows) of an earlier ``icl-episodes`` stage of this run where it
-    names none; that stage's template too unless ``template`` is set."""
+    names none; that stage's template and its map's labels too unless ``template`` and ``labels`` are set."""
     made = ctx.state.get(EPISODES)
     need = [k for k in ("data", "test") if k in type(p).model_fields and getattr(p, k) is None
             and (k == "data" or not isinstance(p, FeederTrainParams))]
@@ -44,6 +44,8 @@ def _from_run(ctx: RunContext, p: Any) -> Any:
     update = {k: made["pool" if k == "data" else "test"] for k in need}
     if "data" in need and "template" not in p.model_fields_set:
         update["template"] = made["template"]
+    if "data" in need and p.labels is None:  # the map's labels: a small pool can miss one that test rows hold
+        update["labels"] = sorted(made["labels"])
     return p.model_copy(update=update)
 
 
@@ -262,7 +264,7 @@ def episodes(ctx: RunContext, p: EpisodeParams) -> dict[str, Any]:
     made = E.heldout(spec, p.pool, p.test, map_seed)
     pool = atomic.write_jsonl(ctx.artifact("pool.jsonl"), made["pool"])
     test = atomic.write_jsonl(ctx.artifact("test.jsonl"), made["test"])
-    ctx.state[EPISODES] = {"pool": str(pool), "test": str(test), "template": E.TEMPLATE}
+    ctx.state[EPISODES] = {"pool": str(pool), "test": str(test), "template": E.TEMPLATE, "labels": made["labels"]}
     atomic.write_json(ctx.artifact("map.json"), {"map": made["map"], "labels": made["labels"]})
     noisy = sum(r["label"] != made["map"][r["cue"]] for r in made["pool"])
     cues = len({r["cue"] for r in made["pool"]})
