@@ -290,3 +290,50 @@ def test_replies_do_not_depend_on_the_batch_and_long_prompts_are_refused(llava_t
     assert generate(model, proc, convs, n, 6, batch_size=4) == [generate(model, proc, [c], n, 6)[0] for c in convs]
     with pytest.raises(UsageError, match="over this model's context"):
         complete(model, proc.tokenizer, ["x " * 2000], max_new_tokens=4, truncate=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_kept_stage_is_loaded_not_trained_and_the_next_stage_sees_the_same_model(tmp_path, monkeypatch, dtype,
+                                                                                    tiny_llava):
+    """``keep``: the second run with the same model, stages, params and seed loads the weights (as trained, float32
+    masters of a bfloat16 model included) and the evaluation after it answers exactly as after training; another
+    seed trains; keep with save is refused."""
+    from llmx import api
+    from llmx.core import stagecache
+    from llmx.core.context import RunContext
+    from llmx.core.multimodal.params import LlavaTrainParams
+    from llmx.errors import RunFailed
+
+    monkeypatch.setattr(stagecache, "_where", lambda kind, digest: tmp_path / "stages" / kind / digest)
+    model = str(tiny_llava(tmp_path / "m"))
+    train = {"method": "llava", "params": {"steps": 3, "batch_size": 2, "eval_rows": 0, "save": False, "keep": True,
+                                           "lr": 1e-2, "scenes": {"count": 8}}}
+    ask = {"method": "scenes-vqa", "params": {"count": 4, "languages": ["en"]}}
+    handed = []  # the dtypes of each model a stage handed on
+    real = RunContext.set_model
+
+    def spy(self, m, tokenizer=None):
+        handed.append({k: v.dtype for k, v in m.state_dict().items()})
+        return real(self, m, tokenizer)
+
+    monkeypatch.setattr(RunContext, "set_model", spy)
+
+    def run(seed, out):
+        result = api.run({"model": model, "threads": 1, "seed": seed, "dtype": dtype, "pipeline": [train, ask]},
+                         output_dir=tmp_path / out)
+        answers = tmp_path / out / result["run_dir"] / "artifacts" / "1_scenes-vqa" / "answers.jsonl"
+        return [s["metrics"] for s in result["stages"]], [json.loads(x)["reply"] for x in
+                                                          answers.read_text().splitlines()]
+
+    first, asked = run(0, "a")
+    as_trained = handed[-1]
+    from llmx.core.multimodal import stage as S
+
+    monkeypatch.setattr(S, "run", lambda *a: (_ for _ in ()).throw(AssertionError("trained again")))
+    second, again = run(0, "b")
+    assert again == asked and second[0] == first[0] and first[0]["steps"] == 3
+    assert handed[-1] == as_trained and (dtype == "float32" or torch.float32 in set(as_trained.values()))
+    with pytest.raises(RunFailed, match="trained again"):  # another seed: another entry, so trained
+        run(1, "c")
+    with pytest.raises(ValueError, match="save: false"):
+        LlavaTrainParams(keep=True)

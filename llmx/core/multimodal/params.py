@@ -90,6 +90,9 @@ class LlavaTrainParams(TrainParams):
     warmup: int | None = Field(None, ge=0, description="Linear warmup steps; default: 3% of the steps (LLaVA-1.5's "
                                "warmup_ratio), at least one.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final rate of the cosine, as a fraction (LLaVA-1.5: 0).")
+    keep: bool = Field(False, description="Keep the trained weights in the stage cache: a run with the same model, "
+                       "earlier stages, params, seed, device and dtype loads them instead of training (the arms of a "
+                       "comparison that open with one base stage train it once per seed). Needs save: false.")
 
     @property
     def rate(self) -> float:
@@ -106,4 +109,6 @@ class LlavaTrainParams(TrainParams):
             raise ValueError("llava trains the projector and the language model's own weights: adapter must be none")
         if self.image_folder and not self.data:
             raise ValueError("image_folder is where data's image paths start: give data too")
+        if self.keep and self.save:
+            raise ValueError("keep passes the trained model to the next stages only: set save: false")
         return self

@@ -20,13 +20,43 @@ from llmx.core.context import RunContext
 from llmx.core.eval.items import FIELD, item_id
 from llmx.core.multimodal.model import vision_language
 from llmx.core.multimodal.params import LlavaTrainParams
+from llmx.errors import UsageError
 from llmx.plugins.llava.config import ScenesVQAParams
 
 
 def train(ctx: RunContext, p: LlavaTrainParams) -> dict[str, Any]:
+    """The trained model, or with ``keep`` the weights an identical stage kept (``stagecache``)."""
     from llmx.core.multimodal.stage import run
 
-    return run(ctx, p, "llava")
+    if not p.keep:
+        return run(ctx, p, "llava")
+    from safetensors.torch import load_file, save_file
+
+    from llmx.core import stagecache
+
+    digest = stagecache.key(ctx, p)
+
+    def trained(dest) -> None:
+        figures = run(ctx, p, "llava")
+        with atomic.folder(dest) as tmp:
+            save_file({k: v.detach().contiguous() for k, v in ctx.model.state_dict().items()},
+                      str(tmp / "weights.safetensors"))
+            (tmp / "figures.json").write_text(json.dumps(figures))
+
+    out = ctx.artifact("kept")
+    if stagecache.provide("llava-train", digest, out, trained):
+        ctx.log.info("llava: the weights an identical stage kept (%s), not trained again", digest)
+        model, kept = ctx.model, load_file(str(out / "weights.safetensors"), device=str(ctx.device))
+        held = model.state_dict(keep_vars=True)
+        if held.keys() != kept.keys():
+            raise UsageError(f"{out}: the kept weights are not this model's; remove the entry or set keep: false")
+        for name, t in held.items():  # as trained: dtypes too (a half-precision model trains float32 masters)
+            t.data = kept[name]
+        from llmx.core.multimodal.train import cast_projector_input
+
+        cast_projector_input(vision_language(model, ctx.tokenizer, ctx.config.model)[0])  # as training leaves it
+        ctx.set_model(model.eval())
+    return {**json.loads((out / "figures.json").read_text()), "kept_key": digest}
 
 
 def evaluate(ctx: RunContext, p: ScenesVQAParams) -> dict[str, Any]:

@@ -25,7 +25,8 @@ def llmx_comparisons():
     from llmx.core.compare.spec import Arm, ComparisonSpec
 
     captioner = {"method": "llava", "params": {"stage": 2, "steps": 600, "lr": 1e-3, "batch_size": 16, "save": False,
-                                               "eval_rows": 0, "scenes": {"count": 4000, "formats": {"caption": 1.0}}}}
+                                               "keep": True, "eval_rows": 0,  # trained once per seed, all arms
+                                               "scenes": {"count": 4000, "formats": {"caption": 1.0}}}}
     build = {"method": "reper-build", "stage": "analyze", "params": {"scenes": 2500}}
     budget = {"steps": 150, "lr": 2e-4, "batch_size": 8, "warmup": 7, "save": False}
     decode = {"method": "reper-decode", "stage": "decode", "params": {"scenes": 100, "max_trials": 3}}
