@@ -404,7 +404,7 @@ def test_an_arms_reported_interval_covers_a_noisy_mean_with_few_seeds_and_groups
 def test_a_method_qualified_cost_key_reads_that_methods_stage_where_an_earlier_one_reports_the_key(tmp_path):
     """RePer's arms open with a captioner's 600 steps before the method's own: ``reper.steps`` is the latter."""
     stages = [{"index": 0, "method": "llava", "metrics": {"steps": 600}},
-              {"index": 1, "method": "reper", "metrics": {"steps": 150}},
+              {"index": 1, "method": "reper", "metrics": {"steps": 150, "kl.mean": 0.25}},
               {"index": 2, "method": "reper", "metrics": {"score": 0.5}}]
     (tmp_path / "metrics.json").write_text(json.dumps({"stages": stages}))
     (tmp_path / "meta.json").write_text("{}")
@@ -412,5 +412,5 @@ def test_a_method_qualified_cost_key_reads_that_methods_stage_where_an_earlier_o
     (tmp_path / "artifacts" / "2_reper" / "items.jsonl").write_text('{"item": "a", "score": 0.5}\n')
     planned = runner.Planned(Arm("x"), 0, tmp_path, None)
     costs = {key: runner._collect(_spec(items="items.jsonl", metric="score", cost_key=key), planned, tmp_path)["cost"]
-             for key in ("steps", "reper.steps", "parrot.steps")}
-    assert costs == {"steps": 600, "reper.steps": 150, "parrot.steps": None}
+             for key in ("steps", "reper.steps", "llava.steps", "kl.mean")}
+    assert costs == {"steps": 600, "reper.steps": 150, "llava.steps": 600, "kl.mean": 0.25}  # no method kl: a plain key

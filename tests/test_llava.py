@@ -309,11 +309,11 @@ def test_a_kept_stage_is_loaded_not_trained_and_the_next_stage_sees_the_same_mod
     train = {"method": "llava", "params": {"steps": 3, "batch_size": 2, "eval_rows": 0, "save": False, "keep": True,
                                            "lr": 1e-2, "scenes": {"count": 8}}}
     ask = {"method": "scenes-vqa", "params": {"count": 4, "languages": ["en"]}}
-    handed = []  # the dtypes of each model a stage handed on
+    handed = []  # each model a stage handed on: its tensors
     real = RunContext.set_model
 
     def spy(self, m, tokenizer=None):
-        handed.append({k: v.dtype for k, v in m.state_dict().items()})
+        handed.append({k: v.detach().clone() for k, v in m.state_dict().items()})
         return real(self, m, tokenizer)
 
     monkeypatch.setattr(RunContext, "set_model", spy)
@@ -331,9 +331,15 @@ def test_a_kept_stage_is_loaded_not_trained_and_the_next_stage_sees_the_same_mod
 
     monkeypatch.setattr(S, "run", lambda *a: (_ for _ in ()).throw(AssertionError("trained again")))
     second, again = run(0, "b")
-    assert again == asked and second[0] == first[0] and first[0]["steps"] == 3
-    assert handed[-1] == as_trained and (dtype == "float32" or torch.float32 in set(as_trained.values()))
+    assert again == asked and {**second[0], "kept": False} == first[0] and first[0]["steps"] == 3
+    assert second[0]["kept"] and not first[0]["kept"]
+    assert handed[-1].keys() == as_trained.keys()
+    assert all(handed[-1][k].dtype == v.dtype and torch.equal(handed[-1][k], v) for k, v in as_trained.items())
+    assert dtype == "float32" or torch.float32 in {v.dtype for v in as_trained.values()}
     with pytest.raises(RunFailed, match="trained again"):  # another seed: another entry, so trained
         run(1, "c")
+    train["params"]["steps"] = 2
+    with pytest.raises(RunFailed, match="trained again"):  # another param: trained
+        run(0, "d")
     with pytest.raises(ValueError, match="save: false"):
         LlavaTrainParams(keep=True)

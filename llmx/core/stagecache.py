@@ -29,8 +29,9 @@ def key(ctx: Any, params: Any) -> str:
     from llmx.core.compare.provenance import inputs
 
     index = ctx.stage.index if ctx.stage is not None else 0
-    blob = {"inputs": inputs({"model": ctx.config.model}),
-            "before": [s.model_dump(mode="json") for s in ctx.config.pipeline[:index]],  # a stage may change the model
+    before = [s.model_dump(mode="json") for s in ctx.config.pipeline[:index]]  # a stage may change the model
+    blob = {"inputs": inputs({"model": ctx.config.model, "before": before, "params": params.model_dump(mode="json")}),
+            "before": before,  # inputs fingerprints the files a param names (size, mtime): an edited file is new
             "params": params.model_dump(mode="json"),
             "seed": ctx.config.seed, "device": str(ctx.device), "dtype": ctx.config.dtype}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -271,7 +271,9 @@ def _collect(spec: ComparisonSpec, planned: Planned, folder: Path) -> dict[str, 
                 extra[f][(r[FIELD], seen[r[FIELD]])] = r[f]
     cost = planned.declared
     if cost is None and spec.cost_key:
-        method, _, name = spec.cost_key.rpartition(".")  # METHOD.key: that method's stage (another may share the key)
+        method, _, name = spec.cost_key.partition(".")  # METHOD.key: that method's stage (another may share the key)
+        if not name or all(s["method"] != method for s in stages):  # no such method here: a plain key
+            method, name = "", spec.cost_key
         cost = next((s["metrics"][name] for s in stages
                      if s["metrics"].get(name) is not None and method in ("", s["method"])), None)
     meta = json.loads((folder / "meta.json").read_text())

@@ -3,6 +3,8 @@ listings load this module)."""
 
 from __future__ import annotations
 
+import os
+
 from pydantic import Field, field_validator, model_validator
 
 from llmx.core.multimodal.languages import LANGUAGES
@@ -111,4 +113,6 @@ class LlavaTrainParams(TrainParams):
             raise ValueError("image_folder is where data's image paths start: give data too")
         if self.keep and self.save:
             raise ValueError("keep passes the trained model to the next stages only: set save: false")
+        if self.keep and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError("keep is for one process: under torchrun each rank would decide alone whether to train")
         return self

@@ -38,25 +38,32 @@ def train(ctx: RunContext, p: LlavaTrainParams) -> dict[str, Any]:
 
     def trained(dest) -> None:
         figures = run(ctx, p, "llava")
+        tensors, tied, first = {}, {}, {}
+        for name, t in ctx.model.state_dict().items():  # tied weights: stored once, the other names point to it
+            if (ptr := t.data_ptr()) in first:
+                tied[name] = first[ptr]
+            else:
+                first[ptr], tensors[name] = name, t.detach().contiguous()
         with atomic.folder(dest) as tmp:
-            save_file({k: v.detach().contiguous() for k, v in ctx.model.state_dict().items()},
-                      str(tmp / "weights.safetensors"))
-            (tmp / "figures.json").write_text(json.dumps(figures))
+            save_file(tensors, str(tmp / "weights.safetensors"))
+            (tmp / "figures.json").write_text(json.dumps({"figures": figures, "tied": tied}))
 
     out = ctx.artifact("kept")
-    if stagecache.provide("llava-train", digest, out, trained):
+    hit = stagecache.provide("llava-train", digest, out, trained)
+    record = json.loads((out / "figures.json").read_text())
+    if hit:
         ctx.log.info("llava: the weights an identical stage kept (%s), not trained again", digest)
         model, kept = ctx.model, load_file(str(out / "weights.safetensors"), device=str(ctx.device))
         held = model.state_dict(keep_vars=True)
-        if held.keys() != kept.keys():
+        if held.keys() != kept.keys() | record["tied"].keys():
             raise UsageError(f"{out}: the kept weights are not this model's; remove the entry or set keep: false")
         for name, t in held.items():  # as trained: dtypes too (a half-precision model trains float32 masters)
-            t.data = kept[name]
+            t.data = kept[record["tied"].get(name, name)]
         from llmx.core.multimodal.train import cast_projector_input
 
         cast_projector_input(vision_language(model, ctx.tokenizer, ctx.config.model)[0])  # as training leaves it
         ctx.set_model(model.eval())
-    return {**json.loads((out / "figures.json").read_text()), "kept_key": digest}
+    return {**record["figures"], "kept_key": digest, "kept": hit}
 
 
 def evaluate(ctx: RunContext, p: ScenesVQAParams) -> dict[str, Any]:
