@@ -94,7 +94,8 @@ class LlavaTrainParams(TrainParams):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final rate of the cosine, as a fraction (LLaVA-1.5: 0).")
     keep: bool = Field(False, description="Keep the trained weights in the stage cache: a run with the same model, "
                        "earlier stages, params, seed, device and dtype loads them instead of training (the arms of a "
-                       "comparison that open with one base stage train it once per seed). Needs save: false.")
+                       "comparison that open with one base stage train it once per seed). Needs save: false; the "
+                       "entry and each run's artifacts hold a copy of the weights (plan the disk at real sizes).")
 
     @property
     def rate(self) -> float:
