@@ -438,6 +438,10 @@ def test_a_run_reads_the_episodes_an_earlier_stage_wrote_and_its_rows_average_to
     rows = [json.loads(x) for x in Path(m["rows_file"]).read_text().splitlines()]
     assert len(rows) == m["test_rows"] == 12 and m["demo_pool_rows"] == sel["feeder_rows"]
     assert all(row["accuracy"] == float(row["k_shot"] == row["label"]) for row in rows)
+    pool = [json.loads(x) for x in Path(episodes["data_dir"], "pool.jsonl").read_text().splitlines()]
+    test = [json.loads(x) for x in Path(episodes["data_dir"], "test.jsonl").read_text().splitlines()]
+    assert [r["cue_shown"] for r in rows] == ["yes" if t["cue"] in {pool[i]["cue"] for i in r["demos"]} else "no"
+                                              for r, t in zip(rows, test, strict=True)]
     assert sum(row["accuracy"] for row in rows) / len(rows) == pytest.approx(m["accuracy"])
     alone = cli("eval", "--method", "icl", "--model", MODEL, "-o", tmp_path / "alone")
     assert alone.code == 2 and "run analyze --method icl-episodes first" in alone.err

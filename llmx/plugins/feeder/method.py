@@ -151,6 +151,14 @@ def _subset(ctx: RunContext, subset: str, rows: list[dict], labels: list[str], f
     return sorted((rng or random.Random(ctx.config.seed)).sample(range(len(rows)), size))
 
 
+def _shown(row: dict, demos: list[dict]) -> dict[str, str]:
+    """Where rows carry their cue (icl-episodes): whether a demonstration shows the query's cue ("yes", "no"): a
+    model that learns in context copies that demonstration's label; without one it can only guess."""
+    if "cue" not in row or any("cue" not in d for d in demos):
+        return {}
+    return {"cue_shown": "yes" if any(d["cue"] == row["cue"] for d in demos) else "no"}
+
+
 def evaluate(ctx: RunContext, p: IclEvalParams) -> dict[str, Any]:
     from llmx.core.eval import icl
 
@@ -176,7 +184,7 @@ def evaluate(ctx: RunContext, p: IclEvalParams) -> dict[str, Any]:
     right = [float(s == r["label"]) for s, r in zip(few, test, strict=True)]
     rows_file = atomic.write_jsonl(ctx.artifact("rows.jsonl"), [  # "accuracy": the items llmx compare pairs
         {FIELD: item_id(j, r["input"], r["label"]), "input": r["input"], "label": r["label"], "zero_shot": z,
-         "k_shot": f, "demos": c, "accuracy": a, "accuracy_0shot": a0}
+         "k_shot": f, "demos": c, "accuracy": a, "accuracy_0shot": a0, **_shown(r, [rows[i] for i in c])}
         for j, (r, z, f, c, a, a0) in enumerate(zip(test, zero, few, chosen, right, right0, strict=True))])
     seed = ctx.config.seed
     return {"test_rows": len(test), "shots": p.shots, "selector": p.selector, "pool": p.pool,

@@ -51,8 +51,9 @@ def llmx_comparisons():
                 "on a held-out cue -> label map a model that learns in context never saw: each test row's accuracy "
                 "with 8 demonstrations drawn at random (a set or subset of 8 rows or fewer is shown whole, so the "
                 "full pool's arm also shows more rows), paired across arms; each arm's 0-shot accuracy is reported "
-                "beside it (how much the demonstrations add). 20 seeds, each its own map: an arm's accuracy "
-                "differs by map far more than by test row, and a seed takes seconds.",
+                "beside it (how much the demonstrations add), and its accuracy by whether a demonstration shows the "
+                "query's cue (cue_shown: copying it is what learning in context means here). 20 seeds, each its "
+                "own map: an arm's accuracy differs by map far more than by test row, and a seed takes seconds.",
         paper=f"{PAPER}, Table 1 (in-context learning: FEEDER's set against the full training set and random "
               "subsets, with a random demonstration selector)",
         target="feeder", baselines=("random-subset", "full-pool"),
@@ -60,7 +61,7 @@ def llmx_comparisons():
               Arm("random-subset", (EPISODES, SELECT, _icl("random")), family="random subset"),
               Arm("feeder", (EPISODES, SELECT, _icl("feeder")), family="feeder")),
         evaluation=None, items="rows.jsonl", metric="accuracy", higher_is_better=True, seeds=tuple(range(20)),
-        report=("accuracy_0shot",), shares=("accuracy", "accuracy_0shot"),
+        report=("accuracy_0shot",), shares=("accuracy", "accuracy_0shot"), by="cue_shown",
         cost="demonstration pool (rows)", cost_key="demo_pool_rows",
         quick={"cues": 4, "shots": 2, "oracle": "copy", "limit": 12},
         model="ref:llama-icl", quick_model="ref:llama-test", data={"source": "icl-episodes", "seq_len": 64}, corpus=False)
