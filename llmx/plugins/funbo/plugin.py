@@ -33,7 +33,8 @@ def _score(af: str) -> dict:
 def llmx_comparisons():
     yield ComparisonSpec(
         name="funbo",
-        summary="The acquisition function FunBO finds against EI, UCB, PI, MES and random search, and against the "
+        summary="The acquisition function FunBO finds against EI, UCB, PI, the posterior mean, MES and random "
+                "search, and against the "
                 "same search choosing among textbook AFs: final normalised regret per held-out OOD-Bench problem at "
                 "T = 30. No LLM writes programs here: funbo's sampler is the offline AST mutator (--set "
                 "funbo.sampler=hf for a model), funbo-scripted's proposes textbook EI, PI, LCB and variance AFs.",
